@@ -1,0 +1,38 @@
+# Every target sets up what it needs: a virtual environment in .venv (reinstalled only when
+# pyproject.toml or this file changes) and, for the tests, Prometheus.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+GRAFANA_SDK := grafana-foundation-sdk==1764757917!12.3.0
+export PJRT_DEVICE ?= CPU
+
+.PHONY: venv demo test dashboards prometheus bench clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[xla,test]' '$(GRAFANA_SDK)'
+	touch $@
+
+prometheus:
+	@command -v promtool >/dev/null && command -v prometheus >/dev/null || { \
+	  echo "installing Prometheus (Debian package)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null; }
+
+demo: venv prometheus
+	$(PY) examples/demo.py
+
+test: venv prometheus
+	$(PY) -m pytest
+
+dashboards: venv
+	$(PY) -m dashboards.build
+
+bench: venv
+	$(PY) benchmarks/step_overhead.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

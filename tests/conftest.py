@@ -1,0 +1,63 @@
+"""Helpers shared by the tests: waiting on a condition, scraping, reading an exposition."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def wait_until(predicate, timeout: float = 60.0, interval: float = 0.05, what: str = "condition"):
+    """Poll ``predicate`` until it returns something truthy; fail the test after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = predicate()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def scrape(url: str, timeout: float = 10.0) -> str:
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        return response.read().decode()
+
+
+def samples(exposition: str) -> dict[tuple[str, frozenset], float]:
+    """{(sample name, frozenset of label items): value} for every sample of an exposition."""
+    result = {}
+    for family in text_string_to_metric_families(exposition):
+        for sample in family.samples:
+            result[(sample.name, frozenset(sample.labels.items()))] = sample.value
+    return result
+
+
+def value(exposition: str, name: str, **labels: str) -> float | None:
+    """The value of the one sample called ``name`` whose labels include ``labels``; None if there is none."""
+    found = [v for (n, ls), v in samples(exposition).items() if n == name and set(labels.items()) <= ls]
+    assert len(found) <= 1, f"{name}{labels} matches {len(found)} series"
+    return found[0] if found else None
+
+
+def xla_env(**extra: str) -> dict[str, str]:
+    """The environment for a child process that runs torch_xla on the CPU device."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("NEURON_EXPORTER_", "XLA_", "PT_XLA_")) and k not in ("RANK", "LOCAL_RANK")}
+    env.update(PJRT_DEVICE="CPU", PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
+    env.update(extra)
+    return env
+
+
+def run_python(script: Path | str, *args: str, env: dict[str, str] | None = None, timeout: float = 300.0):
+    """Run a Python script in a fresh interpreter (one torch_xla per process); return the completed process."""
+    return subprocess.run([sys.executable, str(script), *args], env=env or xla_env(), capture_output=True,
+                          text=True, timeout=timeout)

@@ -120,7 +120,7 @@ def snapshot_families(
                                  labels=names + ["op"])
     _add_labelled(family, values, lowered)
     yield family
-    family = CounterMetricFamily("xla_counter", "Every other torch_xla counter, by counter name",
+    family = CounterMetricFamily("xla_events", "Every other torch_xla counter, by counter name",
                                  labels=names + ["counter"])
     _add_labelled(family, values, other_counters)
     yield family

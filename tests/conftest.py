@@ -61,3 +61,40 @@ def run_python(script: Path | str, *args: str, env: dict[str, str] | None = None
     """Run a Python script in a fresh interpreter (one torch_xla per process); return the completed process."""
     return subprocess.run([sys.executable, str(script), *args], env=env or xla_env(), capture_output=True,
                           text=True, timeout=timeout)
+
+
+SCRIPTS = ROOT / "tests" / "scripts"
+
+
+class TrainingRun:
+    """A training script in its own process that prints one JSON line when its loop is done, then waits for
+    its standard input to close: the test scrapes the live endpoint in between."""
+
+    def __init__(self, script: str, *args: str, env: dict[str, str] | None = None):
+        self.process = subprocess.Popen([sys.executable, str(SCRIPTS / script), *args], env=env or xla_env(),
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                        text=True)
+
+    def result(self, timeout: float = 300.0) -> dict:
+        import json
+        import select
+
+        ready, _, _ = select.select([self.process.stdout], [], [], timeout)
+        line = self.process.stdout.readline() if ready else ""
+        if not line:
+            self.process.kill()
+            pytest.fail(f"training script gave no result; stderr:\n{self.process.stderr.read()[-4000:]}")
+        return json.loads(line)
+
+    def finish(self, timeout: float = 60.0) -> tuple[int, str]:
+        """Let the script exit; return its exit code and stderr."""
+        _, stderr = self.process.communicate(input="", timeout=timeout)
+        return self.process.returncode, stderr
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()

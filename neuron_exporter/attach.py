@@ -1,0 +1,196 @@
+"""``attach()``: one line in a training script turns every torch_xla step into Prometheus metrics.
+
+What runs where:
+- on the training thread, after each step marker: two counter reads and a little arithmetic (``StepHook``);
+- on the HTTP thread, at scrape time: the full torch_xla snapshot and the rendering (``RankCollector``);
+- on the spool thread, every ``spool_interval_seconds``: this rank's exposition written to the spool directory,
+  where the node endpoint (the daemon, or the rank that holds the port) picks it up.
+Nothing here forces a device sync, runs a graph, or lets an exporter failure reach the training loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+
+import psutil
+from prometheus_client import CollectorRegistry, generate_latest
+
+from .config import Options, resolve_options
+from .http_server import MetricsServer
+from .rank import rank_labels
+from .rank_collector import RankCollector
+from .self_metrics import SelfStats
+from .step_hook import StepHook
+from .step_tracker import StepTracker
+from .xla_reader import XlaReader
+
+log = logging.getLogger("neuron_exporter")
+
+_lock = threading.RLock()
+_current: ExporterHandle | None = None
+
+
+class ExporterHandle:
+    """What ``attach()`` returns. ``port``/``url`` are None when another process holds the port (see README)."""
+
+    def __init__(self, options: Options, registry: CollectorRegistry | None):
+        self.options = options
+        self.stats = SelfStats()
+        self.reader = XlaReader()
+        self.tracker = StepTracker(options.warmup_steps, *self.reader.compile_counters())
+        self.collector = RankCollector(self.reader, self.tracker, self.stats, options.max_op_series)
+        self._rank_registry = CollectorRegistry(auto_describe=False)
+        self._rank_registry.register(self.collector)
+        self._user_registry = registry
+        if registry is not None:  # e.g. the registry the application already serves
+            registry.register(self.collector)
+        self._node_view = None
+        self._hook = StepHook(self._on_sync)
+        self._server: MetricsServer | None = None
+        self._stop = threading.Event()
+        self._spool_thread: threading.Thread | None = None
+        self._process_start = psutil.Process().create_time()
+
+    # -- the training thread ------------------------------------------------------------------------------
+    def _on_sync(self) -> None:
+        start = time.perf_counter()
+        try:
+            graphs, compiles = self.reader.compile_counters()
+            self.tracker.on_sync(graphs, compiles, start)
+        except Exception as error:  # noqa: BLE001 (never into the training loop)
+            self.stats.record_error("step", error)
+        self.stats.hook_seconds += time.perf_counter() - start
+
+    # -- life cycle ---------------------------------------------------------------------------------------
+    @property
+    def port(self) -> int | None:
+        return self._server.port if self._server else None
+
+    @property
+    def url(self) -> str | None:
+        return self._server.url if self._server else None
+
+    def _start(self) -> None:
+        self._hook.install()
+        self._serve(first_try=True)
+        self._start_spool_thread()
+
+    def _serve(self, first_try: bool) -> None:
+        options = self.options
+        try:
+            self._server = MetricsServer(self._render, options.addr, options.port, options.web_config_file).start()
+        except OSError as error:
+            if first_try:
+                log.warning(
+                    "neuron-exporter: cannot listen on %s:%s (%s); training goes on, and this rank's metrics reach "
+                    "the node endpoint that holds that port through the spool directory",
+                    options.addr, options.port, error.strerror or error)
+
+    def _render(self) -> bytes:
+        own = generate_latest(self._rank_registry)
+        if self._node_view is None:
+            return own
+        return self._node_view.render(own=(self._meta(), own))
+
+    def _meta(self, finished: bool = False) -> dict:
+        return {**rank_labels(), "pid": os.getpid(), "start_time": self._process_start, "finished": finished}
+
+    def _write_spool(self, finished: bool = False) -> None:
+        if not self.options.spool_dir:
+            return
+        try:
+            from .spool import write_rank_file
+            write_rank_file(self.options.spool_dir, self._meta(finished), generate_latest(self._rank_registry))
+        except Exception as error:  # noqa: BLE001
+            self.stats.record_error("spool", error)
+
+    def _start_spool_thread(self) -> None:
+        self._stop.clear()
+        self._spool_thread = threading.Thread(target=self._spool_loop, name="neuron-exporter-spool", daemon=True)
+        self._spool_thread.start()
+
+    def _spool_loop(self) -> None:
+        self._write_spool()
+        while not self._stop.wait(self.options.spool_interval_seconds):
+            self._write_spool()
+            if self._server is None and self.options.port != 0:
+                self._serve(first_try=False)  # the process that held the node endpoint may have gone: take over
+
+    def detach(self) -> None:
+        """Undo ``attach()``: torch_xla is left exactly as it was, the endpoint closes, a last report is spooled."""
+        global _current
+        with _lock:
+            self._hook.uninstall()
+            self._stop.set()
+            if self._spool_thread is not None:
+                self._spool_thread.join()
+                self._spool_thread = None
+            self._write_spool(finished=True)
+            if self._server is not None:
+                self._server.stop()
+                self._server = None
+            if self._user_registry is not None:
+                self._user_registry.unregister(self.collector)
+            if _current is self:
+                _current = None
+
+    def _after_fork_in_child(self) -> None:
+        # The child has copies of the locks and of the listening socket, but none of the threads. It keeps the hook
+        # (the training code runs there), reports through the spool, and leaves the port to the parent.
+        if self._server is not None:
+            self._server.close_inherited_socket()
+            self._server = None
+        self.stats = SelfStats()
+        self.collector.stats = self.stats
+        self.tracker = StepTracker(self.options.warmup_steps, *self.reader.compile_counters())
+        self.collector.tracker = self.tracker
+        self._process_start = psutil.Process().create_time()
+        self._start_spool_thread()
+
+    def __enter__(self) -> ExporterHandle:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.detach()
+
+
+def attach(port: int | None = None, addr: str | None = None, registry: CollectorRegistry | None = None,
+           **options) -> ExporterHandle:
+    """Start exporting this process's torch_xla step metrics; a second call returns the same handle.
+
+    ``port=0`` asks for a free port (``handle.port`` tells which). ``options`` are the keys of the configuration
+    table in the README (``warmup_steps``, ``spool_dir``, ...); ``NEURON_EXPORTER_*`` variables set the same keys,
+    and arguments given here win. A bad option raises ``ConfigError`` (one line) before anything is hooked.
+    """
+    global _current
+    with _lock:
+        if _current is not None:
+            return _current
+        overrides = {key: value for key, value in {"port": port, "addr": addr, **options}.items() if value is not None}
+        handle = ExporterHandle(resolve_options(overrides=overrides), registry)
+        handle._start()
+        _current = handle
+        return handle
+
+
+def detach() -> None:
+    """Undo the last ``attach()``; nothing happens if none is active."""
+    with _lock:
+        if _current is not None:
+            _current.detach()
+
+
+def _after_fork_in_child() -> None:
+    global _lock
+    _lock = threading.RLock()
+    if _current is not None:
+        try:
+            _current._after_fork_in_child()
+        except Exception as error:  # noqa: BLE001
+            log.warning("neuron-exporter: could not restart in the forked process: %s", error)
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

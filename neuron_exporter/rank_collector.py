@@ -1,0 +1,133 @@
+"""The Prometheus collector of one training process (one rank).
+
+Each part (steps, torch_xla, process) is collected on its own: a part that fails is left out of that scrape,
+counted in ``neuron_exporter_collection_errors_total{stage="scrape"}`` and shown by
+``neuron_exporter_collector_success{collector=...} 0``; the rest of /metrics is still served.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+
+import psutil
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+
+from .rank import rank_labels
+from .self_metrics import STAGES, SelfStats, build_labels
+from .snapshot_metrics import LabelBudget, snapshot_families
+from .step_tracker import Histogram, StepTracker
+from .xla_reader import MonotonicSnapshots, XlaReader
+
+
+class RankCollector:
+    def __init__(self, reader: XlaReader, tracker: StepTracker, stats: SelfStats, max_op_series: int):
+        self.reader = reader
+        self.tracker = tracker
+        self.stats = stats
+        self._monotonic = MonotonicSnapshots()
+        self._fallback_budget = LabelBudget(max_op_series)
+        self._lowered_budget = LabelBudget(max_op_series)
+        self._parts: dict[str, Callable[[dict[str, str]], Iterator[Metric]]] = {
+            "steps": self._step_families,
+            "xla": self._xla_families,
+            "process": self._process_families,
+        }
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())  # the families depend on what torch_xla has recorded; no up-front description
+
+    def collect(self) -> Iterator[Metric]:
+        labels = rank_labels()
+        names = list(labels)
+        success = GaugeMetricFamily("neuron_exporter_collector_success",
+                                    "1 if the collector's last scrape succeeded, 0 if it failed",
+                                    labels=names + ["collector"])
+        duration = GaugeMetricFamily("neuron_exporter_collector_duration_seconds",
+                                     "Time the collector's last scrape took", labels=names + ["collector"])
+        for part, collect_part in self._parts.items():
+            start = time.perf_counter()
+            try:
+                families = list(collect_part(labels))
+                ok = 1
+            except Exception as error:  # noqa: BLE001 (a broken part must not take /metrics down)
+                self.stats.record_error("scrape", error)
+                families, ok = [], 0
+            yield from families
+            success.add_metric(list(labels.values()) + [part], ok)
+            duration.add_metric(list(labels.values()) + [part], time.perf_counter() - start)
+        yield success
+        yield duration
+        yield from self._self_families(labels)
+
+    def _step_families(self, labels: dict[str, str]) -> Iterator[Metric]:
+        state = self.tracker.state()
+        values = list(labels.values())
+
+        def counter(name: str, documentation: str, value: float) -> CounterMetricFamily:
+            family = CounterMetricFamily(name, documentation, labels=list(labels))
+            family.add_metric(values, value)
+            return family
+
+        yield counter("xla_steps", "Training steps ended (step markers that ran at least one graph)", state.steps)
+        yield _histogram("xla_step_duration_seconds", "Wall time from one step end to the next",
+                         labels, state.step_duration)
+        yield _histogram("xla_graphs_per_step",
+                         "Graphs run in a step (cached + uncached compiles since the last step end); "
+                         "more than 1 is fragmentation", labels, state.graphs_per_step)
+        yield counter("xla_fragmented_steps", "Steps that ran more than one graph", state.fragmented_steps)
+        yield counter("xla_recompilations", "Compiler runs in steps after warm-up", state.recompilations)
+        yield counter("neuron_exporter_syncs", "Step markers seen, including empty syncs that are not steps",
+                      state.syncs)
+
+    def _xla_families(self, labels: dict[str, str]) -> Iterator[Metric]:
+        snapshot = self._monotonic.apply(self.reader.snapshot())
+        yield from snapshot_families(snapshot, labels, self._fallback_budget, self._lowered_budget)
+
+    def _process_families(self, labels: dict[str, str]) -> Iterator[Metric]:
+        process = psutil.Process(os.getpid())
+        with process.oneshot():
+            memory = process.memory_info().rss
+            cpu = process.cpu_times()
+            threads = process.num_threads()
+        names, values = list(labels), list(labels.values())
+        family = GaugeMetricFamily("xla_process_resident_memory_bytes", "Resident memory of the training process",
+                                   labels=names)
+        family.add_metric(values, memory)
+        yield family
+        family = CounterMetricFamily("xla_process_cpu_seconds", "CPU time of the training process (user + system)",
+                                     labels=names)
+        family.add_metric(values, cpu.user + cpu.system)
+        yield family
+        family = GaugeMetricFamily("xla_process_threads", "Threads of the training process", labels=names)
+        family.add_metric(values, threads)
+        yield family
+
+    def _self_families(self, labels: dict[str, str]) -> Iterator[Metric]:
+        names, values = list(labels), list(labels.values())
+        build = build_labels()
+        family = GaugeMetricFamily("neuron_exporter_build_info", "Versions of the exporter and of what it runs with",
+                                   labels=names + list(build))
+        family.add_metric(values + list(build.values()), 1)
+        yield family
+        family = CounterMetricFamily("neuron_exporter_collection_errors",
+                                     "Failures inside the exporter, by stage (step hook, scrape, spool write)",
+                                     labels=names + ["stage"])
+        for stage in STAGES:
+            family.add_metric(values + [stage], self.stats.errors[stage])
+        yield family
+        family = CounterMetricFamily("neuron_exporter_step_hook_seconds",
+                                     "Time the exporter spent in its step hook, on the training thread", labels=names)
+        family.add_metric(values, self.stats.hook_seconds)
+        yield family
+        family = GaugeMetricFamily("neuron_exporter_warmup_steps",
+                                   "Steps treated as warm-up: their compiles are not recompilations", labels=names)
+        family.add_metric(values, self.tracker.warmup_steps)
+        yield family
+
+
+def _histogram(name: str, documentation: str, labels: dict[str, str], histogram: Histogram) -> HistogramMetricFamily:
+    family = HistogramMetricFamily(name, documentation, labels=list(labels))
+    family.add_metric(list(labels.values()), histogram.cumulative(), histogram.total)
+    return family

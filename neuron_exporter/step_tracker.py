@@ -1,0 +1,104 @@
+"""Per-step arithmetic: which syncs are steps, graphs per step, fragmentation, recompiles after warm-up.
+
+Pure logic: it is fed the process-wide compile counters after every sync and knows nothing of torch_xla.
+A graph that runs, whether at a sync or cut off early by ``.item()`` or a CPU fallback, passes through the
+compile cache lookup, so CachedCompile + UncachedCompile counts graphs exactly and synchronously.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+from dataclasses import dataclass, field
+
+STEP_DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+                         float("inf"))
+GRAPHS_PER_STEP_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, float("inf"))
+
+
+@dataclass
+class Histogram:
+    """Cumulative-on-read histogram: ``counts[i]`` holds the observations that fell in bucket i only."""
+
+    upper_bounds: tuple[float, ...]
+    counts: list[int] = field(init=False)
+    total: float = 0.0
+
+    def __post_init__(self):
+        self.counts = [0] * len(self.upper_bounds)
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.upper_bounds, value)] += 1
+        self.total += value
+
+    def cumulative(self) -> list[tuple[str, int]]:
+        """[(le, cumulative count)], the form Prometheus exposes."""
+        result, running = [], 0
+        for bound, count in zip(self.upper_bounds, self.counts):
+            running += count
+            result.append(("+Inf" if bound == float("inf") else repr(float(bound)), running))
+        return result
+
+
+@dataclass
+class StepState:
+    """What the collector exports; a copy taken under the tracker's lock."""
+
+    syncs: int = 0
+    steps: int = 0
+    fragmented_steps: int = 0
+    recompilations: int = 0
+    step_duration: Histogram = field(default_factory=lambda: Histogram(STEP_DURATION_BUCKETS))
+    graphs_per_step: Histogram = field(default_factory=lambda: Histogram(GRAPHS_PER_STEP_BUCKETS))
+
+
+def _delta(now: int, before: int) -> int:
+    # The counters only go down when someone calls met.clear_counters(); count from zero again then.
+    return now - before if now >= before else now
+
+
+class StepTracker:
+    def __init__(self, warmup_steps: int, graphs_seen: int, compiles_seen: int):
+        """``graphs_seen``/``compiles_seen``: the counters at attach time, so earlier work is not a step."""
+        self.warmup_steps = warmup_steps
+        self._graphs = graphs_seen
+        self._compiles = compiles_seen
+        self._last_step_end: float | None = None
+        self._state = StepState()
+        self._lock = threading.Lock()
+
+    def on_sync(self, graphs_total: int, compiles_total: int, now: float) -> None:
+        """Account one step marker, given CachedCompile+UncachedCompile and UncachedCompile after it."""
+        with self._lock:
+            state = self._state
+            state.syncs += 1
+            graphs = _delta(graphs_total, self._graphs)
+            compiles = _delta(compiles_total, self._compiles)
+            self._graphs, self._compiles = graphs_total, compiles_total
+            if graphs == 0:
+                return  # an empty sync (torch_xla.step() entry, loader prefetch): nothing ran, not a step
+            if state.steps >= self.warmup_steps:
+                state.recompilations += compiles
+            state.steps += 1
+            state.graphs_per_step.observe(graphs)
+            if graphs > 1:
+                state.fragmented_steps += 1
+            if self._last_step_end is not None:
+                state.step_duration.observe(now - self._last_step_end)
+            self._last_step_end = now
+
+    def state(self) -> StepState:
+        with self._lock:
+            state = self._state
+            return StepState(
+                syncs=state.syncs, steps=state.steps, fragmented_steps=state.fragmented_steps,
+                recompilations=state.recompilations,
+                step_duration=_copy(state.step_duration), graphs_per_step=_copy(state.graphs_per_step),
+            )
+
+
+def _copy(histogram: Histogram) -> Histogram:
+    copy = Histogram(histogram.upper_bounds)
+    copy.counts = list(histogram.counts)
+    copy.total = histogram.total
+    return copy

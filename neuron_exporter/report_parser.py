@@ -1,0 +1,256 @@
+"""Read the text of torch_xla's ``metrics_report()`` back into a Snapshot.
+
+For saved reports, ``XLA_METRICS_FILE`` dumps, and builds where only the text is available. The layout
+(torch_xla/csrc/runtime/metrics.cpp, the same in the torch::lazy arena):
+
+    Metric: CompileTime
+      TotalSamples: 2
+      Accumulator: 390ms043.556us
+      ValueRate: 01s098ms069.970us / second      (optional, with Rate)
+      Rate: 7.91562 / second
+      Percentiles: 1%=061ms308.992us; 5%=061ms308.992us; ...
+    Counter: MarkStep
+      Value: 8
+
+Older reports are read too: ``Mean:`` / ``StdDev:`` lines, any percentile list (``25%=``), ``nan`` values,
+and ``Counter:`` in place of ``Accumulator:`` inside a Metric block. A value's form gives the metric's
+unit: durations (``...us``) are seconds, sizes (``B``, ``KB``, ... 1024-based) are bytes, the rest plain
+numbers. Anything else is a ``ReportParseError`` naming the line.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterator
+
+from .snapshot import BYTES, NUMBER, SECONDS, MetricValue, Snapshot
+
+STREAM_HEADER = re.compile(r"\[MetricsData; step=(\d+)\]")
+
+# Duration fields, largest first: (suffix, seconds per unit, range within the next larger unit).
+DURATION_FIELDS = (("d", 86400.0, None), ("h", 3600.0, 24), ("m", 60.0, 60), ("s", 1.0, 60),
+                   ("ms", 1e-3, 1000), ("us", 1e-6, 1000))
+DURATION = re.compile(r"(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?(?:(\d+)ms)?(\d+(?:\.\d+)?|nan)us")
+BYTE_SUFFIXES = {"B": 0, "KB": 1, "MB": 2, "GB": 3, "TB": 4, "PB": 5}
+_FLOAT = r"-?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|-?nan|-?inf"
+BYTE_SIZE = re.compile(rf"({_FLOAT})(B|KB|MB|GB|TB|PB)")
+NUMBER_TEXT = re.compile(_FLOAT)
+INTEGER = re.compile(r"\d+")
+PER_SECOND = re.compile(r"(\S+) / second")
+
+TOTAL_SAMPLES_FORM = '"  TotalSamples: <int>"'
+ACCUMULATOR_FORM = '"  Accumulator: <value>"'
+PERCENTILES_FORM = '"  Percentiles: <p>%=<value>; ..."'
+VALUE_FORM = '"  Value: <int>"'
+BLOCK_FORM = '"Metric: <name>" or "Counter: <name>"'
+
+
+class ReportParseError(ValueError):
+    """A report that cannot be read; ``str()`` is one line: ``source:line: what is wrong``."""
+
+    def __init__(self, source: str, line: int, problem: str):
+        super().__init__(f"{source}:{line}: {problem}")
+        self.source = source
+        self.line = line
+        self.problem = problem
+
+
+def parse_duration(text: str) -> float:
+    """Seconds from a torch_xla duration such as ``09s969ms486.408us`` or ``000.410us``.
+
+    torch_xla prints every field but the last rounded to an integer and then takes away the floor of
+    the unrounded field, so a field reads one too high whenever the rest below it is at least half of
+    it (``045ms763.787us`` means 44.763787 ms). Working up from the microseconds undoes that.
+    """
+    match = DURATION.fullmatch(text)
+    if not match:
+        raise ValueError(f'"{text}" is not a duration like 09s969ms486.408us')
+    if match.group(6) == "nan":
+        if any(match.groups()[:5]):
+            raise ValueError(f'"{text}" is not a duration like 09s969ms486.408us')
+        return math.nan
+    present = [i for i, field in enumerate(match.groups()) if field is not None]
+    if present != list(range(present[0], len(DURATION_FIELDS))):
+        raise ValueError(f'"{text}" skips a unit: torch_xla prints every unit below the first one')
+    values = [float(field) if field is not None else 0.0 for field in match.groups()]
+    first = present[0]
+    for i in range(len(DURATION_FIELDS) - 2, first - 1, -1):
+        # The first field is printed only when it is at least 1, so a 1 there was never rounded up;
+        # neither was a 0 further down. Either means the text came from a formatter without the quirk.
+        if values[i + 1] >= DURATION_FIELDS[i + 1][2] / 2 and values[i] >= (2 if i == first else 1):
+            values[i] -= 1
+    return sum(value * scale for value, (_, scale, _) in zip(values, DURATION_FIELDS))
+
+
+def parse_bytes(text: str) -> float:
+    """Bytes from a torch_xla size such as ``40.00B``, ``8.00KB`` or ``1.65MB`` (1024-based)."""
+    match = BYTE_SIZE.fullmatch(text)
+    if not match:
+        raise ValueError(f'"{text}" is not a size like 450.04KB')
+    return float(match.group(1)) * 1024.0 ** BYTE_SUFFIXES[match.group(2)]
+
+
+def parse_value(text: str) -> tuple[float, str]:
+    """A report value in base units, with its unit (``SECONDS``, ``BYTES`` or ``NUMBER``)."""
+    if text.endswith("us"):
+        return parse_duration(text), SECONDS
+    if text.endswith("B"):
+        return parse_bytes(text), BYTES
+    if NUMBER_TEXT.fullmatch(text):
+        return float(text), NUMBER
+    raise ValueError(f'"{text}" is not a duration (09s969ms486.408us), a size (8.00KB) or a number (4.00)')
+
+
+class _Block:
+    """The header of the block being read: its kind, name, line number and indentation."""
+
+    def __init__(self, kind: str, name: str, line: int, indent: int):
+        self.kind, self.name, self.line, self.indent = kind, name, line, indent
+
+
+class _Reader:
+    """Reads the reports of a text, line by line, into Snapshots."""
+
+    def __init__(self, text: str, source: str):
+        self.lines = text.splitlines()
+        self.source = source
+        self.next = 0  # index of the next line to read
+
+    def error(self, line: int, problem: str) -> ReportParseError:
+        return ReportParseError(self.source, line, problem)
+
+    def reports(self) -> Iterator[tuple[int | None, int, Snapshot]]:
+        """Yield (step, first line, Snapshot) for each report; step is None without a stream header."""
+        step: int | None = None
+        start = 1
+        found = False
+        while True:
+            snapshot = Snapshot()
+            blocks = self.blocks(snapshot)
+            found = found or blocks > 0
+            if blocks or step is not None:
+                yield step, start, snapshot
+            if self.next == len(self.lines):
+                break
+            start = self.next + 1
+            step = int(STREAM_HEADER.fullmatch(self.lines[self.next].strip()).group(1))
+            self.next += 1
+        if not found:
+            raise self.error(1, f"no report here: the text has no {BLOCK_FORM} block")
+
+    def blocks(self, into: Snapshot) -> int:
+        """Read blocks up to the next stream header or the end of the text; return how many.
+
+        A name that appears twice keeps its first value, as torch_xla's own lookups do (they search
+        the torch::lazy arena before the runtime arena).
+        """
+        count = 0
+        while self.next < len(self.lines):
+            line = self.lines[self.next]
+            stripped = line.strip()
+            if STREAM_HEADER.fullmatch(stripped):
+                break
+            self.next += 1
+            if not stripped:
+                continue
+            kind, _, name = stripped.partition(": ")
+            block = _Block(kind, name.strip(), self.next, _indent(line))
+            if kind == "Metric" and block.name:
+                into.metrics.setdefault(block.name, self.metric(block))
+            elif kind == "Counter" and block.name:
+                _, text, line_number = self.field(block, VALUE_FORM, "Value")
+                into.counters.setdefault(block.name, self.integer(text, line_number, f'Value of counter "{name}"'))
+            else:
+                raise self.error(self.next, f'unknown line "{line}" (expected {BLOCK_FORM})')
+            count += 1
+        return count
+
+    def field(self, block: _Block, form: str, *keys: str) -> tuple[str, str, int]:
+        """The next line of ``block``, which must be ``<key>: <text>`` for one of ``keys``."""
+        if self.next == len(self.lines):
+            raise self.error(block.line, f'{block.kind} block "{block.name}" is truncated: '
+                                         f"the text ends before {form}")
+        line = self.lines[self.next]
+        self.next += 1
+        key, sep, text = line.strip().partition(":")
+        if not sep or key not in keys or _indent(line) <= block.indent:
+            got = f'"{line}"' if line.strip() else "an empty line"
+            raise self.error(self.next, f'expected {form} in {block.kind} block "{block.name}", got {got}')
+        return key, text.strip(), self.next
+
+    def metric(self, block: _Block) -> MetricValue:
+        what = f'metric "{block.name}"'
+        _, text, line = self.field(block, TOTAL_SAMPLES_FORM, "TotalSamples")
+        total_samples = self.integer(text, line, f"TotalSamples of {what}")
+        # Very old reports (2019) said "Counter:" where "Accumulator:" is now.
+        _, text, line = self.field(block, ACCUMULATOR_FORM, "Accumulator", "Counter")
+        accumulator, unit = self.value(text, line, f"Accumulator of {what}", None)
+        optional = ["Mean", "StdDev", "ValueRate", "Rate"]
+        while True:
+            key, text, line = self.field(block, PERCENTILES_FORM, "Percentiles", *optional)
+            if key == "Percentiles":
+                return MetricValue(total_samples, accumulator, unit, self.percentiles(text, line, what, unit))
+            optional.remove(key)
+            if key in ("ValueRate", "Rate"):
+                match = PER_SECOND.fullmatch(text)
+                if not match:
+                    raise self.error(line, f'bad {key} of {what}: expected "<value> / second", got "{text}"')
+                text = match.group(1)
+            if key != "Rate":
+                self.value(text, line, f"{key} of {what}", unit)
+            elif not NUMBER_TEXT.fullmatch(text):
+                raise self.error(line, f'bad Rate of {what}: "{text}" is not a number')
+
+    def percentiles(self, text: str, line: int, what: str, unit: str) -> dict[float, float]:
+        result = {}
+        for entry in filter(None, (part.strip() for part in text.split(";"))):
+            percent, sep, value_text = entry.partition("%=")
+            if not sep or not NUMBER_TEXT.fullmatch(percent):
+                raise self.error(line, f'bad percentile of {what}: expected "<p>%=<value>", got "{entry}"')
+            value, _ = self.value(value_text, line, f"{percent}% percentile of {what}", unit)
+            result[round(float(percent) / 100.0, 9)] = value
+        return result
+
+    def value(self, text: str, line: int, what: str, unit: str | None) -> tuple[float, str]:
+        try:
+            value, found_unit = parse_value(text)
+        except ValueError as error:
+            raise self.error(line, f"bad {what}: {error}") from None
+        if unit is not None and found_unit != unit:
+            raise self.error(line, f'bad {what}: "{text}" is in {found_unit} but the metric is in {unit}')
+        return value, found_unit
+
+    def integer(self, text: str, line: int, what: str) -> int:
+        if not INTEGER.fullmatch(text):
+            raise self.error(line, f'bad {what}: "{text}" is not a whole number')
+        return int(text)
+
+
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip())
+
+
+def parse_report_stream(text: str, source: str = "<report>") -> Iterator[tuple[int | None, Snapshot]]:
+    """Yield ``(step, Snapshot)`` for every report of a text, in order.
+
+    An ``XLA_METRICS_FILE`` dump holds one report per step, each after a ``[MetricsData; step=N]``
+    line; a plain ``metrics_report()`` text is one report with step ``None``. Raises ReportParseError
+    at the first line that does not belong in a report, or when the text holds no block at all.
+    """
+    for step, _, snapshot in _Reader(text, source).reports():
+        yield step, snapshot
+
+
+def parse_report(text: str, source: str = "<report>") -> Snapshot:
+    """The Snapshot of one ``metrics_report()`` (or ``short_metrics_report()``) text.
+
+    A ``[MetricsData; step=N]`` line before it is allowed; a second report is an error (read a
+    multi-report ``XLA_METRICS_FILE`` dump with ``parse_report_stream``).
+    """
+    reports = _Reader(text, source).reports()
+    _, _, snapshot = next(reports)
+    for _, line, _ in reports:
+        raise ReportParseError(source, line, "a second report starts here; a multi-report XLA_METRICS_FILE dump "
+                                             "is read with parse_report_stream")
+    return snapshot

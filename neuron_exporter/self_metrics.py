@@ -11,6 +11,7 @@ from . import __version__
 log = logging.getLogger("neuron_exporter")
 
 STAGES = ("step", "scrape", "spool")
+STAGE_NAMES = {"step": "step hook", "scrape": "scrape", "spool": "spool write"}
 # Log the first failures of a stage in full, then only every Nth, so a broken exporter cannot flood a job's log.
 LOG_FIRST = 3
 LOG_EVERY = 1000
@@ -25,8 +26,8 @@ class SelfStats:
         self.errors[stage] += 1
         count = self.errors[stage]
         if count <= LOG_FIRST or count % LOG_EVERY == 0:
-            log.warning("neuron-exporter: %s collection failed (%d so far), training goes on: %s: %s",
-                        stage, count, type(error).__name__, error, exc_info=count <= LOG_FIRST)
+            log.warning("neuron-exporter: %s failed (%d so far), training goes on: %s: %s",
+                        STAGE_NAMES[stage], count, type(error).__name__, error, exc_info=count <= LOG_FIRST)
 
 
 def _version(distribution: str) -> str:

@@ -68,6 +68,12 @@ class MetricsServer:
             self._thread = None
         self._server.server_close()
 
+    def close_inherited_socket(self) -> None:
+        """In a child made by fork: close this copy of the listening socket. The serving thread exists only
+        in the parent, which keeps serving; ``stop()`` would wait for it forever here."""
+        self._thread = None
+        self._server.socket.close()
+
     def __enter__(self) -> MetricsServer:
         return self.start()
 

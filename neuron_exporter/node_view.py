@@ -1,0 +1,138 @@
+"""The node endpoint: every rank of the machine on one ``/metrics``, with each rank's liveness and host metrics.
+
+A rank is *running* while its process lives and steps, *hung* when the process lives but has made no step
+(or, before its first step, written no report) for ``hung_after_seconds``, *dead* when its process is gone.
+Hung and dead ranks keep their last values (counters never drop to 0) until their file is
+``expire_after_seconds`` old. A rank that finished cleanly keeps its values too, without liveness series.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.exposition import generate_latest
+
+from .config import Options
+from .host_metrics import HostCollector
+from .spool import RankMeta, is_expired, rank_order, read_rank_files, remove_rank_files, writer_alive
+
+STATES = ("running", "hung", "dead")
+
+
+@dataclass(frozen=True)
+class RankStatus:
+    meta: RankMeta
+    state: str | None  # one of STATES; None for a rank that finished cleanly (no liveness series)
+    last_report: float  # unix time of the rank's last step, or of its last report before its first step
+    exposition: bytes
+
+
+def merge_expositions(expositions: Iterable[bytes]) -> bytes:
+    """One exposition from several (text format 0.0.4, as prometheus_client writes it): each family once,
+    with its HELP and TYPE from the first exposition that has it and the samples of all of them."""
+    families: dict[bytes, list] = {}
+    for text in expositions:
+        if not text:
+            continue
+        for chunk in (b"\n" + text).split(b"\n# HELP ")[1:]:
+            help_line, _, body = chunk.partition(b"\n")
+            type_line = None
+            if body.startswith(b"# TYPE "):
+                type_line, _, body = body.partition(b"\n")
+            name = help_line.split(b" ", 1)[0]
+            family = families.get(name)
+            if family is None:
+                families[name] = family = [help_line, type_line, []]
+            elif family[1] is None:
+                family[1] = type_line
+            body = body.strip(b"\n")
+            if body:
+                family[2].append(body)
+    out = []
+    for name, (help_line, type_line, bodies) in families.items():
+        out.append(b"# HELP " + help_line)
+        if type_line is not None:
+            out.append(type_line)
+        out.extend(bodies)
+    return b"\n".join(out) + b"\n" if out else b""
+
+
+class NodeView:
+    """Renders the node endpoint from the spool directory (and the serving process's own exposition)."""
+
+    def __init__(self, options: Options):
+        self.options = options
+        self._host = HostCollector()
+
+    def statuses(self, own: tuple[RankMeta | Mapping, bytes] | None = None,
+                 now: float | None = None) -> list[RankStatus]:
+        """Every rank the endpoint serves, with its state; deletes the files of dead ranks past the expiry."""
+        now = time.time() if now is None else now
+        statuses = []
+        own_meta = RankMeta.of(own[0]) if own is not None else None
+        if own is not None:
+            statuses.append(self._status(own_meta, own[1], alive=True, written=now, now=now))
+        for report in read_rank_files(self.options.spool_dir):
+            if own_meta is not None and report.meta.rank == own_meta.rank:
+                continue  # the live process's own exposition is newer than its file
+            alive = writer_alive(report)
+            if is_expired(report, self.options.expire_after_seconds, now):
+                if alive is False:
+                    remove_rank_files(report)
+                continue
+            statuses.append(self._status(report.meta, report.exposition, alive, report.mtime, now))
+        return sorted(statuses, key=lambda s: rank_order(s.meta.rank))
+
+    def _status(self, meta: RankMeta, exposition: bytes, alive: bool | None, written: float,
+                now: float) -> RankStatus:
+        progress = meta.last_step_time if meta.last_step_time is not None else written
+        if meta.finished:
+            state = None
+        elif alive is False:
+            state = "dead"
+        elif now - progress > self.options.hung_after_seconds:
+            state = "hung"
+        else:
+            state = "running"
+        return RankStatus(meta, state, progress, exposition)
+
+    def render(self, own: tuple[RankMeta | Mapping, bytes] | None = None) -> bytes:
+        """The node endpoint's exposition. ``own`` is ``(meta, exposition)`` of the process serving it."""
+        statuses = self.statuses(own)
+        node = generate_latest(_NodeMetrics(statuses, self._host))
+        return merge_expositions([s.exposition for s in statuses] + [node])
+
+
+class _NodeMetrics:
+    """The endpoint's own families, as a collector for ``generate_latest``."""
+
+    def __init__(self, statuses: list[RankStatus], host: HostCollector):
+        self.statuses = statuses
+        self.host = host
+
+    def collect(self) -> Iterator[Metric]:
+        labels = ["rank", "local_rank"]
+        up = GaugeMetricFamily("neuron_exporter_rank_up",
+                               "1 if the rank is running, 0 if it is hung or dead", labels=labels)
+        state = GaugeMetricFamily("neuron_exporter_rank_state",
+                                  "The rank's state: 1 for the current one of running, hung, dead",
+                                  labels=labels + ["state"])
+        last = GaugeMetricFamily("neuron_exporter_rank_last_report_timestamp_seconds",
+                                 "When the rank last reported progress (unix time)", labels=labels)
+        for status in self.statuses:
+            ids = [status.meta.rank, status.meta.local_rank]
+            last.add_metric(ids, status.last_report)
+            if status.state is None:
+                continue
+            up.add_metric(ids, 1.0 if status.state == "running" else 0.0)
+            for name in STATES:
+                state.add_metric(ids + [name], 1.0 if status.state == name else 0.0)
+        yield up
+        yield state
+        yield last
+        yield GaugeMetricFamily("neuron_exporter_ranks", "Ranks the node endpoint knows (running, hung or dead)",
+                                value=len(self.statuses))
+        yield from self.host.collect()

@@ -1,0 +1,1 @@
+"""Grafana dashboards and Prometheus rules for neuron-exporter, built from code (see build.py)."""

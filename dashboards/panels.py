@@ -1,0 +1,143 @@
+"""Small builders shared by the dashboards: every data panel gets a unit, a description and queries that go
+through the ``$datasource`` variable."""
+
+from __future__ import annotations
+
+from grafana_foundation_sdk.builders import common, dashboard, prometheus, stat, table, text, timeseries
+from grafana_foundation_sdk.models import dashboard as model
+from grafana_foundation_sdk.models import prometheus as prom_model
+from grafana_foundation_sdk.models import common as common_model
+from grafana_foundation_sdk.models.common import DataSourceRef
+
+DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")
+
+# Label matchers of the dashboard variables.
+TARGET = 'job=~"$job", instance=~"$instance"'
+RANK = TARGET + ', rank=~"$rank"'
+
+REF_IDS = "ABCDEFGHIJ"
+
+
+def query(expr: str, legend: str = "", ref: str = "A") -> prometheus.Dataquery:
+    q = prometheus.Dataquery().expr(expr).ref_id(ref).datasource(DATASOURCE)
+    return q.legend_format(legend) if legend else q
+
+
+def instant_table_query(expr: str, ref: str = "A") -> prometheus.Dataquery:
+    return (prometheus.Dataquery().expr(expr).ref_id(ref).datasource(DATASOURCE)
+            .instant().format(prom_model.PromQueryFormat.TABLE))
+
+
+def _targets(panel, queries):
+    for ref, (expr, legend) in zip(REF_IDS, queries):
+        panel = panel.with_target(query(expr, legend, ref))
+    return panel
+
+
+def thresholds(*steps: tuple[float | None, str]) -> dashboard.ThresholdsConfig:
+    return (dashboard.ThresholdsConfig().mode(model.ThresholdsMode.ABSOLUTE)
+            .steps([model.Threshold(value=value, color=color) for value, color in steps]))
+
+
+def graph(title: str, description: str, unit: str, *queries: tuple[str, str], width: int = 12, height: int = 8,
+          stacked: bool = False, min_value: float | None = 0, threshold: float | None = None) -> timeseries.Panel:
+    """A time series panel; ``queries`` are (expr, legend) pairs."""
+    panel = (timeseries.Panel().title(title).description(description).unit(unit).datasource(DATASOURCE)
+             .span(width).height(height).line_width(1).fill_opacity(10)
+             .legend(common.VizLegendOptions().display_mode(common_model.LegendDisplayMode.LIST)
+                     .placement(common_model.LegendPlacement.BOTTOM).show_legend(True)))
+    if min_value is not None:
+        panel = panel.min(min_value)
+    if stacked:
+        panel = panel.stacking(common.StackingConfig().mode(common_model.StackingMode.NORMAL))
+    if threshold is not None:
+        panel = (panel.thresholds(thresholds((None, "green"), (threshold, "red")))
+                 .thresholds_style(common.GraphThresholdsStyleConfig()
+                                   .mode(common_model.GraphThresholdsStyleMode.DASHED)))
+    return _targets(panel, queries)
+
+
+def single_stat(title: str, description: str, unit: str, expr: str, steps: tuple = ((None, "green"),),
+                legend: str = "", width: int = 4, height: int = 4, mappings: list | None = None) -> stat.Panel:
+    """A stat panel showing the last value of each series, coloured by ``steps`` ((from value, colour) pairs)."""
+    panel = (stat.Panel().title(title).description(description).unit(unit).datasource(DATASOURCE)
+             .span(width).height(height).thresholds(thresholds(*steps))
+             .reduce_options(common.ReduceDataOptions().calcs(["lastNotNull"]).values(False))
+             .color_mode(common_model.BigValueColorMode.BACKGROUND)
+             .graph_mode(common_model.BigValueGraphMode.NONE)
+             .with_target(query(expr, legend)))
+    return panel.mappings(mappings) if mappings else panel
+
+
+def instant_table(title: str, description: str, unit: str, expr: str, columns: dict[str, str], value_header: str,
+                  width: int = 12, height: int = 8) -> table.Panel:
+    """A table of one instant query: ``columns`` maps the labels to show, in order, to their headers; the
+    value column is called ``value_header`` and sorted descending."""
+    names = [*columns, "Value"]
+    keep = model.DataTransformerConfig(id_val="filterFieldsByName", options={"include": {"names": names}})
+    organize = model.DataTransformerConfig(id_val="organize", options={
+        "indexByName": {name: i for i, name in enumerate(names)},
+        "renameByName": {**columns, "Value": value_header},
+    })
+    return (table.Panel().title(title).description(description).unit(unit).datasource(DATASOURCE)
+            .span(width).height(height).with_target(instant_table_query(expr))
+            .with_transformation(keep).with_transformation(organize)
+            .sort_by([table_sort(value_header)]))
+
+
+def table_sort(field: str) -> common.TableSortByFieldState:
+    return common.TableSortByFieldState().display_name(field).desc(True)
+
+
+def note(title: str, description: str, markdown: str, width: int = 24, height: int = 7) -> text.Panel:
+    """A text panel explaining a row: what the signal means and what to do."""
+    return text.Panel().title(title).description(description).content(markdown.strip()).span(width).height(height)
+
+
+def variables(board: dashboard.Dashboard, with_op: bool = False) -> dashboard.Dashboard:
+    """The datasource, job, instance and rank variables (and op, for drill-down by operator)."""
+    board = (board
+             .with_variable(dashboard.DatasourceVariable("datasource").label("Data source").type("prometheus"))
+             .with_variable(label_variable("job", "Job", "label_values(neuron_exporter_build_info, job)",
+                                           multi=False))
+             .with_variable(label_variable("instance", "Instance",
+                                           'label_values(neuron_exporter_build_info{job=~"$job"}, instance)'))
+             .with_variable(label_variable("rank", "Rank", f"label_values(xla_steps_total{{{TARGET}}}, rank)")))
+    if with_op:
+        board = board.with_variable(label_variable(
+            "op", "Operator", f"label_values(xla_cpu_fallback_ops_total{{{RANK}}}, op)"))
+    return board
+
+
+def label_variable(name: str, label: str, query_text: str, multi: bool = True) -> dashboard.QueryVariable:
+    variable = (dashboard.QueryVariable(name).label(label).datasource(DATASOURCE).query(query_text)
+                .refresh(model.VariableRefresh.ON_TIME_RANGE_CHANGED).sort(model.VariableSort.NATURAL_ASC))
+    if multi:
+        variable = variable.multi(True).include_all(True).all_value(".*").current(
+            model.VariableOption(selected=True, text="All", value="$__all"))
+    return variable
+
+
+def finish(board: dashboard.Dashboard) -> model.Dashboard:
+    """Build the dashboard and number its panels (rows included) in layout order."""
+    built = board.build()
+    for number, panel in enumerate(built.panels or [], start=1):
+        panel.id_val = number
+    return built
+
+
+def rate(metric: str, by: str = "rank", matchers: str = RANK, window: str = "$__rate_interval") -> str:
+    """``sum by (by) (rate(metric{matchers}[window]))``; ``by=""`` sums over everything."""
+    grouping = f" by ({by})" if by else ""
+    return f"sum{grouping} (rate({metric}{{{matchers}}}[{window}]))"
+
+
+def ratio(numerator: str, denominator: str, by: str = "rank", matchers: str = RANK) -> str:
+    """rate(numerator) / rate(denominator), both summed by ``by``."""
+    return f"{rate(numerator, by, matchers)} / {rate(denominator, by, matchers)}"
+
+
+def dashboard_links() -> list[dashboard.DashboardLink]:
+    """A drop-down to the other neuron-exporter dashboards, carrying the time range and the variables."""
+    return [dashboard.DashboardLink("neuron-exporter").type(model.DashboardLinkType.DASHBOARDS)
+            .tags(["neuron-exporter"]).as_dropdown(True).include_vars(True).keep_time(True)]

@@ -1,0 +1,112 @@
+"""``neuron-exporter serve``: the node daemon, one ``/metrics`` for every rank of the machine.
+
+It reads the spool directory the training ranks write (see deploy/PROTOCOL.md) and never talks to them,
+so it can start before or after the job, and restart, without the job noticing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import logging
+import os
+import signal
+import sys
+import threading
+
+from .config import ConfigError, Options, resolve_options
+from .http_server import MetricsServer
+from .node_view import NodeView
+
+log = logging.getLogger("neuron_exporter")
+
+# option -> flag; the flags the daemon uses (a config file may hold the other options too, for attach())
+FLAGS = {
+    "addr": "--addr",
+    "port": "--port",
+    "spool_dir": "--spool-dir",
+    "hung_after_seconds": "--hung-after-seconds",
+    "expire_after_seconds": "--expire-after-seconds",
+    "web_config_file": "--web.config.file",
+    "log_level": "--log-level",
+}
+BIND_RETRY_SECONDS = 5.0
+EXIT_CONFIG = 2
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "serve", help="serve every rank of this machine on one /metrics (the node daemon)",
+        description="Serve the metrics of every training rank on this machine, with each rank's liveness and "
+                    "host metrics, on one /metrics endpoint. Flags override NEURON_EXPORTER_* environment "
+                    "variables, which override the config file.")
+    parser.add_argument("--config", metavar="FILE", help="YAML config file (default: $NEURON_EXPORTER_CONFIG)")
+    parser.add_argument("--addr", metavar="ADDRESS", help="address to bind (default 0.0.0.0)")
+    parser.add_argument("--port", metavar="PORT", help="port to bind (default 9478)")
+    parser.add_argument("--spool-dir", metavar="DIR", help="directory the training ranks write to")
+    parser.add_argument("--hung-after-seconds", metavar="SECONDS", help="a rank with no step for this long is hung")
+    parser.add_argument("--expire-after-seconds", metavar="SECONDS",
+                        help="a hung or dead rank is served until its last report is this old")
+    parser.add_argument("--web.config.file", "--web-config-file", dest="web_config_file", metavar="FILE",
+                        help="TLS and basic auth, in the format of Prometheus exporters' --web.config.file")
+    parser.add_argument("--log-level", metavar="LEVEL", help="debug, info, warning (default), error")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        options = resolve_options(args.config, os.environ, {key: getattr(args, key) for key in FLAGS},
+                                  override_name=lambda key: FLAGS.get(key, f"option {key}"))
+        web_config = None
+        if options.web_config_file is not None:
+            from .web_config import load_web_config
+            web_config = load_web_config(options.web_config_file)
+    except ConfigError as error:
+        print(f"neuron-exporter serve: {error}", file=sys.stderr)
+        return EXIT_CONFIG
+    logging.basicConfig(level=options.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return serve(options, web_config)
+
+
+def create_spool_dir(path: str) -> None:
+    """Create the spool directory if missing, writable by every user like /tmp (sticky): the training jobs
+    may run as other users than the daemon. An existing directory is left as it is."""
+    try:
+        os.mkdir(path)
+    except FileExistsError:
+        return
+    except OSError as error:
+        log.warning("cannot create the spool directory: %s (the training ranks may create it)", error.strerror)
+        return
+    os.chmod(path, 0o1777)
+
+
+def serve(options: Options, web_config=None) -> int:
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    create_spool_dir(options.spool_dir)
+    view = NodeView(options)
+    server = None
+    waiting = False
+    while server is None and not stop.is_set():
+        try:
+            server = MetricsServer(view.render, options.addr, options.port, web_config)
+        except OSError as error:
+            if error.errno != errno.EADDRINUSE:
+                print(f"neuron-exporter serve: cannot listen on {options.addr}:{options.port}: "
+                      f"{error.strerror or error}", file=sys.stderr)
+                return EXIT_CONFIG
+            if not waiting:
+                # Under attach(), a training rank may hold the port and serve the node view itself.
+                log.warning("port %s is in use (a training rank serving the node view?); retrying every %gs",
+                            options.port, BIND_RETRY_SECONDS)
+                waiting = True
+            stop.wait(BIND_RETRY_SECONDS)
+    if server is None:
+        return 0
+    server.start()
+    print(f"neuron-exporter serve: listening on {server.url}", file=sys.stderr, flush=True)
+    stop.wait()
+    server.stop()
+    return 0

@@ -31,11 +31,14 @@ STREAM_HEADER = re.compile(r"\[MetricsData; step=(\d+)\]")
 # Duration fields, largest first: (suffix, seconds per unit, range within the next larger unit).
 DURATION_FIELDS = (("d", 86400.0, None), ("h", 3600.0, 24), ("m", 60.0, 60), ("s", 1.0, 60),
                    ("ms", 1e-3, 1000), ("us", 1e-6, 1000))
-DURATION = re.compile(r"(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?(?:(\d+)ms)?(\d+(?:\.\d+)?|nan)us")
+# Values are printed with fixed decimals (3 for microseconds, 2 otherwise); holding to that catches a
+# value cut in the middle, as in a truncated file.
+DURATION = re.compile(r"(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?(?:(\d+)ms)?(\d+\.\d{3}|nan)us")
 BYTE_SUFFIXES = {"B": 0, "KB": 1, "MB": 2, "GB": 3, "TB": 4, "PB": 5}
-_FLOAT = r"-?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|-?nan|-?inf"
-BYTE_SIZE = re.compile(rf"({_FLOAT})(B|KB|MB|GB|TB|PB)")
-NUMBER_TEXT = re.compile(_FLOAT)
+_TWO_DECIMALS = r"-?\d+\.\d\d|-?nan|-?inf"
+BYTE_SIZE = re.compile(rf"({_TWO_DECIMALS})(B|KB|MB|GB|TB|PB)")
+NUMBER_VALUE = re.compile(_TWO_DECIMALS)
+NUMBER_TEXT = re.compile(r"-?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|-?nan|-?inf")  # Rate, percent: any float
 INTEGER = re.compile(r"\d+")
 PER_SECOND = re.compile(r"(\S+) / second")
 
@@ -97,7 +100,7 @@ def parse_value(text: str) -> tuple[float, str]:
         return parse_duration(text), SECONDS
     if text.endswith("B"):
         return parse_bytes(text), BYTES
-    if NUMBER_TEXT.fullmatch(text):
+    if NUMBER_VALUE.fullmatch(text):
         return float(text), NUMBER
     raise ValueError(f'"{text}" is not a duration (09s969ms486.408us), a size (8.00KB) or a number (4.00)')
 
@@ -116,6 +119,7 @@ class _Reader:
         self.lines = text.splitlines()
         self.source = source
         self.next = 0  # index of the next line to read
+        self.cut_short = bool(text) and not text.endswith(("\n", "\r"))  # torch_xla ends every line
 
     def error(self, line: int, problem: str) -> ReportParseError:
         return ReportParseError(self.source, line, problem)
@@ -146,6 +150,8 @@ class _Reader:
         the torch::lazy arena before the runtime arena).
         """
         count = 0
+        metrics: list[tuple[_Block, MetricValue]] = []
+        last_kind = None
         while self.next < len(self.lines):
             line = self.lines[self.next]
             stripped = line.strip()
@@ -157,14 +163,32 @@ class _Reader:
             kind, _, name = stripped.partition(": ")
             block = _Block(kind, name.strip(), self.next, _indent(line))
             if kind == "Metric" and block.name:
-                into.metrics.setdefault(block.name, self.metric(block))
+                metrics.append((block, self.metric(block)))
+                into.metrics.setdefault(block.name, metrics[-1][1])
             elif kind == "Counter" and block.name:
                 _, text, line_number = self.field(block, VALUE_FORM, "Value")
-                into.counters.setdefault(block.name, self.integer(text, line_number, f'Value of counter "{name}"'))
+                value = self.integer(text, line_number, f'Value of counter "{block.name}"')
+                into.counters.setdefault(block.name, value)
             else:
                 raise self.error(self.next, f'unknown line "{line}" (expected {BLOCK_FORM})')
             count += 1
+            last_kind = kind
+        if self.cut_short and self.next == len(self.lines) and last_kind == "Metric" and len(metrics) >= 2:
+            self.check_last_percentiles(*metrics[-2:])
         return count
+
+    def check_last_percentiles(self, previous: tuple[_Block, MetricValue], last: tuple[_Block, MetricValue]) -> None:
+        """A text that stops without a final newline may have lost the end of its last Percentiles line.
+
+        Every metric of one report lists the same percentiles (XLA_METRICS_PERCENTILES), so a last line
+        with fewer of them than the metric before it was cut.
+        """
+        (previous_block, previous_metric), (last_block, last_metric) = previous, last
+        found, expected = len(last_metric.percentiles), len(previous_metric.percentiles)
+        if found < expected:
+            raise self.error(len(self.lines), f'Metric block "{last_block.name}" is truncated: the text stops in '
+                                              f'the middle of its Percentiles line ({found} percentiles where '
+                                              f'"{previous_block.name}" has {expected})')
 
     def field(self, block: _Block, form: str, *keys: str) -> tuple[str, str, int]:
         """The next line of ``block``, which must be ``<key>: <text>`` for one of ``keys``."""

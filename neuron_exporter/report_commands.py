@@ -1,0 +1,162 @@
+"""``neuron-exporter parse`` and ``neuron-exporter explain``: work on a saved ``metrics_report()`` text."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+
+from prometheus_client import CollectorRegistry, generate_latest
+
+from .explain import explain
+from .report_parser import ReportParseError, parse_report_stream
+from .snapshot import Snapshot
+from .snapshot_metrics import snapshot_families
+
+REPORT_HELP = ("a saved met.metrics_report() (or short_metrics_report()) text, or an XLA_METRICS_FILE dump, "
+               "whose last report is used; - reads standard input")
+INPUT_TEXT = """\
+input: the text printed by torch_xla.debug.metrics.metrics_report() or short_metrics_report(), blocks such as
+    Metric: CompileTime
+      TotalSamples: 2
+      Accumulator: 390ms043.556us
+      Percentiles: 1%=061ms308.992us; ...
+    Counter: aten::lgamma
+      Value: 8
+or a file written with XLA_METRICS_FILE set (a report per step after "[MetricsData; step=N]"; the last
+one is used). Older formats (Mean/StdDev lines, XRT metric names) are read too.
+A malformed report is an error naming the line: exit code 2."""
+
+
+class _SnapshotCollector:
+    """Exposes one fixed Snapshot."""
+
+    def __init__(self, snapshot: Snapshot, labels: dict[str, str]):
+        self.snapshot = snapshot
+        self.labels = labels
+
+    def collect(self):
+        yield from snapshot_families(self.snapshot, self.labels)
+
+    def describe(self):
+        return self.collect()
+
+
+class CommandError(Exception):
+    """A problem with the command's input, reported as one line."""
+
+
+def _rank(text: str) -> str:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f'"{text}" is not a rank (a whole number such as 0)')
+    return str(int(text))
+
+
+def register(subparsers) -> None:
+    parse = subparsers.add_parser(
+        "parse",
+        help="turn a saved metrics_report() text into Prometheus text (or JSON)",
+        description="Read a saved torch_xla metrics report and print it in the Prometheus text exposition format "
+                    "(the same metric names that attach() serves: xla_compilations_total, "
+                    "xla_cpu_fallback_ops_total{op=...}, ...), or as JSON with --format json.",
+        epilog=INPUT_TEXT,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parse.add_argument("report", metavar="REPORT", help=REPORT_HELP)
+    parse.add_argument("--format", choices=("prometheus", "json"), default="prometheus",
+                       help="prometheus: text exposition format, every series labelled rank and local_rank "
+                            "(default); json: the counters, and each metric's total samples, accumulator in base "
+                            "units (seconds, bytes), unit and percentiles")
+    parse.add_argument("--rank", type=_rank, default="0",
+                       help="value of the rank and local_rank labels (default 0)")
+    parse.set_defaults(run=run_parse)
+
+    explain_parser = subparsers.add_parser(
+        "explain",
+        help="diagnose a saved metrics_report() text in plain language",
+        description="Read a saved torch_xla metrics report and say what slows the training loop down: operators "
+                    "that fall back to the CPU (by count), host reads such as .item() inside the step, steps "
+                    "cut into several graphs, graphs compiled again and again; with what to do next for each.",
+        epilog=INPUT_TEXT,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    explain_parser.add_argument("report", metavar="REPORT", help=REPORT_HELP)
+    explain_parser.set_defaults(run=run_explain)
+
+
+def _read(path: str) -> tuple[str, str]:
+    """(text, source name) of a report file, or of standard input for ``-``."""
+    if path == "-":
+        return sys.stdin.read(), "<stdin>"
+    try:
+        with open(path, encoding="utf-8") as file:
+            return file.read(), path
+    except FileNotFoundError:
+        raise CommandError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise CommandError(f"{path}: is a directory, not a report file") from None
+    except PermissionError:
+        raise CommandError(f"{path}: cannot read the file: permission denied") from None
+    except UnicodeDecodeError as error:
+        raise CommandError(f"{path}: not a text report (byte {error.start} is not UTF-8)") from None
+    except OSError as error:
+        raise CommandError(f"{path}: cannot read the file: {error.strerror or error}") from None
+
+
+def _last_report(path: str) -> tuple[int | None, int, Snapshot, str]:
+    """(step, number of reports, Snapshot, source) of the last report in the input."""
+    text, source = _read(path)
+    count, step, snapshot = 0, None, None
+    for step, snapshot in parse_report_stream(text, source):
+        count += 1
+    return step, count, snapshot, source
+
+
+def _fail(message: str) -> int:
+    print(f"neuron-exporter: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _json_number(value: float) -> float | None:
+    return None if math.isnan(value) or math.isinf(value) else value
+
+
+def snapshot_json(snapshot: Snapshot, step: int | None) -> dict:
+    return {
+        "step": step,
+        "counters": dict(sorted(snapshot.counters.items())),
+        "metrics": {
+            name: {
+                "total_samples": metric.total_samples,
+                "accumulator": _json_number(metric.accumulator),
+                "unit": metric.unit,
+                "percentiles": {str(p): _json_number(v) for p, v in sorted(metric.percentiles.items())},
+            }
+            for name, metric in sorted(snapshot.metrics.items())
+        },
+    }
+
+
+def run_parse(args: argparse.Namespace) -> int:
+    try:
+        step, _, snapshot, _ = _last_report(args.report)
+    except (CommandError, ReportParseError) as error:
+        return _fail(str(error))
+    if args.format == "json":
+        sys.stdout.write(json.dumps(snapshot_json(snapshot, step), indent=2) + "\n")
+        return 0
+    registry = CollectorRegistry()
+    registry.register(_SnapshotCollector(snapshot, {"rank": args.rank, "local_rank": args.rank}))
+    sys.stdout.write(generate_latest(registry).decode())
+    return 0
+
+
+def run_explain(args: argparse.Namespace) -> int:
+    try:
+        step, count, snapshot, source = _last_report(args.report)
+    except (CommandError, ReportParseError) as error:
+        return _fail(str(error))
+    which = f" (the last of {count} reports, step {step})" if count > 1 else ""
+    sys.stdout.write(f"Report: {source}{which}\n\n{explain(snapshot)}")
+    return 0

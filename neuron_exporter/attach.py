@@ -20,9 +20,11 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from .config import Options, resolve_options
 from .http_server import MetricsServer
+from .node_view import NodeView
 from .rank import rank_labels
 from .rank_collector import RankCollector
 from .self_metrics import SelfStats
+from .spool import write_rank_file
 from .step_hook import StepHook
 from .step_tracker import StepTracker
 from .xla_reader import XlaReader
@@ -47,7 +49,7 @@ class ExporterHandle:
         self._user_registry = registry
         if registry is not None:  # e.g. the registry the application already serves
             registry.register(self.collector)
-        self._node_view = None
+        self._node_view = NodeView(options) if options.node_view else None
         self._hook = StepHook(self._on_sync)
         self._server: MetricsServer | None = None
         self._stop = threading.Event()
@@ -74,6 +76,7 @@ class ExporterHandle:
         return self._server.url if self._server else None
 
     def _start(self) -> None:
+        log.setLevel(self.options.log_level.upper())
         self._hook.install()
         self._serve(first_try=True)
         self._start_spool_thread()
@@ -96,13 +99,16 @@ class ExporterHandle:
         return self._node_view.render(own=(self._meta(), own))
 
     def _meta(self, finished: bool = False) -> dict:
-        return {**rank_labels(), "pid": os.getpid(), "start_time": self._process_start, "finished": finished}
+        # A hung training thread still lets the spool thread write, so liveness is judged by the last step.
+        last_step = self.tracker.state().last_step_end
+        last_step_time = None if last_step is None else time.time() - (time.perf_counter() - last_step)
+        return {**rank_labels(), "pid": os.getpid(), "start_time": self._process_start, "finished": finished,
+                "last_step_time": last_step_time}
 
     def _write_spool(self, finished: bool = False) -> None:
         if not self.options.spool_dir:
             return
         try:
-            from .spool import write_rank_file
             write_rank_file(self.options.spool_dir, self._meta(finished), generate_latest(self._rank_registry))
         except Exception as error:  # noqa: BLE001
             self.stats.record_error("spool", error)
@@ -113,7 +119,6 @@ class ExporterHandle:
         self._spool_thread.start()
 
     def _spool_loop(self) -> None:
-        self._write_spool()
         while not self._stop.wait(self.options.spool_interval_seconds):
             self._write_spool()
             if self._server is None and self.options.port != 0:

@@ -48,6 +48,7 @@ class StepState:
     steps: int = 0
     fragmented_steps: int = 0
     recompilations: int = 0
+    last_step_end: float | None = None  # time.perf_counter() at the last step end
     step_duration: Histogram = field(default_factory=lambda: Histogram(STEP_DURATION_BUCKETS))
     graphs_per_step: Histogram = field(default_factory=lambda: Histogram(GRAPHS_PER_STEP_BUCKETS))
 
@@ -63,7 +64,6 @@ class StepTracker:
         self.warmup_steps = warmup_steps
         self._graphs = graphs_seen
         self._compiles = compiles_seen
-        self._last_step_end: float | None = None
         self._state = StepState()
         self._lock = threading.Lock()
 
@@ -83,16 +83,16 @@ class StepTracker:
             state.graphs_per_step.observe(graphs)
             if graphs > 1:
                 state.fragmented_steps += 1
-            if self._last_step_end is not None:
-                state.step_duration.observe(now - self._last_step_end)
-            self._last_step_end = now
+            if state.last_step_end is not None:
+                state.step_duration.observe(now - state.last_step_end)
+            state.last_step_end = now
 
     def state(self) -> StepState:
         with self._lock:
             state = self._state
             return StepState(
                 syncs=state.syncs, steps=state.steps, fragmented_steps=state.fragmented_steps,
-                recompilations=state.recompilations,
+                recompilations=state.recompilations, last_step_end=state.last_step_end,
                 step_duration=_copy(state.step_duration), graphs_per_step=_copy(state.graphs_per_step),
             )
 

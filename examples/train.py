@@ -1,0 +1,88 @@
+"""A small training loop on the XLA device with neuron-exporter attached, in four phases that each show one problem.
+
+    PJRT_DEVICE=CPU python examples/train.py [--port 9478] [--linger 0]
+
+1. clean:     one graph per step, compiled once, then served from the cache;
+2. item:      loss.item() before the step ends: the graph is cut in two, plus a device-to-host read;
+3. fallback:  torch.lgamma, which has no XLA lowering: it runs on the CPU (aten::lgamma, aten::digamma);
+4. shapes:    the batch size changes every step: the compiler runs again at every step.
+After each phase it prints what the exporter saw, read from its own /metrics like Prometheus would.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+import urllib.request
+
+import torch
+from prometheus_client.parser import text_string_to_metric_families
+
+import torch_xla
+
+import neuron_exporter
+
+PHASES = (("clean", 20), ("item", 10), ("fallback", 10), ("shapes", 8))
+
+
+def read(url: str) -> dict[str, float]:
+    """The exporter's series summed over labels, plus one entry per fallback op."""
+    totals: dict[str, float] = {}
+    for family in text_string_to_metric_families(urllib.request.urlopen(url, timeout=10).read().decode()):
+        for sample in family.samples:
+            key = sample.name
+            if sample.name == "xla_cpu_fallback_ops_total":
+                key = sample.labels["op"]
+            totals[key] = totals.get(key, 0) + sample.value
+    return totals
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--port", type=int, default=9478)
+    parser.add_argument("--addr", default="127.0.0.1")
+    parser.add_argument("--linger", type=float, default=0.0,
+                        help="seconds to keep serving /metrics after the loop (for Prometheus to scrape)")
+    args = parser.parse_args()
+
+    handle = neuron_exporter.attach(port=args.port, addr=args.addr)
+    print(f"neuron-exporter: metrics at {handle.url}", flush=True)
+    device = torch_xla.device()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10)).to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    before = read(handle.url)
+    for phase, steps in PHASES:
+        for step in range(steps):
+            batch = 32 + step if phase == "shapes" else 32
+            x, y = torch.randn(batch, 64).to(device), torch.randint(0, 10, (batch,)).to(device)
+            optimizer.zero_grad()
+            out = model(x)
+            if phase == "fallback":
+                out = out + 0.01 * torch.lgamma(out.abs() + 1)
+            loss = torch.nn.functional.cross_entropy(out, y)
+            loss.backward()
+            optimizer.step()
+            if phase == "item":
+                loss.item()
+            torch_xla.sync()
+        after = read(handle.url)
+        delta = {key: after.get(key, 0) - before.get(key, 0) for key in after}
+        ran = delta.get("xla_steps_total", 0) or 1
+        fallbacks = ", ".join(f"{op} x{n:.0f}" for op, n in sorted(delta.items()) if op.startswith("aten::") and n)
+        print(f"phase {phase:9s} steps {delta.get('xla_steps_total', 0):3.0f}"
+              f" | graphs/step {delta.get('xla_graphs_per_step_sum', 0) / ran:4.1f}"
+              f" | fragmented {delta.get('xla_fragmented_steps_total', 0):3.0f}"
+              f" | compiles {delta.get('xla_compilations_total', 0):3.0f}"
+              f" (recompiles {delta.get('xla_recompilations_total', 0):.0f})"
+              f" | host reads {delta.get('xla_device_to_host_transfers_total', 0):3.0f}"
+              f" | CPU fallback: {fallbacks or 'none'}", flush=True)
+        before = after
+    if args.linger:
+        time.sleep(args.linger)  # keep the endpoint up for a scraper; the loop itself is done
+    neuron_exporter.detach()
+
+
+if __name__ == "__main__":
+    main()

@@ -30,7 +30,7 @@ FLAGS = {
     "web_config_file": "--web.config.file",
     "log_level": "--log-level",
 }
-BIND_RETRY_SECONDS = 5.0
+BIND_RETRY_SECONDS = 2.0
 EXIT_CONFIG = 2
 
 

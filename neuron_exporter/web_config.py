@@ -102,7 +102,7 @@ def load_web_config(path) -> WebConfig:
             raise WebConfigError(f"{path}:{_line(key_node)}: unsupported key \"{key}\" "
                                  f"(supported: {', '.join(TOP_KEYS)})")
     if "tls_server_config" in top:
-        config.ssl_context = _tls_context(path, top["tls_server_config"][1])
+        config.ssl_context = _tls_context(path, *top["tls_server_config"])
     if "basic_auth_users" in top:
         config.users = _users(path, top["basic_auth_users"][1])
     return config
@@ -131,7 +131,7 @@ def _string(path: Path, section: str, key: str, node) -> str:
     return str(node.value)
 
 
-def _tls_context(path: Path, node) -> ssl.SSLContext:
+def _tls_context(path: Path, section_node, node) -> ssl.SSLContext:
     section = "tls_server_config"
     items = _mapping(path, node, section)
     values = {}
@@ -142,7 +142,7 @@ def _tls_context(path: Path, node) -> ssl.SSLContext:
         values[key] = (value_node, _string(path, section, key, value_node))
     for required in ("cert_file", "key_file"):
         if required not in values:
-            raise WebConfigError(f"{path}:{_line(node)}: {section}.{required} is required")
+            raise WebConfigError(f"{path}:{_line(section_node)}: {section}.{required} is required")
 
     def file(key: str) -> str:
         value_node, name = values[key]

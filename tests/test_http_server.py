@@ -1,0 +1,251 @@
+"""The HTTP endpoint: /metrics and a landing page only, errors that do not kill it, TLS and basic auth."""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import os
+import re
+import socket
+import ssl
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, wait_until
+
+from neuron_exporter import __version__
+from neuron_exporter.config import ConfigError
+from neuron_exporter.http_server import MetricsServer
+from neuron_exporter.web_config import load_web_config
+
+BODY = b"# HELP demo_total A demo\n# TYPE demo_total counter\ndemo_total 1.0\n"
+
+bcrypt = pytest.importorskip("bcrypt", reason="basic auth needs the 'auth' extra (bcrypt)")
+
+
+def get(url: str, context=None, auth: tuple[str, str] | None = None, headers=None):
+    """(status, headers, body) of a GET, for any status."""
+    request = urllib.request.Request(url, headers=headers or {})
+    if auth is not None:
+        token = base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode()
+        request.add_header("Authorization", f"Basic {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=10, context=context) as response:
+            return response.status, response.headers, response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.headers, error.read()
+
+
+@pytest.fixture
+def server():
+    started = []
+
+    def start(render=lambda: BODY, **kwargs):
+        s = MetricsServer(render, addr="127.0.0.1", port=0, **kwargs).start()
+        started.append(s)
+        return s
+
+    yield start
+    for s in started:
+        s.stop()
+
+
+@pytest.fixture(scope="module")
+def tls_files(tmp_path_factory):
+    """A self-signed certificate for 127.0.0.1 and a web config using it with one bcrypt user."""
+    directory = tmp_path_factory.mktemp("tls")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-keyout", str(directory / "server.key"), "-out", str(directory / "server.crt"),
+                    "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"],
+                   check=True, capture_output=True)
+    hashed = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=4)).decode().replace("$2b$", "$2y$")  # htpasswd's form
+    (directory / "web.yml").write_text(
+        "tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n"
+        f"basic_auth_users:\n  prometheus: {hashed}\n")
+    return directory
+
+
+def test_serves_the_exposition(server):
+    s = server()
+    assert re.fullmatch(rf"http://127\.0\.0\.1:{s.port}/metrics", s.url)
+    status, headers, body = get(s.url)
+    assert (status, body) == (200, BODY)
+    assert headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
+    assert get(s.url + "?name[]=demo_total")[0] == 200
+
+
+def test_gzip_when_asked(server):
+    status, headers, body = get(server().url, headers={"Accept-Encoding": "gzip"})
+    assert status == 200 and headers["Content-Encoding"] == "gzip"
+    assert gzip.decompress(body) == BODY
+
+
+def test_landing_page_links_metrics_and_shows_nothing_else(server, tmp_path, monkeypatch):
+    monkeypatch.setenv("NEURON_EXPORTER_SPOOL_DIR", str(tmp_path))
+    s = server()
+    status, headers, body = get(s.url.replace("/metrics", "/"))
+    assert status == 200 and headers["Content-Type"].startswith("text/html")
+    page = body.decode()
+    assert 'href="/metrics"' in page and __version__ in page
+    assert re.findall(r'href="([^"]*)"', page) == ["/metrics"]
+    for secret in (str(tmp_path), os.getcwd(), str(ROOT)):
+        assert secret not in page
+
+
+@pytest.mark.parametrize("path", ["/etc/passwd", "/metrics/extra", "/../metrics", "/favicon.ico", "/debug/vars",
+                                  "/metrics.txt"])
+def test_any_other_path_is_404(server, path, tmp_path):
+    s = server()
+    status, _, body = get(f"http://127.0.0.1:{s.port}{path}")
+    assert status == 404
+    assert str(ROOT) not in body.decode()
+
+
+def test_other_methods_are_refused(server):
+    s = server()
+    request = urllib.request.Request(s.url, data=b"x", method="POST")
+    with pytest.raises(urllib.error.HTTPError) as caught:
+        urllib.request.urlopen(request, timeout=10)
+    assert caught.value.code == 501
+    assert get(s.url)[0] == 200
+
+
+def test_a_failing_render_is_a_500_and_the_server_survives(server):
+    calls = []
+
+    def render():
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("collector broke at /home/user/secret")
+        return BODY
+
+    s = server(render)
+    status, _, body = get(s.url)
+    assert status == 500
+    assert body.count(b"\n") == 1 and b"secret" not in body
+    status, _, body = get(s.url)
+    assert (status, body) == (200, BODY)
+
+
+def test_no_request_log_on_stderr(server, capfd):
+    s = server()
+    capfd.readouterr()
+    for path in ("/metrics", "/", "/nope"):
+        get(f"http://127.0.0.1:{s.port}{path}")
+    assert capfd.readouterr().err == ""
+
+
+def test_a_busy_port_raises_and_a_stopped_server_frees_its_port(server):
+    s = server()
+    with pytest.raises(OSError):
+        MetricsServer(lambda: BODY, addr="127.0.0.1", port=s.port)
+    port = s.port
+    s.stop()
+    again = MetricsServer(lambda: BODY, addr="127.0.0.1", port=port).start()
+    try:
+        assert get(again.url)[0] == 200
+    finally:
+        again.stop()
+
+
+def test_a_wildcard_address_gives_a_reachable_url():
+    s = MetricsServer(lambda: BODY, addr="0.0.0.0", port=0).start()
+    try:
+        assert s.url == f"http://127.0.0.1:{s.port}/metrics"
+        assert get(s.url)[0] == 200
+    finally:
+        s.stop()
+
+
+# -- TLS and basic auth ------------------------------------------------------------------------------------
+
+def client_context(tls_files: Path) -> ssl.SSLContext:
+    return ssl.create_default_context(cafile=str(tls_files / "server.crt"))
+
+
+def test_https_with_basic_auth(server, tls_files):
+    s = server(web_config=tls_files / "web.yml")
+    assert s.url.startswith("https://127.0.0.1:")
+    context = client_context(tls_files)
+    status, _, body = get(s.url, context, auth=("prometheus", "s3cret"))
+    assert (status, body) == (200, BODY)
+    for auth in [("prometheus", "wrong"), ("someone", "s3cret"), None]:
+        status, headers, _ = get(s.url, context, auth=auth)
+        assert status == 401, auth
+        assert headers["WWW-Authenticate"].startswith("Basic ")
+    assert get(s.url.replace("/metrics", "/"), context)[0] == 401  # the landing page is protected too
+    assert get(s.url, context, auth=("prometheus", "s3cret"))[0] == 200  # after failures, still serving
+
+
+def test_plain_http_to_the_tls_port_gets_no_metrics(server, tls_files):
+    s = server(web_config=load_web_config(tls_files / "web.yml"))
+    with pytest.raises((urllib.error.URLError, ConnectionError, OSError)):
+        get(s.url.replace("https://", "http://"), auth=("prometheus", "s3cret"))
+    assert get(s.url, client_context(tls_files), auth=("prometheus", "s3cret"))[0] == 200
+
+
+def test_the_daemon_serves_https_with_basic_auth(tmp_path, tls_files):
+    daemon = subprocess.Popen(
+        [sys.executable, "-m", "neuron_exporter", "serve", "--addr", "127.0.0.1", "--port", "0",
+         "--spool-dir", str(tmp_path / "spool"), "--web.config.file", str(tls_files / "web.yml")],
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}, stderr=subprocess.PIPE, text=True)
+    try:
+        line = daemon.stderr.readline()
+        url = re.search(r"listening on (\S+)", line).group(1)
+        assert url.startswith("https://")
+        context = client_context(tls_files)
+        status, _, body = get(url, context, auth=("prometheus", "s3cret"))
+        assert status == 200 and b"neuron_exporter_ranks 0.0" in body
+        assert get(url, context, auth=("prometheus", "nope"))[0] == 401
+    finally:
+        daemon.terminate()
+        assert daemon.wait(timeout=30) == 0
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("tls_server_config:\n  cert_file: server.crt\n", "web.yml:1: tls_server_config.key_file is required"),
+    ("tls_server_config:\n  cert_file: server.crt\n  key_file: server.crt\n",
+     "web.yml:2: tls_server_config: cannot load the certificate and key"),
+    ("tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n  ciphers: x\n",
+     'web.yml:4: unsupported key "ciphers" in tls_server_config'),
+    ("tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n  min_version: TLS99\n",
+     'web.yml:4: tls_server_config.min_version: unknown version "TLS99"'),
+    ("basic_auth_users:\n  alice: plaintext\n", "web.yml:2: basic_auth_users.alice: expected a bcrypt hash"),
+    ("basic_auth_users: [\n", "web.yml:2: invalid YAML"),
+    ("- a\n", "web.yml:1: web config must be a mapping"),
+])
+def test_web_config_errors_are_one_line(tls_files, tmp_path, text, expected):
+    web = tls_files / "web.yml"
+    bad = tls_files / f"bad-{abs(hash(text))}.yml"  # next to the certificate, so relative names resolve
+    bad.write_text(text)
+    with pytest.raises(ConfigError) as caught:
+        load_web_config(bad)
+    message = str(caught.value)
+    assert "\n" not in message
+    assert message.startswith(str(bad) + expected[len("web.yml"):]), message
+    assert web.exists()
+
+
+def test_a_port_in_use_is_waited_for_by_the_daemon(tmp_path):
+    blocker = socket.socket()
+    blocker.bind(("127.0.0.1", 0))
+    blocker.listen()
+    port = blocker.getsockname()[1]
+    daemon = subprocess.Popen(
+        [sys.executable, "-m", "neuron_exporter", "serve", "--addr", "127.0.0.1", "--port", str(port),
+         "--spool-dir", str(tmp_path)], env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)},
+        stderr=subprocess.PIPE, text=True)
+    try:
+        assert "in use" in daemon.stderr.readline()
+        assert daemon.poll() is None
+        blocker.close()
+        assert "listening on" in daemon.stderr.readline()
+        wait_until(lambda: get(f"http://127.0.0.1:{port}/metrics")[0] == 200, what="the daemon on the freed port")
+    finally:
+        blocker.close()
+        daemon.send_signal(2)  # SIGINT stops it as cleanly as SIGTERM
+        assert daemon.wait(timeout=30) == 0

@@ -71,7 +71,7 @@ def alert_rules(t: Thresholds = DEFAULTS) -> list[dict]:
             f"rank:xla_recompilations_per_step:ratio{WINDOW} > {t.recompilations_per_step:g}",
             t.recompilation_for, "warning",
             "Rank {{ $labels.rank }} recompiles its graph after warm-up",
-            "{{ $value | humanize }} compiler runs per step after warm-up on " + WHERE +
+            "{{ $value | printf \"%.2f\" }} compiler runs per step after warm-up on " + WHERE +
             f" (threshold {t.recompilations_per_step:g}). Input shapes or graph structure keep changing.",
         ),
         alert(
@@ -79,7 +79,7 @@ def alert_rules(t: Thresholds = DEFAULTS) -> list[dict]:
             f"rank:xla_graphs_per_step:avg{WINDOW} > {t.graphs_per_step:g}",
             t.fragmentation_for, "warning",
             "Rank {{ $labels.rank }} runs more than one graph per step",
-            "{{ $value | humanize }} graphs per step on average on " + WHERE +
+            "{{ $value | printf \"%.2f\" }} graphs per step on average on " + WHERE +
             f" (threshold {t.graphs_per_step:g}). Something cuts the graph every step: "
             ".item(), print, .cpu() or a CPU-fallback operator.",
         ),
@@ -88,7 +88,7 @@ def alert_rules(t: Thresholds = DEFAULTS) -> list[dict]:
             f"rank:xla_device_to_host_transfers_per_step:ratio{WINDOW} > {t.host_reads_per_step:g}",
             t.host_reads_for, "warning",
             "Rank {{ $labels.rank }} reads device data on the host every step",
-            "{{ $value | humanize }} device-to-host transfers per step on " + WHERE +
+            "{{ $value | printf \"%.2f\" }} device-to-host transfers per step on " + WHERE +
             f" (threshold {t.host_reads_per_step:g}). Each read waits for the device and may cut the graph.",
         ),
         alert(

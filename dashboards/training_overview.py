@@ -127,7 +127,8 @@ def health_row(board: Dashboard) -> Dashboard:
                 f"(time() - max by (rank, local_rank) (neuron_exporter_rank_last_report_timestamp_seconds{{{RANK}}}))"
                 f" * on (rank, local_rank) group_left (state)"
                 f" (max by (rank, local_rank, state) (neuron_exporter_rank_state{{{RANK}}}) == 1)",
-                {"rank": "Rank", "local_rank": "Local rank", "state": "State"}, "Since last report", width=24, height=6))
+                {"rank": "Rank", "local_rank": "Local rank", "state": "State"}, "Since last report",
+                width=24, height=6))
             .with_panel(graph(
                 "Exporter share of step time", "Time the exporter spends in its step hook, as a share of each "
                 "rank's step wall time: the monitoring overhead.",

@@ -1,0 +1,192 @@
+"""The Grafana dashboards: committed JSON equals a fresh build, every panel says what it shows and in which
+unit, and every query uses only metric names the exporter exports."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+
+from dashboards import build
+
+# The metric contract: every name the exporter serves (the training process and the node endpoint), plus
+# Prometheus' own `up`. Histograms are listed by their base name.
+# TODO(owner): move to neuron_exporter/metric_names.py once it exists, and import it here.
+CONTRACT_COUNTERS_AND_GAUGES = {
+    "xla_steps_total", "xla_fragmented_steps_total",
+    "xla_compilations_total", "xla_graph_cache_hits_total", "xla_recompilations_total", "xla_compile_seconds_total",
+    "xla_graph_executions_total", "xla_execute_seconds_total",
+    "xla_device_to_host_transfers_total", "xla_transfer_from_device_seconds_total",
+    "xla_host_to_device_transfers_total", "xla_transfer_to_device_seconds_total",
+    "xla_cpu_fallback_ops_total", "xla_host_scalar_reads_total",
+    "xla_lowered_ops_total", "xla_counter_total", "xla_metric_samples_total", "xla_metric_seconds_total",
+    "xla_metric_bytes_total", "xla_metric_value_total",
+    "xla_process_resident_memory_bytes", "xla_process_cpu_seconds_total", "xla_process_threads",
+    "neuron_exporter_build_info", "neuron_exporter_collection_errors_total", "neuron_exporter_collector_success",
+    "neuron_exporter_collector_duration_seconds", "neuron_exporter_step_hook_seconds_total",
+    "neuron_exporter_syncs_total", "neuron_exporter_warmup_steps",
+    "neuron_exporter_rank_up", "neuron_exporter_rank_state", "neuron_exporter_rank_last_report_timestamp_seconds",
+    "neuron_exporter_ranks", "neuron_exporter_host_cpu_seconds_total", "neuron_exporter_host_memory_total_bytes",
+    "neuron_exporter_host_memory_available_bytes",
+}
+CONTRACT_HISTOGRAMS = {"xla_step_duration_seconds", "xla_graphs_per_step"}
+PROMETHEUS_OWN = {"up"}
+CONTRACT_METRICS = (CONTRACT_COUNTERS_AND_GAUGES | PROMETHEUS_OWN
+                    | {f"{h}{suffix}" for h in CONTRACT_HISTOGRAMS for suffix in ("_bucket", "_sum", "_count")})
+
+PROMQL_WORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "and", "or", "unless", "bool",
+                "offset", "inf", "nan",
+                # aggregation operators, which may stand before their parenthesis: sum by (x) (...)
+                "sum", "avg", "min", "max", "count", "group", "stddev", "stdvar", "topk", "bottomk", "quantile",
+                "count_values"}
+
+
+def metric_names(expr: str) -> set[str]:
+    """The metric names an expression selects: identifiers that are not functions, keywords or label names."""
+    text = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)  # strings (label values, regexes)
+    text = re.sub(r"\{[^}]*\}", " ", text)  # label matchers
+    text = re.sub(r"\[[^\]]*\]", " ", text)  # range and subquery windows
+    text = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", r" \1 ", text)  # label lists
+    names = set()
+    for match in re.finditer(r"(?<![\w.])([A-Za-z_:][A-Za-z0-9_:]*)(\s*\()?", text):
+        word, is_call = match.group(1), match.group(2)
+        if not is_call and word.lower() not in PROMQL_WORDS:
+            names.add(word)
+    return names
+
+
+def load(name: str) -> dict:
+    return json.loads((build.DASHBOARDS_DIR / name).read_text())
+
+
+def data_panels(board: dict) -> list[dict]:
+    return [p for p in board["panels"] if p["type"] != "row"]
+
+
+def all_exprs(board: dict) -> list[tuple[str, str]]:
+    return [(panel["title"], target["expr"]) for panel in data_panels(board) for target in panel.get("targets", [])]
+
+
+DASHBOARD_FILES = sorted(build.DASHBOARDS)
+
+
+def test_metric_name_extraction_finds_names_and_ignores_functions_and_labels():
+    expr = ('histogram_quantile(0.9, sum by (le, rank) (rate(xla_step_duration_seconds_bucket{rank=~"$rank"}'
+            '[$__rate_interval]))) / on (rank) group_left (state) neuron_exporter_rank_state == 1'
+            ' or vector(0) and xla_steps_tota')
+    assert metric_names(expr) == {"xla_step_duration_seconds_bucket", "neuron_exporter_rank_state",
+                                  "xla_steps_tota"}
+    assert not metric_names(expr) <= CONTRACT_METRICS  # a misspelt name is caught
+
+
+def test_committed_json_is_what_the_code_builds(tmp_path):
+    build.write_all(dashboards_dir=tmp_path / "dashboards", rules_dir=tmp_path / "rules")
+    for name in DASHBOARD_FILES:
+        committed = (build.DASHBOARDS_DIR / name).read_text()
+        fresh = (tmp_path / "dashboards" / name).read_text()
+        assert committed == fresh, f"dashboards/{name} is stale: run `make dashboards` and commit the result"
+
+
+@pytest.mark.parametrize("name", DASHBOARD_FILES)
+def test_every_panel_has_a_description_and_every_data_panel_a_unit(name):
+    board = load(name)
+    for panel in data_panels(board):
+        assert panel.get("description", "").strip(), f"{name}: panel {panel['title']!r} has no description"
+        if panel["type"] == "text":
+            assert panel["options"]["content"].strip(), f"{name}: text panel {panel['title']!r} is empty"
+            continue
+        assert panel.get("targets"), f"{name}: panel {panel['title']!r} has no query"
+        assert panel["fieldConfig"]["defaults"].get("unit"), f"{name}: panel {panel['title']!r} has no unit"
+
+
+@pytest.mark.parametrize("name", DASHBOARD_FILES)
+def test_every_query_uses_only_contract_metric_names(name):
+    for title, expr in all_exprs(load(name)):
+        unknown = metric_names(expr) - CONTRACT_METRICS
+        assert not unknown, f"{name}: panel {title!r} queries unknown metrics {sorted(unknown)}: {expr}"
+
+
+@pytest.mark.parametrize("name", DASHBOARD_FILES)
+def test_every_selector_follows_the_job_instance_and_rank_variables(name):
+    for title, expr in all_exprs(load(name)):
+        assert metric_names(expr), f"{name}: panel {title!r} selects no metric"
+        for metric in metric_names(expr):
+            for match in re.finditer(rf"(?<![\w.]){metric}(?![\w:])(\{{[^}}]*\}})?", expr):
+                matchers = match.group(1) or ""
+                assert 'job=~"$job"' in matchers and 'instance=~"$instance"' in matchers, \
+                    f"{name}: panel {title!r}: {metric} ignores the job/instance variables"
+                if metric.startswith("xla_"):
+                    assert 'rank=~"$rank"' in matchers, \
+                        f"{name}: panel {title!r}: {metric} ignores the rank variable"
+
+
+@pytest.mark.parametrize("name", DASHBOARD_FILES)
+def test_dashboard_follows_grafana_schema_basics(name):
+    board = load(name)
+    assert re.fullmatch(r"[a-zA-Z0-9_-]{1,40}", board["uid"])
+    assert board["title"] and isinstance(board["schemaVersion"], int) and board["schemaVersion"] >= 39
+    assert "neuron-exporter" in board["tags"]
+    ids = [panel["id"] for panel in board["panels"]]
+    assert len(ids) == len(set(ids)), f"{name}: duplicate panel ids"
+    occupied = set()
+    for panel in board["panels"]:
+        grid = panel["gridPos"]
+        assert all(isinstance(grid[k], int) for k in "xywh") and grid["w"] > 0 and grid["h"] > 0
+        assert grid["x"] + grid["w"] <= 24, f"{name}: panel {panel['title']!r} is wider than the grid"
+        cells = {(x, y) for x in range(grid["x"], grid["x"] + grid["w"])
+                 for y in range(grid["y"], grid["y"] + grid["h"])}
+        assert not cells & occupied, f"{name}: panel {panel['title']!r} overlaps another"
+        occupied |= cells
+    variable_ds = {"type": "prometheus", "uid": "${datasource}"}
+    for panel in data_panels(board):
+        if panel["type"] == "text":
+            continue
+        assert panel["datasource"] == variable_ds, f"{name}: panel {panel['title']!r} has a fixed datasource"
+        refs = [target["refId"] for target in panel["targets"]]
+        assert len(refs) == len(set(refs))
+        for target in panel["targets"]:
+            assert target["datasource"] == variable_ds
+    variables = {v["name"]: v for v in board["templating"]["list"]}
+    assert {"datasource", "job", "instance", "rank"} <= set(variables)
+    assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
+    for variable in variables.values():
+        if variable["type"] == "query":
+            assert variable["datasource"] == variable_ds
+            selector = re.fullmatch(r"label_values\((.+),\s*\w+\)", variable["query"]).group(1)
+            unknown = metric_names(selector) - CONTRACT_METRICS
+            assert not unknown, f"{name}: variable {variable['name']} queries {unknown}"
+
+
+def test_fragmentation_dashboard_has_one_row_per_problem_each_opening_with_an_explanation():
+    board = load("fragmentation-recompiles.json")
+    panels = board["panels"]
+    rows = [i for i, p in enumerate(panels) if p["type"] == "row"]
+    assert [panels[i]["title"] for i in rows] == [
+        "CPU-fallback operators", "Graph cuts: .item(), print and host reads", "Recompilations"]
+    for i in rows:
+        assert panels[i + 1]["type"] == "text", f"row {panels[i]['title']!r} does not open with a text panel"
+        content = panels[i + 1]["options"]["content"]
+        assert "**What it means.**" in content and "**What to do.**" in content
+    assert "op" in {v["name"] for v in board["templating"]["list"]}, "no drill-down by operator"
+    fallback_queries = [e for _, e in all_exprs(board) if "xla_cpu_fallback_ops_total" in e]
+    assert fallback_queries and all('op=~"$op"' in e for e in fallback_queries)
+
+
+def test_training_overview_has_the_promised_panels():
+    titles = {panel["title"] for panel in data_panels(load("training-overview.json"))}
+    assert {"Steps per second by rank", "Step time percentiles", "Compile vs execute share of step time",
+            "Graphs per step by rank", "Compilations per minute", "Host reads per step by rank",
+            "Top CPU-fallback operators", "Collector success", "Collection errors", "Rank state"} <= titles
+    table = next(p for p in data_panels(load("training-overview.json")) if p["title"] == "Top CPU-fallback operators")
+    assert table["type"] == "table" and table["targets"][0]["instant"] and "topk(" in table["targets"][0]["expr"]
+
+
+def test_readme_lists_every_panel():
+    readme = (ROOT / "dashboards" / "README.md").read_text()
+    for name in DASHBOARD_FILES:
+        for panel in data_panels(load(name)):
+            assert panel["title"] in readme, f"dashboards/README.md does not list panel {panel['title']!r}"

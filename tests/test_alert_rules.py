@@ -117,6 +117,12 @@ def test_runbook_has_one_section_per_alert_and_nothing_else():
     assert all(re.fullmatch(r"[A-Za-z]+", heading) for heading in headings)
 
 
+def test_readme_lists_every_alert():
+    readme = (ROOT / "dashboards" / "README.md").read_text()
+    for rule in committed_alerts():
+        assert f"`{rule['alert']}`" in readme, f"dashboards/README.md does not list {rule['alert']}"
+
+
 def test_rules_use_only_contract_metrics_and_their_own_recordings():
     recorded = set(rules.RECORDING_RULES)
     for path in RULE_FILES:

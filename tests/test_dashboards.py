@@ -189,4 +189,6 @@ def test_readme_lists_every_panel():
     readme = (ROOT / "dashboards" / "README.md").read_text()
     for name in DASHBOARD_FILES:
         for panel in data_panels(load(name)):
+            if panel["type"] == "text":
+                continue  # the README says each row of the fragmentation dashboard opens with one
             assert panel["title"] in readme, f"dashboards/README.md does not list panel {panel['title']!r}"

@@ -16,17 +16,31 @@ from .snapshot_metrics import snapshot_families
 
 REPORT_HELP = ("a saved met.metrics_report() (or short_metrics_report()) text, or an XLA_METRICS_FILE dump, "
                "whose last report is used; - reads standard input")
+PARSE_DESCRIPTION = """\
+Read a saved torch_xla metrics report and print it in the Prometheus text exposition
+format, with the metric names attach() serves (xla_compilations_total,
+xla_cpu_fallback_ops_total{op="aten::..."}, xla_metric_seconds_total{metric="..."}, ...),
+or, with --format json, the counters and metrics in base units (seconds, bytes)."""
+EXPLAIN_DESCRIPTION = """\
+Read a saved torch_xla metrics report and say in plain language what slows the training
+loop down: operators that fall back to the CPU (by count), host reads such as .item()
+inside the step, steps cut into several graphs, graphs compiled again and again.
+Output: an overview of the figures, then each finding with what to do next, or
+"Nothing wrong found"."""
 INPUT_TEXT = """\
-input: the text printed by torch_xla.debug.metrics.metrics_report() or short_metrics_report(), blocks such as
+input: the text of torch_xla.debug.metrics.metrics_report() or short_metrics_report():
     Metric: CompileTime
       TotalSamples: 2
       Accumulator: 390ms043.556us
       Percentiles: 1%=061ms308.992us; ...
     Counter: aten::lgamma
       Value: 8
-or a file written with XLA_METRICS_FILE set (a report per step after "[MetricsData; step=N]"; the last
-one is used). Older formats (Mean/StdDev lines, XRT metric names) are read too.
-A malformed report is an error naming the line: exit code 2."""
+or a file written with XLA_METRICS_FILE set (one report per step, each after
+"[MetricsData; step=N]"): the last report is used. Older formats (Mean/StdDev lines,
+XRT-era metric names) are read too.
+
+exit status: 0; 2 with a one-line error naming the file and line when the report is
+missing, unreadable or malformed."""
 
 
 class _SnapshotCollector:
@@ -57,9 +71,7 @@ def register(subparsers) -> None:
     parse = subparsers.add_parser(
         "parse",
         help="turn a saved metrics_report() text into Prometheus text (or JSON)",
-        description="Read a saved torch_xla metrics report and print it in the Prometheus text exposition format "
-                    "(the same metric names that attach() serves: xla_compilations_total, "
-                    "xla_cpu_fallback_ops_total{op=...}, ...), or as JSON with --format json.",
+        description=PARSE_DESCRIPTION,
         epilog=INPUT_TEXT,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -75,9 +87,7 @@ def register(subparsers) -> None:
     explain_parser = subparsers.add_parser(
         "explain",
         help="diagnose a saved metrics_report() text in plain language",
-        description="Read a saved torch_xla metrics report and say what slows the training loop down: operators "
-                    "that fall back to the CPU (by count), host reads such as .item() inside the step, steps "
-                    "cut into several graphs, graphs compiled again and again; with what to do next for each.",
+        description=EXPLAIN_DESCRIPTION,
         epilog=INPUT_TEXT,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

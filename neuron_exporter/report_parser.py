@@ -33,7 +33,7 @@ DURATION_FIELDS = (("d", 86400.0, None), ("h", 3600.0, 24), ("m", 60.0, 60), ("s
                    ("ms", 1e-3, 1000), ("us", 1e-6, 1000))
 # Values are printed with fixed decimals (3 for microseconds, 2 otherwise); holding to that catches a
 # value cut in the middle, as in a truncated file.
-DURATION = re.compile(r"(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?(?:(\d+)ms)?(\d+\.\d{3}|nan)us")
+DURATION = re.compile(r"(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?(?:(\d+)ms)?(\d+\.\d{3}|0*nan)us")
 BYTE_SUFFIXES = {"B": 0, "KB": 1, "MB": 2, "GB": 3, "TB": 4, "PB": 5}
 _TWO_DECIMALS = r"-?\d+\.\d\d|-?nan|-?inf"
 BYTE_SIZE = re.compile(rf"({_TWO_DECIMALS})(B|KB|MB|GB|TB|PB)")
@@ -69,7 +69,7 @@ def parse_duration(text: str) -> float:
     match = DURATION.fullmatch(text)
     if not match:
         raise ValueError(f'"{text}" is not a duration like 09s969ms486.408us')
-    if match.group(6) == "nan":
+    if match.group(6).endswith("nan"):
         if any(match.groups()[:5]):
             raise ValueError(f'"{text}" is not a duration like 09s969ms486.408us')
         return math.nan

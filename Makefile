@@ -4,7 +4,6 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-GRAFANA_SDK := grafana-foundation-sdk==1764757917!12.3.0
 export PJRT_DEVICE ?= CPU
 
 .PHONY: venv demo test dashboards prometheus bench clean
@@ -14,7 +13,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[xla,test]' '$(GRAFANA_SDK)'
+	$(PY) -m pip install --quiet -e '.[xla,auth,dashboards,test]'
 	touch $@
 
 prometheus:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 from .snapshot import BYTES, NUMBER, SECONDS, MetricValue, Snapshot
 
@@ -105,11 +106,14 @@ def parse_value(text: str) -> tuple[float, str]:
     raise ValueError(f'"{text}" is not a duration (09s969ms486.408us), a size (8.00KB) or a number (4.00)')
 
 
+@dataclass(frozen=True)
 class _Block:
-    """The header of the block being read: its kind, name, line number and indentation."""
+    """The header of the block being read."""
 
-    def __init__(self, kind: str, name: str, line: int, indent: int):
-        self.kind, self.name, self.line, self.indent = kind, name, line, indent
+    kind: str  # "Metric" or "Counter"
+    name: str
+    line: int
+    indent: int
 
 
 class _Reader:

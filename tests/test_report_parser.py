@@ -392,3 +392,11 @@ def test_line_numbers_count_across_a_dump():
     with pytest.raises(ReportParseError) as error:
         list(parse_report_stream("\n".join(lines) + "\n", "dump.txt"))
     assert error.value.line == number and str(error.value).startswith(f"dump.txt:{number}: bad Value of counter")
+
+
+def test_metric_block_without_total_samples():
+    number = line_of("Metric:")
+    name = PLAIN[number - 1].split(": ")[1].strip()
+    error = parse_error(replaced(number + 1, "  Samples: 3"))
+    assert str(error) == (f'report.txt:{number + 1}: expected "  TotalSamples: <int>" in Metric block "{name}", '
+                          f'got "  Samples: 3"')

@@ -51,9 +51,10 @@ class Options:
         shown="`/dev/shm/neuron-exporter` if /dev/shm is writable, else `$TMPDIR/neuron-exporter`")
     spool_interval_seconds: float = _option(2.0, "How often a rank rewrites its spool file.")
     hung_after_seconds: float = _option(
-        60.0, "A live rank whose spool file is older than this is shown as hung.")
+        60.0, "A live rank that has ended no step for this long (before its first step: sent no report) is hung.")
     expire_after_seconds: float = _option(
-        3600.0, "A hung or dead rank's last values are served until its file is this old; then it is removed.")
+        3600.0, "A rank that stopped reporting (hung, dead or finished) is served with its last values until its "
+                "last report is this old; then a dead rank's files are deleted.")
     warmup_steps: int = _option(2, "Steps whose compilations are not counted as recompilations.")
     max_op_series: int = _option(
         100, "At most this many `op` label values per operator family; the rest are counted as `op=\"other\"`.")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
-from neuron_exporter.config import ConfigError, Options, default_spool_dir, options_table, resolve_options
+from neuron_exporter.config import ConfigError, Options, default_spool_dir, resolve_options
 
 
 def write(tmp_path: Path, text: str, name: str = "exporter.yaml") -> Path:
@@ -108,10 +108,6 @@ def test_override_errors_name_the_option(overrides, expected):
 def test_override_names_can_be_flags():
     message = error_of(env={}, overrides={"port": "x"}, override_name=lambda key: "--" + key)
     assert message == '--port: expected an integer, got "x"'
-
-
-def test_the_documented_table_is_the_one_in_the_code():
-    assert options_table() in (ROOT / "deploy" / "README.md").read_text()
 
 
 # -- the daemon's command line: a bad configuration stops it before anything starts -------------------------

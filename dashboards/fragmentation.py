@@ -120,9 +120,10 @@ def recompile_row(board: Dashboard) -> Dashboard:
                                 "rank {{rank}}"),
                 width=8, threshold=DEFAULTS.compile_time_share))
             .with_panel(graph(
-                "Time per compilation", "Average compile time of one graph, per rank (empty while nothing "
-                "compiles).",
-                "s", (ratio("xla_compile_seconds_total", "xla_compilations_total"), "rank {{rank}}"), width=8))
+                "Mean time per compilation", "Compile time of one graph on average since the process started, "
+                "per rank: what each recompilation costs.",
+                "s", (f"sum by (rank) (xla_compile_seconds_total{{{RANK}}})"
+                      f" / sum by (rank) (xla_compilations_total{{{RANK}}})", "rank {{rank}}"), width=8))
             .with_panel(graph(
                 "Compile cache", "Graphs served from the compile cache and graphs compiled, per second, per rank.",
                 "suffix:graphs/s",

@@ -41,8 +41,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, default=9478)
     parser.add_argument("--addr", default="127.0.0.1")
-    parser.add_argument("--linger", type=float, default=0.0,
-                        help="seconds to keep serving /metrics after the loop (for Prometheus to scrape)")
+    parser.add_argument("--continue-for", type=float, default=0.0, metavar="SECONDS",
+                        help="after the four phases, keep training with the CPU fallback for this long, so that a "
+                             "scraper sees the counters move")
     args = parser.parse_args()
 
     handle = neuron_exporter.attach(port=args.port, addr=args.addr)
@@ -52,8 +53,7 @@ def main() -> None:
     model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10)).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
 
-    before = read(handle.url)
-    for phase, steps in PHASES:
+    def run(phase: str, steps: int) -> None:
         for step in range(steps):
             batch = 32 + step if phase == "shapes" else 32
             x, y = torch.randn(batch, 64).to(device), torch.randint(0, 10, (batch,)).to(device)
@@ -67,6 +67,10 @@ def main() -> None:
             if phase == "item":
                 loss.item()
             torch_xla.sync()
+
+    before = read(handle.url)
+    for phase, steps in PHASES:
+        run(phase, steps)
         after = read(handle.url)
         delta = {key: after.get(key, 0) - before.get(key, 0) for key in after}
         ran = delta.get("xla_steps_total", 0) or 1
@@ -79,8 +83,9 @@ def main() -> None:
               f" | host reads {delta.get('xla_device_to_host_transfers_total', 0):3.0f}"
               f" | CPU fallback: {fallbacks or 'none'}", flush=True)
         before = after
-    if args.linger:
-        time.sleep(args.linger)  # keep the endpoint up for a scraper; the loop itself is done
+    deadline = time.monotonic() + args.continue_for
+    while time.monotonic() < deadline:
+        run("fallback", 1)
     neuron_exporter.detach()
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
-import hmac
+import re
 import ssl
 import threading
 from dataclasses import dataclass, field
@@ -38,6 +38,7 @@ CLIENT_AUTH_TYPES = {
 }
 TLS_VERSIONS = {"TLS10": ssl.TLSVersion.TLSv1, "TLS11": ssl.TLSVersion.TLSv1_1,
                 "TLS12": ssl.TLSVersion.TLSv1_2, "TLS13": ssl.TLSVersion.TLSv1_3}
+BCRYPT_HASH = re.compile(r"\$2[aby]\$\d\d\$[./A-Za-z0-9]{53}")
 # Checked against a username that does not exist, so a wrong user costs as much time as a wrong password.
 _DUMMY_HASH = b"$2b$10$16QYdcPcUMFPPHwyP9P9Puf.7eFoirYwXqZXCO189zYWOde0ido.K"
 
@@ -192,9 +193,9 @@ def _users(path: Path, node) -> dict[str, bytes]:
     users = {}
     for user, (key_node, value_node) in _mapping(path, node, "basic_auth_users").items():
         hashed = _string(path, "basic_auth_users", user, value_node)
-        if not hashed.startswith(("$2a$", "$2b$", "$2y$")):
+        if not BCRYPT_HASH.fullmatch(hashed):
             raise WebConfigError(f"{path}:{_line(value_node)}: basic_auth_users.{user}: expected a bcrypt hash "
-                                 "($2y$..., e.g. from htpasswd -nBC 10)")
+                                 "($2y$10$ and 53 more characters, e.g. from htpasswd -nBC 10)")
         users[user] = hashed.encode()
     if users:
         try:

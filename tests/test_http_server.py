@@ -215,6 +215,8 @@ def test_the_daemon_serves_https_with_basic_auth(tmp_path, tls_files):
     ("tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n  min_version: TLS99\n",
      'web.yml:4: tls_server_config.min_version: unknown version "TLS99"'),
     ("basic_auth_users:\n  alice: plaintext\n", "web.yml:2: basic_auth_users.alice: expected a bcrypt hash"),
+    ("basic_auth_users:\n  # a comment\n  alice: $2y$10$tooshort\n",
+     "web.yml:3: basic_auth_users.alice: expected a bcrypt hash"),
     ("basic_auth_users: [\n", "web.yml:2: invalid YAML"),
     ("- a\n", "web.yml:1: web config must be a mapping"),
 ])

@@ -1,0 +1,138 @@
+"""``neuron-exporter serve`` as a process: serving the spool, precedence of settings, signals, a real Prometheus."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import urllib.parse
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import ROOT, scrape, value, wait_until
+from spool_helpers import Writer
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Daemon:
+    def __init__(self, tmp_path: Path, *args: str, env: dict[str, str] | None = None):
+        self.log = tmp_path / f"daemon-{len(list(tmp_path.glob('daemon-*.log')))}.log"
+        with open(self.log, "w") as out:
+            self.process = subprocess.Popen([sys.executable, "-m", "neuron_exporter", "serve", *args],
+                                            env={"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT), **(env or {})},
+                                            stderr=out)
+        found = wait_until(lambda: re.search(r"listening on (\S+)", self.log.read_text()) or self.process.poll(),
+                           timeout=60, what="the daemon to listen")
+        assert self.process.poll() is None, self.log.read_text()
+        self.url = found.group(1)
+        self.port = int(urllib.parse.urlsplit(self.url).port)
+
+    def stop(self, signum: int = signal.SIGTERM) -> int:
+        self.process.send_signal(signum)
+        return self.process.wait(timeout=30)
+
+
+@pytest.fixture
+def daemons():
+    started = []
+    yield started.append
+    for daemon in started:
+        if daemon.process.poll() is None:
+            daemon.process.kill()
+            daemon.process.wait()
+
+
+def test_serves_every_rank_of_the_spool(tmp_path, daemons):
+    spool = tmp_path / "spool"
+    with Writer(spool, "0-3", "--steps", "12", "--ops", "4"):
+        daemon = Daemon(tmp_path, "--addr", "127.0.0.1", "--port", "0", "--spool-dir", str(spool))
+        daemons(daemon)
+        text = scrape(daemon.url)
+    assert [value(text, "xla_steps_total", rank=str(r)) for r in range(4)] == [12] * 4
+    assert [value(text, "neuron_exporter_rank_up", rank=str(r)) for r in range(4)] == [1] * 4
+    assert value(text, "neuron_exporter_ranks") == 4
+    result = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert daemon.stop() == 0
+
+
+def test_ranks_that_start_after_the_daemon_appear(tmp_path, daemons):
+    spool = tmp_path / "not-yet"
+    daemon = Daemon(tmp_path, "--addr", "127.0.0.1", "--port", "0", "--spool-dir", str(spool))
+    daemons(daemon)
+    assert value(scrape(daemon.url), "neuron_exporter_ranks") == 0
+    # the daemon made the directory, writable by the jobs of every user, like /tmp
+    assert stat.S_IMODE(spool.stat().st_mode) == 0o1777
+    with Writer(spool, "0,1", "--steps", "3"):
+        text = scrape(daemon.url)
+        assert value(text, "neuron_exporter_ranks") == 2
+        assert value(text, "xla_steps_total", rank="1") == 3
+    assert daemon.stop(signal.SIGINT) == 0
+
+
+def test_flags_override_environment_override_file(tmp_path, daemons):
+    file_port, env_port, flag_port = free_port(), free_port(), free_port()
+    config = tmp_path / "exporter.yaml"
+    config.write_text(f"addr: 127.0.0.1\nport: {file_port}\nspool_dir: {tmp_path / 'spool'}\n")
+    env = {"NEURON_EXPORTER_PORT": str(env_port)}
+    first = Daemon(tmp_path, "--config", str(config))
+    daemons(first)
+    assert first.port == file_port
+    assert first.stop() == 0
+    second = Daemon(tmp_path, "--config", str(config), env=env)
+    daemons(second)
+    assert second.port == env_port
+    assert second.stop() == 0
+    third = Daemon(tmp_path, "--config", str(config), "--port", str(flag_port), env=env)
+    daemons(third)
+    assert third.port == flag_port
+    assert third.stop() == 0
+
+
+def test_a_real_prometheus_scrapes_the_daemon_with_the_shipped_config(tmp_path, daemons):
+    spool = tmp_path / "spool"
+    with Writer(spool, "0,1", "--steps", "6", "--rewrite", "0.5"):
+        daemon = Daemon(tmp_path, "--addr", "127.0.0.1", "--port", "0", "--spool-dir", str(spool))
+        daemons(daemon)
+        shipped = yaml.safe_load((ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text())
+        shipped["global"]["scrape_interval"] = "1s"
+        shipped["global"]["evaluation_interval"] = "1s"
+        shipped["rule_files"] = [str(ROOT / "deploy" / "prometheus" / f) for f in shipped["rule_files"]]
+        (job,) = shipped["scrape_configs"]
+        job["static_configs"] = [{"targets": [f"127.0.0.1:{daemon.port}"]}]
+        config = tmp_path / "prometheus.yml"
+        config.write_text(yaml.safe_dump(shipped))
+        web_port = free_port()
+        prometheus = subprocess.Popen(
+            ["prometheus", f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+             f"--web.listen-address=127.0.0.1:{web_port}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            def query(expr: str):
+                url = f"http://127.0.0.1:{web_port}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+                try:
+                    result = json.loads(scrape(url))["data"]["result"]
+                except OSError:
+                    return None
+                return {r["metric"].get("rank"): float(r["value"][1]) for r in result} or None
+
+            up = wait_until(lambda: query('up{job="neuron-exporter"}'), timeout=120, what="Prometheus to scrape")
+            assert up == {None: 1.0}
+            ranks = wait_until(lambda: query("neuron_exporter_rank_up"), timeout=60, what="rank series in Prometheus")
+            assert ranks == {"0": 1.0, "1": 1.0}
+            steps = wait_until(lambda: query("xla_steps_total"), timeout=60, what="steps in Prometheus")
+            assert set(steps) == {"0", "1"} and min(steps.values()) >= 6
+        finally:
+            prometheus.terminate()
+            prometheus.wait(timeout=60)
+    assert daemon.stop() == 0

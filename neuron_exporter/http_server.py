@@ -126,6 +126,9 @@ class _Handler(BaseHTTPRequestHandler):
     server_version = "neuron-exporter"
     sys_version = ""
     protocol_version = "HTTP/1.1"
+    # Headers and body are two writes; with Nagle's algorithm a small body would wait for the client's
+    # delayed ACK (40 ms) on a kept-alive connection, which is how Prometheus scrapes.
+    disable_nagle_algorithm = True
 
     def do_GET(self):
         if not self._authorized():

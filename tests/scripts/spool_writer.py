@@ -1,7 +1,7 @@
 """Simulated training ranks for the spool and node-endpoint tests and the daemon benchmark.
 
 Writes one spool file per rank, each the exposition of a real prometheus_client registry shaped like a rank's
-(steps, step-duration histogram, compile counters, N fallback operators), then keeps its rank locks (the ranks
+(steps, step-duration histogram, compile counters, N fallback operators, generic counters), then keeps its rank locks (the ranks
 are alive) until stdin closes or the process is killed. Prints "ready" once every file is written.
 
     spool_writer.py SPOOL_DIR RANKS [--steps N] [--ops N] [--last-step-age SECONDS] [--finished] [--rewrite SECONDS]
@@ -41,6 +41,13 @@ def rank_exposition(rank: str, steps: int, ops: int) -> bytes:
     fallback = Counter("xla_cpu_fallback_ops", "Operators run on the CPU", LABELS + ["op"], registry=registry)
     for i in range(ops):
         fallback.labels(*ids, f"aten::op_{i}").inc(steps)
+    generic = Counter("xla_counter", "Every torch_xla counter", LABELS + ["counter"], registry=registry)
+    for name in ("MarkStep", "CachedCompile", "UncachedCompile", "CreateXlaTensor", "DestroyXlaTensor",
+                 "ExecuteComputation", "DeviceDataCacheMiss", "CreateDataHandles", "RegisterXLAFunctions"):
+        generic.labels(*ids, name).inc(steps)
+    timed = Counter("xla_metric_seconds", "Every torch_xla time metric", LABELS + ["metric"], registry=registry)
+    for name in ("CompileTime", "ExecuteTime", "LazyTracing", "TransferToDeviceTime", "DeviceLockWait"):
+        timed.labels(*ids, name).inc(0.001 * steps)
     Gauge("xla_process_resident_memory_bytes", "Resident memory", LABELS, registry=registry).labels(*ids).set(1e9)
     return generate_latest(registry)
 

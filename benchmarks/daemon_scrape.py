@@ -1,0 +1,98 @@
+"""What the node daemon costs to scrape: 32 simulated ranks, each with 100 fallback-operator series.
+
+The ranks are one process that writes 32 spool files, each the exposition of a real prometheus_client registry
+shaped like a rank's (tests/scripts/spool_writer.py), and keeps them alive. The daemon is
+`neuron-exporter serve` in its own process. The script scrapes it over HTTP on one kept-alive connection, as
+Prometheus does, plain and with gzip (Prometheus asks for gzip), and prints the median and p99 scrape time,
+the size of a scrape, and the daemon's resident memory.
+
+    python benchmarks/daemon_scrape.py [--ranks 32] [--ops 100] [--scrapes 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+WRITER = ROOT / "tests" / "scripts" / "spool_writer.py"
+
+
+def wait_for(predicate, timeout: float = 60.0):
+    deadline = time.monotonic() + timeout
+    while not (result := predicate()):
+        if time.monotonic() > deadline:
+            raise SystemExit("timed out waiting for the daemon")
+        time.sleep(0.05)
+    return result
+
+
+def scrape_times(port: int, scrapes: int, gzip: bool) -> tuple[list[float], int]:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    headers = {"Accept-Encoding": "gzip"} if gzip else {}
+    times, size = [], 0
+    for i in range(scrapes + 5):
+        start = time.perf_counter()
+        connection.request("GET", "/metrics", headers=headers)
+        response = connection.getresponse()
+        body = response.read()
+        elapsed = time.perf_counter() - start
+        assert response.status == 200, response.status
+        if i >= 5:  # the first scrapes warm up the daemon's imports and caches
+            times.append(elapsed)
+        size = len(body)
+    connection.close()
+    return times, size
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ranks", type=int, default=32)
+    parser.add_argument("--ops", type=int, default=100)
+    parser.add_argument("--scrapes", type=int, default=200)
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory() as spool:
+        ranks = subprocess.Popen([sys.executable, str(WRITER), spool, f"0-{args.ranks - 1}", "--ops", str(args.ops),
+                                  "--steps", "1000"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert ranks.stdout.readline().strip() == "ready"
+        log = Path(spool).parent / f"neuron-exporter-bench-{ranks.pid}.log"
+        with open(log, "w") as out:
+            daemon = subprocess.Popen([sys.executable, "-m", "neuron_exporter", "serve", "--addr", "127.0.0.1",
+                                       "--port", "0", "--spool-dir", spool], cwd=ROOT, stderr=out)
+        try:
+            port = int(wait_for(lambda: re.search(r"listening on http://[^:]+:(\d+)", log.read_text())).group(1))
+            rss_idle = psutil.Process(daemon.pid).memory_info().rss
+            plain, plain_size = scrape_times(port, args.scrapes, gzip=False)
+            gzipped, gzip_size = scrape_times(port, args.scrapes, gzip=True)
+            rss = psutil.Process(daemon.pid).memory_info().rss
+        finally:
+            daemon.terminate()
+            daemon.wait()
+            ranks.stdin.close()
+            ranks.wait()
+            log.unlink(missing_ok=True)
+
+    print(f"node daemon: {args.ranks} ranks x {args.ops} fallback-operator series, {args.scrapes} scrapes each way")
+    for name, times, size in (("plain", plain, plain_size), ("gzip", gzipped, gzip_size)):
+        print(f"  {name:5s}  median {statistics.median(times) * 1e3:7.2f} ms   p99 {percentile(times, 0.99) * 1e3:7.2f} ms"
+              f"   {size / 1024:8.1f} KiB per scrape")
+    print(f"  daemon resident memory: {rss / 2**20:.1f} MiB after the scrapes ({rss_idle / 2**20:.1f} MiB before)")
+
+
+if __name__ == "__main__":
+    main()

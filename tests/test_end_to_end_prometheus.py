@@ -225,3 +225,13 @@ def test_dashboard_variables_list_the_run(run):
     assert found["rank"] == ["0"]
     assert set(found["op"]) == {"aten::lgamma", "aten::digamma"}
     assert len(found["instance"]) == 1
+
+
+def test_the_metric_contract_is_what_the_exporter_serves(run):
+    from test_dashboards import CONTRACT_METRICS, PROMETHEUS_OWN
+
+    result = run.query(f'count by (__name__) ({{job="{JOB}"}})')["data"]["result"]
+    scraped = {series["metric"]["__name__"] for series in result}
+    not_exported = {name for name in scraped if name.startswith(("scrape_", "ALERTS"))} | PROMETHEUS_OWN | set(
+        rules.RECORDING_RULES)
+    assert scraped - not_exported == CONTRACT_METRICS - PROMETHEUS_OWN

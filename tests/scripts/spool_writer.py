@@ -41,7 +41,7 @@ def rank_exposition(rank: str, steps: int, ops: int) -> bytes:
     fallback = Counter("xla_cpu_fallback_ops", "Operators run on the CPU", LABELS + ["op"], registry=registry)
     for i in range(ops):
         fallback.labels(*ids, f"aten::op_{i}").inc(steps)
-    generic = Counter("xla_counter", "Every torch_xla counter", LABELS + ["counter"], registry=registry)
+    generic = Counter("xla_events", "Every other torch_xla counter", LABELS + ["counter"], registry=registry)
     for name in ("MarkStep", "CachedCompile", "UncachedCompile", "CreateXlaTensor", "DestroyXlaTensor",
                  "ExecuteComputation", "DeviceDataCacheMiss", "CreateDataHandles", "RegisterXLAFunctions"):
         generic.labels(*ids, name).inc(steps)

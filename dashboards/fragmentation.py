@@ -6,7 +6,7 @@ from __future__ import annotations
 from grafana_foundation_sdk.builders.dashboard import Dashboard, Row
 from grafana_foundation_sdk.models import dashboard as model
 
-from .config import DEFAULTS
+from .config import DEFAULTS, Thresholds
 from .panels import RANK, dashboard_links, finish, graph, instant_table, note, rate, ratio, variables
 
 UID = "neuron-exporter-fragmentation"
@@ -49,7 +49,7 @@ time with `neuron_parallel_compile` and keep the persistent compile cache betwee
 """
 
 
-def fallback_row(board: Dashboard) -> Dashboard:
+def fallback_row(board: Dashboard, t: Thresholds) -> Dashboard:
     return (board.with_row(Row("CPU-fallback operators"))
             .with_panel(note("CPU-fallback operators: what they mean, what to do",
                              "How to read and fix the CPU-fallback operator panels of this row.", FALLBACK_TEXT))
@@ -71,7 +71,7 @@ def fallback_row(board: Dashboard) -> Dashboard:
                 width=24)))
 
 
-def graph_cut_row(board: Dashboard) -> Dashboard:
+def graph_cut_row(board: Dashboard, t: Thresholds) -> Dashboard:
     return (board.with_row(Row("Graph cuts: .item(), print and host reads"))
             .with_panel(note("Graph cuts: what they mean, what to do",
                              "How to read and fix the graph-cut panels of this row.", GRAPH_CUT_TEXT))
@@ -80,7 +80,7 @@ def graph_cut_row(board: Dashboard) -> Dashboard:
                 "fragmentation alert threshold.",
                 "suffix:graphs/step", (ratio("xla_graphs_per_step_sum", "xla_graphs_per_step_count"),
                                        "rank {{rank}}"),
-                width=8, threshold=DEFAULTS.graphs_per_step))
+                width=8, threshold=t.graphs_per_step))
             .with_panel(graph(
                 "Fragmented steps", "Share of steps that ran more than one graph, per rank.",
                 "percentunit", (ratio("xla_fragmented_steps_total", "xla_steps_total"), "rank {{rank}}"),
@@ -91,7 +91,7 @@ def graph_cut_row(board: Dashboard) -> Dashboard:
                 "suffix:reads/step",
                 (ratio("xla_device_to_host_transfers_total", "xla_steps_total"), "all reads, rank {{rank}}"),
                 (ratio("xla_host_scalar_reads_total", "xla_steps_total"), ".item(), rank {{rank}}"),
-                width=8, threshold=DEFAULTS.host_reads_per_step))
+                width=8, threshold=t.host_reads_per_step))
             .with_panel(graph(
                 "Time reading from the device", "Share of the step wall time spent in device-to-host transfers "
                 "(TransferFromDeviceTime), per rank.",
@@ -104,7 +104,7 @@ def graph_cut_row(board: Dashboard) -> Dashboard:
                 (ratio("xla_host_to_device_transfers_total", "xla_steps_total"), "rank {{rank}}"))))
 
 
-def recompile_row(board: Dashboard) -> Dashboard:
+def recompile_row(board: Dashboard, t: Thresholds) -> Dashboard:
     return (board.with_row(Row("Recompilations"))
             .with_panel(note("Recompilations: what they mean, what to do",
                              "How to read and fix the recompilation panels of this row.", RECOMPILE_TEXT))
@@ -112,13 +112,13 @@ def recompile_row(board: Dashboard) -> Dashboard:
                 "Recompilations per step", "Compiler runs after warm-up per step, per rank. The dashed line is "
                 "the recompilation-storm alert threshold.",
                 "suffix:compiles/step", (ratio("xla_recompilations_total", "xla_steps_total"), "rank {{rank}}"),
-                width=8, threshold=DEFAULTS.recompilations_per_step))
+                width=8, threshold=t.recompilations_per_step))
             .with_panel(graph(
                 "Compile share of step time", "Share of the step wall time spent compiling, per rank. The dashed "
                 "line is the compile-time alert threshold.",
                 "percentunit", (ratio("xla_compile_seconds_total", "xla_step_duration_seconds_sum"),
                                 "rank {{rank}}"),
-                width=8, threshold=DEFAULTS.compile_time_share))
+                width=8, threshold=t.compile_time_share))
             .with_panel(graph(
                 "Mean time per compilation", "Compile time of one graph on average since the process started, "
                 "per rank: what each recompilation costs.",
@@ -135,7 +135,8 @@ def recompile_row(board: Dashboard) -> Dashboard:
                 {"rank": "Rank"}, "Recompilations in range")))
 
 
-def build() -> model.Dashboard:
+def build(t: Thresholds = DEFAULTS) -> model.Dashboard:
+    """The dashboard; ``t`` gives the alert thresholds drawn on its panels."""
     board = (Dashboard("neuron-exporter / Fragmentation & recompiles").uid(UID)
              .description("Why PyTorch/XLA steps run more than one graph or recompile: CPU-fallback operators, "
                           "host reads such as .item(), and changing graphs, by rank and operator.")
@@ -143,5 +144,5 @@ def build() -> model.Dashboard:
              .tooltip(model.DashboardCursorSync.CROSSHAIR).links(dashboard_links()))
     board = variables(board, with_op=True)
     for row in (fallback_row, graph_cut_row, recompile_row):
-        board = row(board)
+        board = row(board, t)
     return finish(board)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from grafana_foundation_sdk.builders.dashboard import Dashboard, Row
 from grafana_foundation_sdk.models import dashboard as model
 
-from .config import DEFAULTS
+from .config import DEFAULTS, Thresholds
 from .panels import (RANK, TARGET, dashboard_links, finish, graph, instant_table, rate, ratio, single_stat,
                      variables)
 
@@ -18,7 +18,7 @@ def percentile(q: float) -> str:
             f"(rate(xla_step_duration_seconds_bucket{{{RANK}}}[$__rate_interval])))")
 
 
-def summary_row(board: Dashboard) -> Dashboard:
+def summary_row(board: Dashboard, t: Thresholds) -> Dashboard:
     return (board.with_row(Row("Summary"))
             .with_panel(single_stat(
                 "Steps per second", "Training steps ended per second, averaged over the selected ranks.",
@@ -27,7 +27,7 @@ def summary_row(board: Dashboard) -> Dashboard:
                 "Graphs per step", "XLA graphs run per step over the selected ranks. 1 is ideal; more means "
                 "something cuts the graph (.item(), print, .cpu(), a CPU-fallback operator).",
                 "suffix:graphs/step", ratio("xla_graphs_per_step_sum", "xla_graphs_per_step_count", by=""),
-                steps=((None, "green"), (1.05, "orange"), (DEFAULTS.graphs_per_step, "red"))))
+                steps=((None, "green"), (1.05, "orange"), (t.graphs_per_step, "red"))))
             .with_panel(single_stat(
                 "CPU-fallback calls", "Calls of operators without an XLA lowering (run on the CPU) in the "
                 "selected time range, all ranks. Anything above 0 fragments the graph.",
@@ -42,14 +42,14 @@ def summary_row(board: Dashboard) -> Dashboard:
                 "Host reads per step", "Device-to-host transfers (.item(), print, .cpu(), CPU fallbacks) per "
                 "step over the selected ranks. Each one makes the host wait for the device.",
                 "suffix:reads/step", ratio("xla_device_to_host_transfers_total", "xla_steps_total", by=""),
-                steps=((None, "green"), (DEFAULTS.host_reads_per_step, "red"))))
+                steps=((None, "green"), (t.host_reads_per_step, "red"))))
             .with_panel(single_stat(
                 "Ranks not running", "Ranks the node endpoint reports as hung or dead.",
                 "short", f'count(neuron_exporter_rank_state{{{RANK}, state!="running"}} == 1) or vector(0)',
                 steps=((None, "green"), (1, "red")))))
 
 
-def throughput_row(board: Dashboard) -> Dashboard:
+def throughput_row(board: Dashboard, t: Thresholds) -> Dashboard:
     return (board.with_row(Row("Throughput and step time"))
             .with_panel(graph(
                 "Steps per second by rank", "Training steps ended per second on each rank. A rank that falls "
@@ -62,7 +62,7 @@ def throughput_row(board: Dashboard) -> Dashboard:
                 (ratio("xla_step_duration_seconds_sum", "xla_step_duration_seconds_count", by=""), "mean"))))
 
 
-def compile_row(board: Dashboard) -> Dashboard:
+def compile_row(board: Dashboard, t: Thresholds) -> Dashboard:
     return (board.with_row(Row("Compile and execute"))
             .with_panel(graph(
                 "Compile vs execute share of step time", "Share of each rank's step wall time spent compiling "
@@ -76,7 +76,7 @@ def compile_row(board: Dashboard) -> Dashboard:
                 "line is the fragmentation alert threshold.",
                 "suffix:graphs/step", (ratio("xla_graphs_per_step_sum", "xla_graphs_per_step_count"),
                                        "rank {{rank}}"),
-                width=8, threshold=DEFAULTS.graphs_per_step))
+                width=8, threshold=t.graphs_per_step))
             .with_panel(graph(
                 "Compilations per minute", "Compiler runs per minute on each rank: all of them, and those after "
                 "warm-up (recompilations), which mean the graph keeps changing.",
@@ -86,7 +86,7 @@ def compile_row(board: Dashboard) -> Dashboard:
                 width=8)))
 
 
-def host_row(board: Dashboard) -> Dashboard:
+def host_row(board: Dashboard, t: Thresholds) -> Dashboard:
     return (board.with_row(Row("Host reads and CPU fallback"))
             .with_panel(graph(
                 "Host reads per step by rank", "Device-to-host transfers per step (every read of device data by "
@@ -94,7 +94,7 @@ def host_row(board: Dashboard) -> Dashboard:
                 "suffix:reads/step",
                 (ratio("xla_device_to_host_transfers_total", "xla_steps_total"), "all reads, rank {{rank}}"),
                 (ratio("xla_host_scalar_reads_total", "xla_steps_total"), ".item(), rank {{rank}}"),
-                threshold=DEFAULTS.host_reads_per_step))
+                threshold=t.host_reads_per_step))
             .with_panel(instant_table(
                 "Top CPU-fallback operators", "Operators without an XLA lowering, by calls per second over the "
                 "selected time range, all selected ranks. Drill down in the Fragmentation & recompiles dashboard.",
@@ -103,7 +103,7 @@ def host_row(board: Dashboard) -> Dashboard:
                 {"op": "Operator"}, "Calls per second")))
 
 
-def health_row(board: Dashboard) -> Dashboard:
+def health_row(board: Dashboard, t: Thresholds) -> Dashboard:
     ok = model.ValueMap(options={"0": model.ValueMappingResult(text="failing", color="red", index=0),
                                  "1": model.ValueMappingResult(text="ok", color="green", index=1)})
     return (board.with_row(Row("Exporter health"))
@@ -141,7 +141,8 @@ def health_row(board: Dashboard) -> Dashboard:
                 width=12)))
 
 
-def build() -> model.Dashboard:
+def build(t: Thresholds = DEFAULTS) -> model.Dashboard:
+    """The dashboard; ``t`` gives the alert thresholds drawn on its panels."""
     board = (Dashboard("neuron-exporter / Training overview").uid(UID)
              .description("PyTorch/XLA training seen through neuron-exporter: throughput, step time, compile vs "
                           "execute, graph fragmentation, host reads, CPU-fallback operators and exporter health.")
@@ -149,5 +150,5 @@ def build() -> model.Dashboard:
              .tooltip(model.DashboardCursorSync.CROSSHAIR).links(dashboard_links()))
     board = variables(board)
     for row in (summary_row, throughput_row, compile_row, host_row, health_row):
-        board = row(board)
+        board = row(board, t)
     return finish(board)

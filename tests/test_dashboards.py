@@ -192,3 +192,16 @@ def test_readme_lists_every_panel():
             if panel["type"] == "text":
                 continue  # the README says each row of the fragmentation dashboard opens with one
             assert panel["title"] in readme, f"dashboards/README.md does not list panel {panel['title']!r}"
+
+
+def test_threshold_lines_follow_the_alert_thresholds():
+    import dataclasses
+
+    from dashboards.config import DEFAULTS
+
+    changed = dataclasses.replace(DEFAULTS, graphs_per_step=2.5)
+    board = json.loads(build.dashboard_json("fragmentation-recompiles.json", changed))
+    panel = next(p for p in board["panels"] if p["title"] == "Graphs per step by rank")
+    steps = panel["fieldConfig"]["defaults"]["thresholds"]["steps"]
+    assert [s["value"] for s in steps] == [None, 2.5]
+    assert panel["fieldConfig"]["defaults"]["custom"]["thresholdsStyle"]["mode"] == "dashed"

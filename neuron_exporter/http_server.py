@@ -67,6 +67,7 @@ class MetricsServer:
             self._thread.join()
             self._thread = None
         self._server.server_close()
+        self._server.close_connections()
 
     def close_inherited_socket(self) -> None:
         """In a child made by fork: close this copy of the listening socket. The serving thread exists only
@@ -98,23 +99,40 @@ class _Server(ThreadingHTTPServer):
         self.address_family = socket.AF_INET6 if ":" in addr else socket.AF_INET
         self.render = render
         self.web_config = web_config
+        self.connections: set[socket.socket] = set()
+        self.connections_lock = threading.Lock()
         super().__init__((addr, port), _Handler)
 
     def finish_request(self, request, client_address):
         # Runs in the per-connection thread, so a slow TLS handshake never holds up accept().
-        tls = self.web_config.ssl_context if self.web_config is not None else None
-        if tls is None:
-            return super().finish_request(request, client_address)
-        request.settimeout(REQUEST_TIMEOUT_SECONDS)
+        with self.connections_lock:
+            self.connections.add(request)
         try:
-            conn = tls.wrap_socket(request, server_side=True)
-        except (OSError, ValueError) as exc:
-            log.debug("TLS handshake with %s failed: %s", client_address[0], exc)
-            return
-        try:
-            super().finish_request(conn, client_address)
+            tls = self.web_config.ssl_context if self.web_config is not None else None
+            if tls is None:
+                return super().finish_request(request, client_address)
+            request.settimeout(REQUEST_TIMEOUT_SECONDS)
+            try:
+                conn = tls.wrap_socket(request, server_side=True)
+            except (OSError, ValueError) as exc:
+                log.debug("TLS handshake with %s failed: %s", client_address[0], exc)
+                return
+            try:
+                super().finish_request(conn, client_address)
+            finally:
+                conn.close()
         finally:
-            conn.close()
+            with self.connections_lock:
+                self.connections.discard(request)
+
+    def close_connections(self) -> None:
+        """End kept-alive connections too: a stopped server must not answer a scraper that keeps its socket."""
+        with self.connections_lock:
+            for connection in self.connections:
+                try:
+                    connection.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
 
     def handle_error(self, request, client_address):
         log.debug("error serving %s", client_address[0], exc_info=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import gzip
+import http.client
 import os
 import re
 import socket
@@ -150,6 +151,18 @@ def test_a_busy_port_raises_and_a_stopped_server_frees_its_port(server):
         assert get(again.url)[0] == 200
     finally:
         again.stop()
+
+
+def test_stop_ends_kept_alive_connections(server):
+    s = server()
+    connection = http.client.HTTPConnection("127.0.0.1", s.port, timeout=10)
+    connection.request("GET", "/metrics")
+    assert connection.getresponse().read() == BODY  # the connection stays open (HTTP/1.1 keep-alive)
+    s.stop()
+    with pytest.raises((http.client.HTTPException, OSError)):
+        connection.request("GET", "/metrics")
+        connection.getresponse().read()
+    connection.close()
 
 
 def test_a_wildcard_address_gives_a_reachable_url():

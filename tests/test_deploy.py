@@ -149,7 +149,7 @@ def test_dockerfile_entrypoint_is_the_cli():
     assert int(instructions["EXPOSE"]) == Options().port
     assert not instructions["USER"].startswith("0")
     assert "[auth]" in text
-    assert IMAGE in text
+    assert IMAGE in text and IMAGE.endswith(f":{__version__}")
 
 
 def test_systemd_unit_runs_the_daemon_with_the_shipped_config():

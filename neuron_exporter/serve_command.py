@@ -72,6 +72,7 @@ def create_spool_dir(path: str) -> None:
     """Create the spool directory if missing, writable by every user like /tmp (sticky): the training jobs
     may run as other users than the daemon. An existing directory is left as it is."""
     try:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         os.mkdir(path)
     except FileExistsError:
         return

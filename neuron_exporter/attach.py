@@ -10,6 +10,7 @@ Nothing here forces a device sync, runs a graph, or lets an exporter failure rea
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import threading
@@ -27,6 +28,7 @@ from .self_metrics import SelfStats
 from .spool import write_rank_file
 from .step_hook import StepHook
 from .step_tracker import StepTracker
+from .web_config import load_web_config
 from .xla_reader import XlaReader
 
 log = logging.getLogger("neuron_exporter")
@@ -55,6 +57,9 @@ class ExporterHandle:
         self._stop = threading.Event()
         self._spool_thread: threading.Thread | None = None
         self._process_start = psutil.Process().create_time()
+        self._web_config = load_web_config(options.web_config_file) if options.web_config_file else None
+        self._detached = False
+        self._parent_labels: dict[str, str] | None = None  # set in a forked child: the rank it was forked from
 
     # -- the training thread ------------------------------------------------------------------------------
     def _on_sync(self) -> None:
@@ -84,7 +89,7 @@ class ExporterHandle:
     def _serve(self, first_try: bool) -> None:
         options = self.options
         try:
-            self._server = MetricsServer(self._render, options.addr, options.port, options.web_config_file).start()
+            self._server = MetricsServer(self._render, options.addr, options.port, self._web_config).start()
         except OSError as error:
             if first_try:
                 log.warning(
@@ -108,6 +113,8 @@ class ExporterHandle:
     def _write_spool(self, finished: bool = False) -> None:
         if not self.options.spool_dir:
             return
+        if self._parent_labels is not None and rank_labels() == self._parent_labels:
+            return  # a forked helper process (a DataLoader worker): the parent reports this rank
         try:
             write_rank_file(self.options.spool_dir, self._meta(finished), generate_latest(self._rank_registry))
         except Exception as error:  # noqa: BLE001
@@ -128,6 +135,9 @@ class ExporterHandle:
         """Undo ``attach()``: torch_xla is left exactly as it was, the endpoint closes, a last report is spooled."""
         global _current
         with _lock:
+            if self._detached:
+                return
+            self._detached = True
             self._hook.uninstall()
             self._stop.set()
             if self._spool_thread is not None:
@@ -141,6 +151,7 @@ class ExporterHandle:
                 self._user_registry.unregister(self.collector)
             if _current is self:
                 _current = None
+            atexit.unregister(self.detach)
 
     def _after_fork_in_child(self) -> None:
         # The child has copies of the locks and of the listening socket, but none of the threads. It keeps the hook
@@ -153,6 +164,7 @@ class ExporterHandle:
         self.tracker = StepTracker(self.options.warmup_steps, *self.reader.compile_counters())
         self.collector.tracker = self.tracker
         self._process_start = psutil.Process().create_time()
+        self._parent_labels = rank_labels()
         self._start_spool_thread()
 
     def __enter__(self) -> ExporterHandle:
@@ -178,6 +190,7 @@ def attach(port: int | None = None, addr: str | None = None, registry: Collector
         handle = ExporterHandle(resolve_options(overrides=overrides), registry)
         handle._start()
         _current = handle
+        atexit.register(handle.detach)  # a last report marked finished, so a clean end is not taken for a death
         return handle
 
 

@@ -32,6 +32,7 @@ dashboards: venv
 
 bench: venv
 	$(PY) benchmarks/step_overhead.py
+	$(PY) benchmarks/daemon_scrape.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

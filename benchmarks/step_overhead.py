@@ -91,12 +91,13 @@ def main() -> None:
     for variant, times in per_step.items():
         median = statistics.median(times)
         print(f"  {variant:30s} {median * 1e6:9.1f} us/step   x{median / bare:.3f} of bare")
-    exporter = statistics.median(per_step["attach()"]) - bare
+    hook = hook_seconds / hook_syncs
+    print(f"  attach() step hook on the training thread: {hook * 1e6:.2f} us per sync")
+    # The end-to-end difference of attach() is often within the noise (even below bare); the hook's own time is not.
+    exporter = max(statistics.median(per_step["attach()"]) - bare, hook)
     for variant in ("metrics_report() every step", "XLA_METRICS_FILE dump"):
         cost = statistics.median(per_step[variant]) - bare
-        if exporter > 0:
-            print(f"  {variant} costs {cost / exporter:.0f}x what attach() adds per step")
-    print(f"  attach() step hook on the training thread: {hook_seconds / hook_syncs * 1e6:.2f} us per sync")
+        print(f"  {variant} adds {cost * 1e6:.0f} us/step: {cost / exporter:.0f}x what attach() adds")
 
 
 if __name__ == "__main__":

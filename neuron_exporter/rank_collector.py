@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 import psutil
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
+from .metric_family import single_series
 from .rank import rank_labels
 from .self_metrics import STAGES, SelfStats, build_labels
 from .snapshot_metrics import LabelBudget, snapshot_families
@@ -63,12 +64,9 @@ class RankCollector:
 
     def _step_families(self, labels: dict[str, str]) -> Iterator[Metric]:
         state = self.tracker.state()
-        values = list(labels.values())
 
-        def counter(name: str, documentation: str, value: float) -> CounterMetricFamily:
-            family = CounterMetricFamily(name, documentation, labels=list(labels))
-            family.add_metric(values, value)
-            return family
+        def counter(name: str, documentation: str, value: float) -> Metric:
+            return single_series(CounterMetricFamily, name, documentation, labels, value)
 
         yield counter("xla_steps", "Training steps ended (step markers that ran at least one graph)", state.steps)
         yield _histogram("xla_step_duration_seconds", "Wall time from one step end to the next",
@@ -91,40 +89,28 @@ class RankCollector:
             memory = process.memory_info().rss
             cpu = process.cpu_times()
             threads = process.num_threads()
-        names, values = list(labels), list(labels.values())
-        family = GaugeMetricFamily("xla_process_resident_memory_bytes", "Resident memory of the training process",
-                                   labels=names)
-        family.add_metric(values, memory)
-        yield family
-        family = CounterMetricFamily("xla_process_cpu_seconds", "CPU time of the training process (user + system)",
-                                     labels=names)
-        family.add_metric(values, cpu.user + cpu.system)
-        yield family
-        family = GaugeMetricFamily("xla_process_threads", "Threads of the training process", labels=names)
-        family.add_metric(values, threads)
-        yield family
+        yield single_series(GaugeMetricFamily, "xla_process_resident_memory_bytes",
+                            "Resident memory of the training process", labels, memory)
+        yield single_series(CounterMetricFamily, "xla_process_cpu_seconds",
+                            "CPU time of the training process (user + system)", labels, cpu.user + cpu.system)
+        yield single_series(GaugeMetricFamily, "xla_process_threads", "Threads of the training process", labels,
+                            threads)
 
     def _self_families(self, labels: dict[str, str]) -> Iterator[Metric]:
-        names, values = list(labels), list(labels.values())
-        build = build_labels()
-        family = GaugeMetricFamily("neuron_exporter_build_info", "Versions of the exporter and of what it runs with",
-                                   labels=names + list(build))
-        family.add_metric(values + list(build.values()), 1)
-        yield family
+        yield single_series(GaugeMetricFamily, "neuron_exporter_build_info",
+                            "Versions of the exporter and of what it runs with", {**labels, **build_labels()}, 1)
         family = CounterMetricFamily("neuron_exporter_collection_errors",
                                      "Failures inside the exporter, by stage (step hook, scrape, spool write)",
-                                     labels=names + ["stage"])
+                                     labels=list(labels) + ["stage"])
         for stage in STAGES:
-            family.add_metric(values + [stage], self.stats.errors[stage])
+            family.add_metric(list(labels.values()) + [stage], self.stats.errors[stage])
         yield family
-        family = CounterMetricFamily("neuron_exporter_step_hook_seconds",
-                                     "Time the exporter spent in its step hook, on the training thread", labels=names)
-        family.add_metric(values, self.stats.hook_seconds)
-        yield family
-        family = GaugeMetricFamily("neuron_exporter_warmup_steps",
-                                   "Steps treated as warm-up: their compiles are not recompilations", labels=names)
-        family.add_metric(values, self.tracker.warmup_steps)
-        yield family
+        yield single_series(CounterMetricFamily, "neuron_exporter_step_hook_seconds",
+                            "Time the exporter spent in its step hook, on the training thread", labels,
+                            self.stats.hook_seconds)
+        yield single_series(GaugeMetricFamily, "neuron_exporter_warmup_steps",
+                            "Steps treated as warm-up: their compiles are not recompilations", labels,
+                            self.tracker.warmup_steps)
 
 
 def _histogram(name: str, documentation: str, labels: dict[str, str], histogram: Histogram) -> HistogramMetricFamily:

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 from prometheus_client.core import CounterMetricFamily, Metric
 
+from .metric_family import single_series
 from .snapshot import BYTES, SECONDS, Snapshot
 
 HOST_SCALAR_READ_OP = "aten::_local_scalar_dense"  # what .item() runs: a host read, not a missing lowering
@@ -76,10 +77,8 @@ def snapshot_families(
     fallback_budget = fallback_budget or LabelBudget()
     lowered_budget = lowered_budget or LabelBudget()
 
-    def counter(name: str, documentation: str, value: float) -> CounterMetricFamily:
-        family = CounterMetricFamily(name, documentation, labels=names)
-        family.add_metric(values, value)
-        return family
+    def counter(name: str, documentation: str, value: float) -> Metric:
+        return single_series(CounterMetricFamily, name, documentation, labels, value)
 
     yield counter("xla_compilations", "Real compiler runs (UncachedCompile)", snapshot.counter("UncachedCompile"))
     yield counter("xla_graph_cache_hits", "Graphs served from the compile cache (CachedCompile)",

@@ -87,6 +87,11 @@ class StepTracker:
                 state.step_duration.observe(now - state.last_step_end)
             state.last_step_end = now
 
+    @property
+    def last_step_end(self) -> float | None:
+        """time.perf_counter() at the last step end (a plain read: no copy of the histograms)."""
+        return self._state.last_step_end
+
     def state(self) -> StepState:
         with self._lock:
             state = self._state

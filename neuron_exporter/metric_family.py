@@ -1,0 +1,12 @@
+"""A metric family holding the one series of this process, labelled with its rank labels."""
+
+from __future__ import annotations
+
+from prometheus_client.core import Metric
+
+
+def single_series(family_type: type[Metric], name: str, documentation: str, labels: dict[str, str],
+                  value: float) -> Metric:
+    family = family_type(name, documentation, labels=list(labels))
+    family.add_metric(list(labels.values()), value)
+    return family

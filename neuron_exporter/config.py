@@ -208,13 +208,18 @@ def _from_env(env: Mapping[str, str]) -> dict:
         if not name.startswith(ENV_PREFIX) or name == CONFIG_FILE_ENV:
             continue
         key = name[len(ENV_PREFIX):].lower()
-        if key not in OPTION_NAMES:
-            raise ConfigError(f"{name}: unknown option (known: {_known()})")
-        try:
-            values[key] = _convert(key, text, from_text=True)
-        except ValueError as exc:
-            raise ConfigError(f"{name}: {exc}") from None
+        values[key] = _checked(key, text, name)
     return values
+
+
+def _checked(key: str, value, name: str):
+    """``value`` converted for option ``key``; errors name the option as the user gave it (``name``)."""
+    if key not in OPTION_NAMES:
+        raise ConfigError(f"{name}: unknown option (known: {_known()})")
+    try:
+        return _convert(key, value, from_text=True)
+    except ValueError as exc:
+        raise ConfigError(f"{name}: {exc}") from None
 
 
 def resolve_options(config_file=None, env: Mapping[str, str] = os.environ, overrides: Mapping | None = None,
@@ -230,14 +235,8 @@ def resolve_options(config_file=None, env: Mapping[str, str] = os.environ, overr
     values = _from_file(config_file) if config_file is not None else {}
     values.update(_from_env(env))
     for key, value in (overrides or {}).items():
-        if value is None:
-            continue
-        if key not in OPTION_NAMES:
-            raise ConfigError(f"{name_of(key)}: unknown option (known: {_known()})")
-        try:
-            values[key] = _convert(key, value, from_text=True)
-        except ValueError as exc:
-            raise ConfigError(f"{name_of(key)}: {exc}") from None
+        if value is not None:
+            values[key] = _checked(key, value, name_of(key))
     return Options(**values)
 
 

@@ -6,6 +6,6 @@ The package imports without torch_xla; only ``attach()`` needs it.
 
 __version__ = "0.1.0"
 
-from .attach import ExporterHandle, attach, detach  # noqa: E402
+from .training.attach import ExporterHandle, attach, detach  # noqa: E402
 
 __all__ = ["ExporterHandle", "attach", "detach", "__version__"]

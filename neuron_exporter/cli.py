@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import __version__, report_commands, serve_command
+from . import __version__
+from .node import serve_command
+from .reports import report_commands
 
 
 def main(argv: list[str] | None = None) -> int:

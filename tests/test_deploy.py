@@ -16,9 +16,10 @@ import pytest
 import yaml
 from conftest import ROOT
 
-from neuron_exporter import __version__, serve_command
+from neuron_exporter import __version__
+from neuron_exporter.node import serve_command
 from neuron_exporter.config import Options, resolve_options
-from neuron_exporter.web_config import load_web_config
+from neuron_exporter.web.web_config import load_web_config
 
 DEPLOY = ROOT / "deploy"
 KUBERNETES = DEPLOY / "kubernetes"

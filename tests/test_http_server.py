@@ -20,8 +20,8 @@ from conftest import ROOT, wait_until
 
 from neuron_exporter import __version__
 from neuron_exporter.config import ConfigError
-from neuron_exporter.http_server import MetricsServer
-from neuron_exporter.web_config import load_web_config
+from neuron_exporter.web.http_server import MetricsServer
+from neuron_exporter.web.web_config import load_web_config
 
 BODY = b"# HELP demo_total A demo\n# TYPE demo_total counter\ndemo_total 1.0\n"
 

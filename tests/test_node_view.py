@@ -12,8 +12,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from spool_helpers import Writer
 
 from neuron_exporter.config import resolve_options
-from neuron_exporter.node_view import NodeView, merge_expositions
-from neuron_exporter.spool import RankMeta
+from neuron_exporter.node.node_view import NodeView, merge_expositions
+from neuron_exporter.node.spool import RankMeta
 
 from scripts.spool_writer import rank_exposition
 

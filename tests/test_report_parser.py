@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from neuron_exporter.report_parser import (
+from neuron_exporter.reports.report_parser import (
     DURATION,
     ReportParseError,
     parse_bytes,

@@ -9,7 +9,7 @@ import psutil
 import pytest
 from spool_helpers import Writer
 
-from neuron_exporter.spool import (
+from neuron_exporter.node.spool import (
     RankMeta, SpoolBusyError, read_rank_file, read_rank_files, release_rank_lock, remove_expired, write_rank_file,
     writer_alive)
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
 
-from .config import Options
+from ..config import Options
 from .host_metrics import HostCollector
 from .spool import RankMeta, is_expired, rank_order, read_rank_files, remove_rank_files, writer_alive
 

@@ -14,8 +14,8 @@ import signal
 import sys
 import threading
 
-from .config import ConfigError, Options, resolve_options
-from .http_server import MetricsServer
+from ..config import ConfigError, Options, resolve_options
+from ..web.http_server import MetricsServer
 from .node_view import NodeView
 
 log = logging.getLogger("neuron_exporter")
@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
                                   override_name=lambda key: FLAGS.get(key, f"option {key}"))
         web_config = None
         if options.web_config_file is not None:
-            from .web_config import load_web_config
+            from ..web.web_config import load_web_config
             web_config = load_web_config(options.web_config_file)
     except ConfigError as error:
         print(f"neuron-exporter serve: {error}", file=sys.stderr)

@@ -11,8 +11,8 @@ import math
 import textwrap
 from dataclasses import dataclass, field
 
-from .snapshot import Snapshot
-from .snapshot_metrics import HOST_SCALAR_READ_OP
+from ..snapshot import Snapshot
+from ..snapshot_metrics import HOST_SCALAR_READ_OP
 
 WIDTH = 100
 HOST_READS_PER_STEP = 0.5  # torch_xla's own analyzer (PT_XLA_DEBUG) warns above this too

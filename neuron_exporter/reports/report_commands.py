@@ -9,10 +9,10 @@ import sys
 
 from prometheus_client import CollectorRegistry, generate_latest
 
+from ..snapshot import Snapshot
+from ..snapshot_metrics import snapshot_families
 from .explain import explain
 from .report_parser import ReportParseError, parse_report_stream
-from .snapshot import Snapshot
-from .snapshot_metrics import snapshot_families
 
 REPORT_HELP = ("a saved met.metrics_report() (or short_metrics_report()) text, or an XLA_METRICS_FILE dump, "
                "whose last report is used; - reads standard input")

@@ -25,7 +25,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from .snapshot import BYTES, NUMBER, SECONDS, MetricValue, Snapshot
+from ..snapshot import BYTES, NUMBER, SECONDS, MetricValue, Snapshot
 
 STREAM_HEADER = re.compile(r"\[MetricsData; step=(\d+)\]")
 

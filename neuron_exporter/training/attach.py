@@ -19,16 +19,16 @@ import time
 import psutil
 from prometheus_client import CollectorRegistry, generate_latest
 
-from .config import Options, resolve_options
-from .http_server import MetricsServer
-from .node_view import NodeView
+from ..config import Options, resolve_options
+from ..node.node_view import NodeView
+from ..node.spool import write_rank_file
+from ..web.http_server import MetricsServer
+from ..web.web_config import load_web_config
 from .rank import rank_labels
 from .rank_collector import RankCollector
 from .self_metrics import SelfStats
-from .spool import write_rank_file
 from .step_hook import StepHook
 from .step_tracker import StepTracker
-from .web_config import load_web_config
 from .xla_reader import XlaReader
 
 log = logging.getLogger("neuron_exporter")

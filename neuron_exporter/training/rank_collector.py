@@ -14,10 +14,10 @@ from collections.abc import Callable, Iterator
 import psutil
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
-from .metric_family import single_series
+from ..metric_family import single_series
+from ..snapshot_metrics import LabelBudget, snapshot_families
 from .rank import rank_labels
 from .self_metrics import STAGES, SelfStats, build_labels
-from .snapshot_metrics import LabelBudget, snapshot_families
 from .step_tracker import Histogram, StepTracker
 from .xla_reader import MonotonicSnapshots, XlaReader
 

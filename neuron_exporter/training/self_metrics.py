@@ -6,7 +6,7 @@ import logging
 import platform
 from importlib import metadata
 
-from . import __version__
+from .. import __version__
 
 log = logging.getLogger("neuron_exporter")
 

@@ -8,7 +8,7 @@ None of these calls starts the PJRT runtime or touches the device.
 
 from __future__ import annotations
 
-from .snapshot import SECONDS, MetricValue, Snapshot, unit_of
+from ..snapshot import SECONDS, MetricValue, Snapshot, unit_of
 
 NANOSECONDS_PER_SECOND = 1e9
 

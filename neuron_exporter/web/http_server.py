@@ -16,7 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from os import PathLike
 from urllib.parse import urlsplit
 
-from . import __version__
+from .. import __version__
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import yaml
 
-from .config import ConfigError
+from ..config import ConfigError
 
 TLS_KEYS = ("cert_file", "key_file", "client_ca_file", "client_auth_type", "min_version", "max_version")
 TOP_KEYS = ("tls_server_config", "basic_auth_users")

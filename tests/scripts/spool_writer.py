@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics  # noqa: E402
 from prometheus_client import generate_latest  # noqa: E402
 
-from neuron_exporter.spool import RankMeta, write_rank_file  # noqa: E402
+from neuron_exporter.node.spool import RankMeta, write_rank_file  # noqa: E402
 
 LABELS = ["rank", "local_rank"]
 

@@ -1,0 +1,93 @@
+"""The package's folders keep to their import rules: each folder is a place the code runs.
+
+training/ (inside the training process) never imports reports/; node/ (the daemon) never imports training/ or
+reports/; web/ and reports/ import no other folder; the shared top-level modules import no folder at all (only the
+public face, ``__init__``, ``__main__`` and ``cli``, puts the folders together).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+
+PACKAGE = ROOT / "neuron_exporter"
+FOLDERS = {"training", "node", "reports", "web"}
+FORBIDDEN = {
+    "training": {"reports"},
+    "node": {"training", "reports"},
+    "reports": {"training", "node", "web"},
+    "web": {"training", "node", "reports"},
+    "": FOLDERS,  # config, snapshot, ...: shared by all, so they depend on none
+}
+PUBLIC_FACE = {"__init__.py", "__main__.py", "cli.py"}
+
+
+def imported_modules(path: Path, root: Path = PACKAGE) -> set[str]:
+    """Absolute dotted names of every module ``path`` (under ``root``) imports, relative imports resolved."""
+    package = ["neuron_exporter", *path.relative_to(root).parent.parts]
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = package[:len(package) - node.level + 1] if node.level else []
+            module = ".".join(base + ([node.module] if node.module else []))
+            names.add(module)
+            names.update(f"{module}.{alias.name}" for alias in node.names)  # from . import explain
+    return names
+
+
+def folder_of(module: str) -> str | None:
+    parts = module.split(".")
+    if parts[0] != "neuron_exporter":
+        return None
+    return parts[1] if len(parts) > 1 and parts[1] in FOLDERS else ""
+
+
+def violations(package: Path = PACKAGE) -> list[str]:
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        relative = path.relative_to(package)
+        folder = relative.parts[0] if len(relative.parts) > 1 else ""
+        if folder == "" and relative.name in PUBLIC_FACE:
+            continue
+        for module in sorted(imported_modules(path, package)):
+            target = folder_of(module)
+            if target and target in FORBIDDEN[folder]:
+                found.append(f"{relative} imports {module}")
+    return found
+
+
+def test_every_module_lives_in_a_known_place():
+    for path in PACKAGE.rglob("*.py"):
+        relative = path.relative_to(PACKAGE)
+        assert len(relative.parts) == 1 or relative.parts[0] in FOLDERS, relative
+
+
+def test_the_package_keeps_its_import_rules():
+    assert violations() == []
+
+
+@pytest.mark.parametrize("folder, line", [
+    ("training", "from ..reports import explain"),
+    ("training", "from ..reports.explain import explain"),
+    ("node", "from ..training.rank import rank_labels"),
+    ("node", "import neuron_exporter.training.attach"),
+    ("web", "from ..node import spool"),
+    ("reports", "from ..web.http_server import MetricsServer"),
+])
+def test_a_forbidden_import_is_caught(tmp_path, folder, line):
+    copy = tmp_path / "neuron_exporter"
+    for path in PACKAGE.rglob("*.py"):
+        target = copy / path.relative_to(PACKAGE)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(path.read_text())
+    module = sorted((copy / folder).glob("[!_]*.py"))[0]
+    module.write_text(module.read_text() + f"\n{line}\n")
+    forbidden_folder = line.replace("..", "neuron_exporter.").split()[1].split(".")[1]
+    found = violations(copy)
+    assert found, line
+    assert all(v.startswith(f"{module.relative_to(copy)} imports neuron_exporter.{forbidden_folder}") for v in found)

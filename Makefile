@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export PJRT_DEVICE ?= CPU
 
-.PHONY: venv demo test dashboards prometheus bench clean
+.PHONY: venv demo test fuzz dashboards prometheus bench clean
 
 venv: $(STAMP)
 
@@ -26,6 +26,9 @@ demo: venv prometheus
 
 test: venv prometheus
 	$(PY) -m pytest
+
+fuzz: venv
+	NEURON_EXPORTER_FUZZ_CASES=20000 $(PY) -m pytest -q -k fuzz
 
 dashboards: venv
 	$(PY) -m dashboards.build

@@ -7,6 +7,7 @@ user can graph anything torch_xla records without waiting for a release of this 
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 
 from prometheus_client.core import CounterMetricFamily, Metric
@@ -50,13 +51,15 @@ class LabelBudget:
     def __init__(self, limit: int = DEFAULT_MAX_OP_SERIES):
         self.limit = limit
         self._admitted: set[str] = set()
+        self._lock = threading.Lock()  # concurrent scrapes must not admit more than the limit between them
 
     def label_for(self, value: str) -> str:
         if value in self._admitted:
             return value
-        if len(self._admitted) < self.limit:
-            self._admitted.add(value)
-            return value
+        with self._lock:
+            if value in self._admitted or len(self._admitted) < self.limit:
+                self._admitted.add(value)
+                return value
         return OTHER
 
 

@@ -45,3 +45,5 @@ def test_a_failure_inside_the_exporter_is_counted_logged_and_never_raised(lifecy
     assert seen["broken_steps_collector_success"] == 1
     assert seen["broken_scrape_still_has_process_metrics"]
     assert "step hook failed" in stderr and "RuntimeError: injected failure" in stderr
+    assert stderr.count("step hook failed") == 1  # three failures, one line: the metric counts the rest
+    assert "Traceback" not in stderr

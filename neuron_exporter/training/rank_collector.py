@@ -27,7 +27,7 @@ class RankCollector:
         self.reader = reader
         self.tracker = tracker
         self.stats = stats
-        self._monotonic = MonotonicSnapshots()
+        self._totals = MonotonicSnapshots()
         self._fallback_budget = LabelBudget(max_op_series)
         self._lowered_budget = LabelBudget(max_op_series)
         self._parts: dict[str, Callable[[dict[str, str]], Iterator[Metric]]] = {
@@ -80,7 +80,7 @@ class RankCollector:
                       state.syncs)
 
     def _xla_families(self, labels: dict[str, str]) -> Iterator[Metric]:
-        snapshot = self._monotonic.apply(self.reader.snapshot())
+        snapshot = self._totals.read(self.reader.snapshot)
         yield from snapshot_families(snapshot, labels, self._fallback_budget, self._lowered_budget)
 
     def _process_families(self, labels: dict[str, str]) -> Iterator[Metric]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import platform
+import threading
 from importlib import metadata
 
 from .. import __version__
@@ -12,22 +13,33 @@ log = logging.getLogger("neuron_exporter")
 
 STAGES = ("step", "scrape", "spool")
 STAGE_NAMES = {"step": "step hook", "scrape": "scrape", "spool": "spool write"}
-# Log the first failures of a stage in full, then only every Nth, so a broken exporter cannot flood a job's log.
-LOG_FIRST = 3
-LOG_EVERY = 1000
+# Each distinct failure is logged once, in one line (its traceback only at debug level); the metric counts them
+# all. A bounded number of distinct failures, so a broken exporter cannot flood a job's log.
+MAX_LOGGED_FAILURES = 20
+MAX_MESSAGE = 300
 
 
 class SelfStats:
     def __init__(self):
         self.errors = dict.fromkeys(STAGES, 0)
         self.hook_seconds = 0.0
+        self._logged: set[tuple[str, str, str]] = set()
+        self._lock = threading.Lock()
 
     def record_error(self, stage: str, error: BaseException) -> None:
-        self.errors[stage] += 1
-        count = self.errors[stage]
-        if count <= LOG_FIRST or count % LOG_EVERY == 0:
-            log.warning("neuron-exporter: %s failed (%d so far), training goes on: %s: %s",
-                        STAGE_NAMES[stage], count, type(error).__name__, error, exc_info=count <= LOG_FIRST)
+        message = str(error)[:MAX_MESSAGE]
+        key = (stage, type(error).__name__, message)
+        with self._lock:
+            self.errors[stage] += 1
+            count = self.errors[stage]
+            first = key not in self._logged and len(self._logged) < MAX_LOGGED_FAILURES
+            if first:
+                self._logged.add(key)
+        if first:
+            log.warning("neuron-exporter: %s failed, training goes on (logged once; "
+                        "neuron_exporter_collection_errors_total{stage=\"%s\"} counts every failure, %d so far): "
+                        "%s: %s", STAGE_NAMES[stage], stage, count, type(error).__name__, message)
+            log.debug("neuron-exporter: %s failure", STAGE_NAMES[stage], exc_info=error)
 
 
 def _version(distribution: str) -> str:

@@ -8,6 +8,9 @@ None of these calls starts the PJRT runtime or touches the device.
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
+
 from ..snapshot import SECONDS, MetricValue, Snapshot, unit_of
 
 NANOSECONDS_PER_SECOND = 1e9
@@ -52,9 +55,14 @@ class MonotonicSnapshots:
 
     A value lower than the last one seen means a clear happened; what was counted before it is kept as an
     offset. A clear between two scrapes that is followed by more counting than before goes unnoticed.
+
+    Snapshots must be applied in the order they were read: a stale snapshot applied after a newer one would look
+    like a clear and add the newer total again. ``read()`` reads and applies under one lock, so concurrent
+    scrapes (an HA pair of Prometheus servers, the spool thread) cannot interleave.
     """
 
     def __init__(self):
+        self._lock = threading.Lock()
         self._last: dict[tuple[str, str], float] = {}
         self._offset: dict[tuple[str, str], float] = {}
         self._units: dict[str, str] = {}
@@ -65,7 +73,17 @@ class MonotonicSnapshots:
         self._last[key] = value
         return self._offset.get(key, 0) + value
 
+    def read(self, read_snapshot: Callable[[], Snapshot]) -> Snapshot:
+        """A fresh snapshot from ``read_snapshot`` turned into totals; safe to call from many threads at once."""
+        with self._lock:
+            return self._apply(read_snapshot())
+
     def apply(self, snapshot: Snapshot) -> Snapshot:
+        """Totals for ``snapshot``, which must be newer than every snapshot applied before."""
+        with self._lock:
+            return self._apply(snapshot)
+
+    def _apply(self, snapshot: Snapshot) -> Snapshot:
         current: dict[tuple[str, str], float] = {("counter", n): v for n, v in snapshot.counters.items()}
         for name, metric in snapshot.metrics.items():
             current[("samples", name)] = metric.total_samples

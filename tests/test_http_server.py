@@ -106,12 +106,14 @@ def test_any_other_path_is_404(server, path, tmp_path):
     assert str(ROOT) not in body.decode()
 
 
-def test_other_methods_are_refused(server):
+def test_other_methods_are_405_with_allow(server):
     s = server()
-    request = urllib.request.Request(s.url, data=b"x", method="POST")
-    with pytest.raises(urllib.error.HTTPError) as caught:
-        urllib.request.urlopen(request, timeout=10)
-    assert caught.value.code == 501
+    for method in ("POST", "PUT", "DELETE", "OPTIONS", "PATCH"):
+        request = urllib.request.Request(s.url, data=b"x" if method != "OPTIONS" else None, method=method)
+        with pytest.raises(urllib.error.HTTPError) as caught:
+            urllib.request.urlopen(request, timeout=10)
+        assert caught.value.code == 405, method
+        assert caught.value.headers["Allow"] == "GET, HEAD"
     assert get(s.url)[0] == 200
 
 

@@ -89,7 +89,8 @@ class ExporterHandle:
     def _serve(self, first_try: bool) -> None:
         options = self.options
         try:
-            self._server = MetricsServer(self._render, options.addr, options.port, self._web_config).start()
+            source = self._rank_registry if self._node_view is None else self._render  # registry: OpenMetrics too
+            self._server = MetricsServer(source, options.addr, options.port, self._web_config).start()
         except OSError as error:
             if first_try:
                 log.warning(
@@ -116,7 +117,8 @@ class ExporterHandle:
         if self._parent_labels is not None and rank_labels() == self._parent_labels:
             return  # a forked helper process (a DataLoader worker): the parent reports this rank
         try:
-            write_rank_file(self.options.spool_dir, self._meta(finished), generate_latest(self._rank_registry))
+            write_rank_file(self.options.spool_dir, self._meta(finished), generate_latest(self._rank_registry),
+                            self.options.spool_mode)
         except Exception as error:  # noqa: BLE001
             self.stats.record_error("spool", error)
 

@@ -1,7 +1,11 @@
-"""The HTTP endpoint: ``GET /metrics`` and a small landing page, optionally behind TLS and basic auth.
+"""The HTTP endpoint: ``/metrics``, the probes' ``/-/healthy`` and ``/-/ready`` and a small landing page, optionally
+behind TLS and basic auth. ``GET`` and ``HEAD``; any other method is 405.
 
-Used both by ``attach()`` inside a training process and by the node daemon. It serves nothing else:
-no file paths, no environment, no request log on stderr.
+Used both by ``attach()`` inside a training process and by the node daemon, so no client may make it cost the
+training job much. One thread waits on every open connection (a selector) and reads request heads: a client that
+connects and stalls, or trickles bytes, costs a socket until its deadline, never a thread, and past
+``MAX_CONNECTIONS`` the connection that has waited longest is closed. At most ``WORKERS`` threads answer complete
+requests. It serves nothing else: no file paths, no environment, no request log on stderr.
 """
 
 from __future__ import annotations
@@ -9,19 +13,39 @@ from __future__ import annotations
 import gzip
 import html
 import logging
+import queue
+import re
+import selectors
 import socket
+import ssl
 import threading
+import time
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from email.utils import formatdate
+from http import HTTPStatus
 from os import PathLike
 from urllib.parse import urlsplit
 
+from prometheus_client.exposition import choose_encoder
+
 from .. import __version__
+from .basic_auth import LIMITED, OK, BasicAuth, CLIENT_REFILL_SECONDS
+from .web_config import WebConfig, WebConfigReloader, load_web_config
 
 log = logging.getLogger(__name__)
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-REQUEST_TIMEOUT_SECONDS = 10.0  # a client that stalls (or stalls the TLS handshake) frees its thread after this
+TEXT = "text/plain; charset=utf-8"
+LISTEN_BACKLOG = 128
+WORKERS = 16
+MAX_CONNECTIONS = 256  # open sockets, waiting or being answered; in a training process they share its file limit
+HEAD_TIMEOUT_SECONDS = 5.0  # TLS handshake, request line and headers, all together; not per read
+IDLE_TIMEOUT_SECONDS = 90.0  # a kept-alive connection between requests (above the usual 60 s scrape interval)
+WRITE_TIMEOUT_SECONDS = 10.0  # the whole response (Prometheus' default scrape timeout)
+MAX_HEAD_BYTES = 16384
+MAX_HEADERS = 100
+HEAD_END = re.compile(rb"\r?\n\r?\n")
+HEALTH = {"/-/healthy": b"neuron-exporter is Healthy.\n", "/-/ready": b"neuron-exporter is Ready.\n"}
 
 LANDING_PAGE = """<!DOCTYPE html>
 <html><head><meta charset="utf-8"><title>neuron-exporter</title></head>
@@ -32,54 +56,381 @@ LANDING_PAGE = """<!DOCTYPE html>
 </body></html>
 """
 
-
 class MetricsServer:
-    """Serves ``render()`` at ``/metrics`` from a daemon thread.
+    """Serves ``source`` at ``/metrics`` from daemon threads.
 
-    The socket is bound in ``__init__`` (``OSError`` if the port is taken; ``port=0`` picks a free one),
-    so a caller knows at once whether it holds the port. ``web_config`` is a ``WebConfig`` or the path of a
-    web config file (same format as Prometheus exporters' ``--web.config.file``).
+    ``source`` is a registry (anything with ``collect()``), served in the format the scraper asks for (OpenMetrics
+    or text 0.0.4, as prometheus_client chooses from the Accept header), or a function that returns text format
+    0.0.4 (the node view, which merges the ranks' text expositions): always served as text.
+
+    The socket is bound in ``__init__`` (``OSError`` if the port is taken; ``port=0`` picks a free one), so a
+    caller knows at once whether it holds the port. ``web_config`` is a ``WebConfig`` or the path of a web config
+    file (same format as Prometheus exporters' ``--web.config.file``); its files are re-read when they change.
     """
 
-    def __init__(self, render: Callable[[], bytes], addr: str = "0.0.0.0", port: int = 9478,
-                 web_config=None):
+    def __init__(self, source: Callable[[], bytes] | object, addr: str = "0.0.0.0", port: int = 9478,
+                 web_config: WebConfig | str | PathLike | None = None):
         if isinstance(web_config, (str, PathLike)):
-            from .web_config import load_web_config
             web_config = load_web_config(web_config)
-        self.web_config = web_config
-        self._server = _Server(addr, port, render, web_config)
-        self._thread: threading.Thread | None = None
+        self._source = source
+        self._configs = WebConfigReloader(web_config)
+        self._config = web_config
+        self._auth = BasicAuth()
+        family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+        self._listener = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            # Only skips TIME_WAIT; a port with a live listener still fails to bind.
+            self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self._listener.bind((addr, port))
+            self._listener.listen(LISTEN_BACKLOG)
+            self._listener.setblocking(False)
+        except OSError:
+            self._listener.close()
+            raise
         self.addr = addr
-        self.port: int = self._server.server_address[1]
+        self.port: int = self._listener.getsockname()[1]
         scheme = "https" if web_config is not None and web_config.tls else "http"
         self.url = f"{scheme}://{_url_host(addr)}:{self.port}/metrics"
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self._selector = selectors.DefaultSelector()
+        self._wake_reader, self._wake_writer = socket.socketpair()
+        self._wake_reader.setblocking(False)
+        self._wake_writer.setblocking(False)
+        self._waiting: dict[_Connection, None] = {}  # in the selector, oldest first; only the loop thread's
+        self._busy: set[_Connection] = set()  # handed to workers; only the loop thread's
+        self._returned: queue.SimpleQueue[_Connection] = queue.SimpleQueue()  # from workers back to the loop
+        self._jobs: queue.SimpleQueue[_Connection | None] = queue.SimpleQueue()
+        self._workers: list[threading.Thread] = []
+        self._idle_workers = 0
+        self._workers_lock = threading.Lock()
+        self._next_sweep = 0.0
+        self._logged: set[str] = set()
+
+    @property
+    def web_config(self) -> WebConfig | None:
+        return self._config
 
     def start(self) -> MetricsServer:
         if self._thread is None:
-            self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.2},
-                                            name="neuron-exporter-http", daemon=True)
+            self._selector.register(self._listener, selectors.EVENT_READ, None)
+            self._selector.register(self._wake_reader, selectors.EVENT_READ, _WAKE)
+            self._thread = threading.Thread(target=self._loop, name="neuron-exporter-http", daemon=True)
             self._thread.start()
         return self
 
     def stop(self) -> None:
+        """Stop serving and close every connection, kept-alive ones too: a stopped server must not answer a
+        scraper that keeps its socket. Returns without waiting for a render in progress."""
         if self._thread is not None:
-            self._server.shutdown()
+            self._stopping = True
+            self._wake()
             self._thread.join()
             self._thread = None
-        self._server.server_close()
-        self._server.close_connections()
+        for connection in list(self._busy):
+            try:
+                connection.sock.shutdown(socket.SHUT_RDWR)  # the worker answering it fails and closes it
+            except (OSError, AttributeError):
+                pass
+        for _ in self._workers:
+            self._jobs.put(None)
+        for connection in list(self._waiting):
+            self._close(connection)
+        while not self._returned.empty():
+            connection = self._returned.get()
+            if connection.sock is not None:
+                connection.sock.close()
+        for closeable in (self._selector, self._listener, self._wake_reader, self._wake_writer):
+            closeable.close()
 
     def close_inherited_socket(self) -> None:
-        """In a child made by fork: close this copy of the listening socket. The serving thread exists only
-        in the parent, which keeps serving; ``stop()`` would wait for it forever here."""
+        """In a child made by fork: close this copy of the listening socket and of the connections. The threads
+        exist only in the parent, which keeps serving; ``stop()`` would wait for them forever here."""
         self._thread = None
-        self._server.socket.close()
+        for connection in [*self._waiting, *self._busy]:
+            if connection.sock is not None:
+                connection.sock.close()  # close, never shutdown: the parent still uses these connections
+        for closeable in (self._listener, self._selector, self._wake_reader, self._wake_writer):
+            closeable.close()
 
     def __enter__(self) -> MetricsServer:
         return self.start()
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+    # -- the loop thread: accept, read request heads, hand complete ones to workers -----------------------------
+    def _loop(self) -> None:
+        while not self._stopping:
+            try:
+                for key, events in self._selector.select(timeout=0.25):
+                    if key.data is None:
+                        self._accept()
+                    elif key.data is _WAKE:
+                        self._take_back()
+                    elif key.data in self._waiting:  # not closed by an earlier event of this round
+                        self._read(key.data)
+                now = time.monotonic()
+                if now >= self._next_sweep:
+                    self._next_sweep = now + 0.25
+                    for connection in [c for c in self._waiting if c.deadline <= now]:
+                        self._close(connection)
+            except Exception as error:  # noqa: BLE001 - the endpoint must outlive any one connection
+                self._log_once(f"HTTP server loop: {type(error).__name__}: {error}")
+                log.debug("HTTP server loop", exc_info=True)
+
+    def _accept(self) -> None:
+        self._config = self._configs.current()
+        tls = self._config.ssl_context if self._config is not None else None
+        for _ in range(64):  # a burst, without starving the connections already open
+            try:
+                sock, address = self._listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as error:  # e.g. out of file descriptors: the listener stays readable, so pause
+                self._log_once(f"cannot accept connections: {error.strerror or error}")
+                time.sleep(0.05)
+                return
+            if len(self._waiting) + len(self._busy) >= MAX_CONNECTIONS:
+                if not self._waiting:
+                    sock.close()
+                    continue
+                self._close(next(iter(self._waiting)))
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            connection = _Connection(sock, address[0], time.monotonic() + HEAD_TIMEOUT_SECONDS)
+            if tls is not None:
+                try:
+                    connection.sock = tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+                except (OSError, ValueError):
+                    sock.close()
+                    continue
+                connection.handshaking = True
+            self._waiting[connection] = None
+            self._selector.register(connection.sock, selectors.EVENT_READ, connection)
+
+    def _read(self, connection: _Connection) -> None:
+        sock = connection.sock
+        try:
+            if connection.handshaking:
+                sock.do_handshake()
+                connection.handshaking = False
+                self._selector.modify(sock, selectors.EVENT_READ, connection)
+            data = sock.recv(65536)
+            while data and isinstance(sock, ssl.SSLSocket) and sock.pending():
+                data += sock.recv(sock.pending())  # decrypted already: select() will not say so
+        except (ssl.SSLWantReadError, BlockingIOError, InterruptedError):
+            return
+        except ssl.SSLWantWriteError:  # the handshake's reply did not fit in the socket's buffer
+            self._selector.modify(sock, selectors.EVENT_READ | selectors.EVENT_WRITE, connection)
+            return
+        except (OSError, ValueError) as error:
+            log.debug("connection from %s: %s", connection.client, error)
+            self._close(connection)
+            return
+        if not data:
+            self._close(connection)
+            return
+        if not connection.buffer:  # the first byte of a request: its head must follow soon
+            connection.deadline = min(connection.deadline, time.monotonic() + HEAD_TIMEOUT_SECONDS)
+        connection.buffer += data
+        if len(connection.buffer) > MAX_HEAD_BYTES or HEAD_END.search(connection.buffer):
+            del self._waiting[connection]
+            self._selector.unregister(sock)
+            self._busy.add(connection)
+            self._dispatch(connection)
+
+    def _take_back(self) -> None:
+        try:
+            while self._wake_reader.recv(4096):
+                pass
+        except (BlockingIOError, InterruptedError):
+            pass
+        while not self._returned.empty():
+            connection = self._returned.get()
+            self._busy.discard(connection)
+            if connection.sock is None:
+                continue
+            if self._stopping:
+                connection.sock.close()
+                continue
+            connection.sock.setblocking(False)
+            partial = HEAD_TIMEOUT_SECONDS if connection.buffer else IDLE_TIMEOUT_SECONDS
+            connection.deadline = time.monotonic() + partial
+            self._waiting[connection] = None
+            self._selector.register(connection.sock, selectors.EVENT_READ, connection)
+
+    def _close(self, connection: _Connection) -> None:
+        self._waiting.pop(connection, None)
+        try:
+            self._selector.unregister(connection.sock)
+        except (KeyError, ValueError):
+            pass
+        connection.sock.close()
+        connection.sock = None
+
+    def _wake(self) -> None:
+        try:
+            self._wake_writer.send(b"\0")
+        except OSError:  # full: the loop has wake-ups pending anyway
+            pass
+
+    # -- workers: answer the requests of one connection, then give it back to the loop --------------------------
+    def _dispatch(self, connection: _Connection) -> None:
+        self._jobs.put(connection)
+        with self._workers_lock:
+            if self._idle_workers == 0 and len(self._workers) < WORKERS:
+                worker = threading.Thread(target=self._work, name="neuron-exporter-http-worker", daemon=True)
+                self._workers.append(worker)
+                self._idle_workers += 1
+                worker.start()
+
+    def _work(self) -> None:
+        while True:
+            connection = self._jobs.get()
+            with self._workers_lock:
+                self._idle_workers -= 1
+            if connection is None:
+                return
+            keep_alive = False
+            try:
+                keep_alive = self._answer_all(connection)
+            except Exception as error:  # noqa: BLE001 - a broken connection must not end the worker
+                log.debug("connection from %s: %s: %s", connection.client, type(error).__name__, error)
+            if (not keep_alive or self._stopping) and connection.sock is not None:
+                connection.sock.close()
+                connection.sock = None
+            with self._workers_lock:
+                self._idle_workers += 1
+            self._returned.put(connection)
+            self._wake()
+
+    def _answer_all(self, connection: _Connection) -> bool:
+        """Answer every complete request in the connection's buffer; True if the connection stays open."""
+        while True:
+            end = HEAD_END.search(connection.buffer)
+            if end is None or end.start() > MAX_HEAD_BYTES:
+                if len(connection.buffer) <= MAX_HEAD_BYTES:
+                    return True  # part of the next request: back to the loop
+                self._send(connection, "GET", 431, b"Request Header Fields Too Large\n", TEXT, {}, False)
+                return False
+            head = bytes(connection.buffer[:end.start()])
+            del connection.buffer[:end.end()]
+            if not self._answer(connection, head):
+                return False
+
+    def _answer(self, connection: _Connection, head: bytes) -> bool:
+        request = _parse_head(head)
+        if request is None:
+            self._send(connection, "GET", 400, b"Bad Request\n", TEXT, {}, False)
+            return False
+        method, target, version, headers = request
+        status, body, content_type, extra = self._respond(method, target, headers, connection.client)
+        # Request bodies are never read: after one, the connection cannot be reused.
+        keep_alive = (version == "HTTP/1.1" and headers.get("connection", "").lower() != "close"
+                      and headers.get("content-length", "0") == "0" and "transfer-encoding" not in headers
+                      and status != 429)  # a guessing client reconnects, which costs it more than a kept-alive one
+        self._send(connection, method, status, body, content_type, extra, keep_alive)
+        return keep_alive
+
+    def _respond(self, method: str, target: str, headers: dict[str, str],
+                 client: str) -> tuple[int, bytes, str, dict[str, str]]:
+        config = self._config
+        if config is not None and config.users:
+            verdict = self._auth.check(config, headers.get("authorization"), client)
+            if verdict == LIMITED:
+                return (429, b"Too Many Requests: too many failed logins from your address, retry later\n", TEXT,
+                        {"Retry-After": str(int(CLIENT_REFILL_SECONDS))})
+            if verdict != OK:
+                return (401, b"Unauthorized\n", TEXT,
+                        {"WWW-Authenticate": 'Basic realm="neuron-exporter", charset="UTF-8"'})
+        # Everything, health paths included, is behind basic auth when it is configured, as in Prometheus'
+        # exporter-toolkit (which exempts no path): a probe sends the credentials, or probes the TCP port.
+        if method not in ("GET", "HEAD"):
+            return 405, b"Method Not Allowed: use GET or HEAD\n", TEXT, {"Allow": "GET, HEAD"}
+        try:
+            path = urlsplit(target).path
+        except ValueError:
+            path = ""
+        if path == "/metrics":
+            return self._metrics(headers)
+        if path in HEALTH:
+            return 200, HEALTH[path], TEXT, {}
+        if path == "/":
+            return 200, LANDING_PAGE.format(version=html.escape(__version__)).encode(), "text/html; charset=utf-8", {}
+        return 404, b"Not Found: see /metrics\n", TEXT, {}
+
+    def _metrics(self, headers: dict[str, str]) -> tuple[int, bytes, str, dict[str, str]]:
+        try:
+            if callable(getattr(self._source, "collect", None)):
+                encoder, content_type = choose_encoder(headers.get("accept", ""))
+                body = encoder(self._source)
+            else:
+                body, content_type = self._source(), CONTENT_TYPE
+        except Exception as error:  # the server must survive a failing collector
+            self._log_once(f"rendering /metrics failed: {type(error).__name__}: {error}")
+            log.debug("rendering /metrics failed", exc_info=True)
+            return 500, b"error: collecting metrics failed, see the exporter's log\n", TEXT, {}
+        extra = {}
+        if "gzip" in headers.get("accept-encoding", ""):
+            body = gzip.compress(body, compresslevel=1)
+            extra["Content-Encoding"] = "gzip"
+        return 200, body, content_type, extra
+
+    def _send(self, connection: _Connection, method: str, status: int, body: bytes, content_type: str,
+              extra: dict[str, str], keep_alive: bool) -> None:
+        lines = [f"HTTP/1.1 {status} {HTTPStatus(status).phrase}", "Server: neuron-exporter",
+                 f"Date: {formatdate(usegmt=True)}", f"Content-Type: {content_type}",
+                 f"Content-Length: {len(body)}", *(f"{name}: {value}" for name, value in extra.items())]
+        if not keep_alive:
+            lines.append("Connection: close")
+        data = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (b"" if method == "HEAD" else body)
+        _send_all(connection.sock, data, time.monotonic() + WRITE_TIMEOUT_SECONDS)
+
+    def _log_once(self, message: str) -> None:
+        if message not in self._logged and len(self._logged) < 100:
+            self._logged.add(message)
+            log.warning("%s", message)
+
+
+_WAKE = object()
+
+
+class _Connection:
+    __slots__ = ("sock", "client", "deadline", "handshaking", "buffer")
+
+    def __init__(self, sock: socket.socket, client: str, deadline: float):
+        self.sock: socket.socket | None = sock
+        self.client = client
+        self.deadline = deadline  # monotonic time after which a connection still waiting is closed
+        self.handshaking = False
+        self.buffer = bytearray()  # received and not yet answered
+
+
+def _parse_head(head: bytes) -> tuple[str, str, str, dict[str, str]] | None:
+    """(method, target, version, headers with lower-case names) of a request head; None if malformed."""
+    lines = head.decode("latin-1").split("\n")
+    parts = lines[0].rstrip("\r").split(" ")
+    if len(parts) != 3 or not parts[0] or not parts[2].startswith("HTTP/1.") or len(lines) > MAX_HEADERS + 1:
+        return None
+    headers = {}
+    for line in lines[1:]:
+        name, colon, value = line.rstrip("\r").partition(":")
+        if not colon or not name or name != name.strip():
+            return None
+        headers[name.lower()] = value.strip()
+    return parts[0], parts[1], parts[2], headers
+
+
+def _send_all(sock: socket.socket, data: bytes, deadline: float) -> None:
+    """Send everything before ``deadline``: a client that reads slowly cannot hold a worker for longer."""
+    view = memoryview(data)
+    while view:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError("the client did not read the response in time")
+        sock.settimeout(remaining)
+        view = view[sock.send(view):]
 
 
 def _url_host(addr: str) -> str:
@@ -88,109 +439,3 @@ def _url_host(addr: str) -> str:
     if addr == "::":
         return "[::1]"
     return f"[{addr}]" if ":" in addr else addr
-
-
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True  # only skips TIME_WAIT; a port with a live listener still fails to bind
-    allow_reuse_port = False
-
-    def __init__(self, addr: str, port: int, render, web_config):
-        self.address_family = socket.AF_INET6 if ":" in addr else socket.AF_INET
-        self.render = render
-        self.web_config = web_config
-        self.connections: set[socket.socket] = set()
-        self.connections_lock = threading.Lock()
-        super().__init__((addr, port), _Handler)
-
-    def finish_request(self, request, client_address):
-        # Runs in the per-connection thread, so a slow TLS handshake never holds up accept().
-        with self.connections_lock:
-            self.connections.add(request)
-        try:
-            tls = self.web_config.ssl_context if self.web_config is not None else None
-            if tls is None:
-                return super().finish_request(request, client_address)
-            request.settimeout(REQUEST_TIMEOUT_SECONDS)
-            try:
-                conn = tls.wrap_socket(request, server_side=True)
-            except (OSError, ValueError) as exc:
-                log.debug("TLS handshake with %s failed: %s", client_address[0], exc)
-                return
-            try:
-                super().finish_request(conn, client_address)
-            finally:
-                conn.close()
-        finally:
-            with self.connections_lock:
-                self.connections.discard(request)
-
-    def close_connections(self) -> None:
-        """End kept-alive connections too: a stopped server must not answer a scraper that keeps its socket."""
-        with self.connections_lock:
-            for connection in self.connections:
-                try:
-                    connection.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-
-    def handle_error(self, request, client_address):
-        log.debug("error serving %s", client_address[0], exc_info=True)
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: _Server
-    timeout = REQUEST_TIMEOUT_SECONDS
-    server_version = "neuron-exporter"
-    sys_version = ""
-    protocol_version = "HTTP/1.1"
-    # Headers and body are two writes; with Nagle's algorithm a small body would wait for the client's
-    # delayed ACK (40 ms) on a kept-alive connection, which is how Prometheus scrapes.
-    disable_nagle_algorithm = True
-
-    def do_GET(self):
-        if not self._authorized():
-            self._send(401, b"Unauthorized\n", "text/plain; charset=utf-8",
-                       {"WWW-Authenticate": 'Basic realm="neuron-exporter", charset="UTF-8"'})
-            return
-        path = urlsplit(self.path).path
-        if path == "/metrics":
-            self._metrics()
-        elif path == "/":
-            page = LANDING_PAGE.format(version=html.escape(__version__)).encode()
-            self._send(200, page, "text/html; charset=utf-8")
-        else:
-            self._send(404, b"Not Found: see /metrics\n", "text/plain; charset=utf-8")
-
-    def _metrics(self):
-        try:
-            body = self.server.render()
-        except Exception as exc:  # the server must survive a failing collector
-            log.warning("rendering /metrics failed: %s: %s", type(exc).__name__, exc)
-            log.debug("rendering /metrics failed", exc_info=True)
-            self._send(500, b"error: collecting metrics failed, see the exporter's log\n",
-                       "text/plain; charset=utf-8")
-            return
-        headers = {}
-        if "gzip" in self.headers.get("Accept-Encoding", ""):
-            body = gzip.compress(body, compresslevel=1)
-            headers["Content-Encoding"] = "gzip"
-        self._send(200, body, CONTENT_TYPE, headers)
-
-    def _authorized(self) -> bool:
-        config = self.server.web_config
-        if config is None or not config.users:
-            return True
-        return config.check_authorization(self.headers.get("Authorization"))
-
-    def _send(self, status: int, body: bytes, content_type: str, headers: dict[str, str] | None = None):
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        for name, value in (headers or {}).items():
-            self.send_header(name, value)
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format, *args):  # noqa: A002 - signature of the base class
-        pass

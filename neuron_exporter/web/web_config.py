@@ -9,23 +9,26 @@
     basic_auth_users:
       prometheus: $2y$10$...         # bcrypt hash (htpasswd -nBC 10 "" | tr -d ':')
 
-Every error is one line naming the file, the line and the key.
+Every error is one line naming the file, the line and what is wrong. A running server re-reads the file, the
+certificate and the key when one of them changes (``WebConfigReloader``), as Prometheus exporters do.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
-import hashlib
+import logging
+import os
 import re
 import ssl
-import threading
+import stat
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
 from ..config import ConfigError
+
+log = logging.getLogger(__name__)
 
 TLS_KEYS = ("cert_file", "key_file", "client_ca_file", "client_auth_type", "min_version", "max_version")
 TOP_KEYS = ("tls_server_config", "basic_auth_users")
@@ -38,75 +41,128 @@ CLIENT_AUTH_TYPES = {
 }
 TLS_VERSIONS = {"TLS10": ssl.TLSVersion.TLSv1, "TLS11": ssl.TLSVersion.TLSv1_1,
                 "TLS12": ssl.TLSVersion.TLSv1_2, "TLS13": ssl.TLSVersion.TLSv1_3}
-BCRYPT_HASH = re.compile(r"\$2[aby]\$\d\d\$[./A-Za-z0-9]{53}")
-# Checked against a username that does not exist, so a wrong user costs as much time as a wrong password.
-_DUMMY_HASH = b"$2b$10$16QYdcPcUMFPPHwyP9P9Puf.7eFoirYwXqZXCO189zYWOde0ido.K"
+BCRYPT_HASH = re.compile(r"\$2[aby]\$(\d\d)\$[./A-Za-z0-9]{53}")
+BCRYPT_COSTS = range(4, 32)
+# Salt and digest of a bcrypt hash of nothing anyone knows. With the configured users' cost in front it is the hash
+# checked for a user that does not exist, so a wrong user costs exactly what a wrong password costs.
+_UNKNOWN_USER_HASH_TAIL = "16QYdcPcUMFPPHwyP9P9Puf.7eFoirYwXqZXCO189zYWOde0ido.K"
+MAX_FILE_BYTES = 1 << 20
+MAX_NESTING = 50  # the format needs 3 levels; PyYAML's composer recurses once per level
+RELOAD_CHECK_SECONDS = 1.0
 
 
 class WebConfigError(ConfigError):
-    pass
+    def __init__(self, message: str):
+        # One printable line, whatever the file held (keys and values are quoted into messages).
+        super().__init__("".join(c if c.isprintable() else repr(c)[1:-1] for c in message))
 
 
 @dataclass
 class WebConfig:
     ssl_context: ssl.SSLContext | None = None
     users: dict[str, bytes] = field(default_factory=dict)  # username -> bcrypt hash
-    _verified: set[bytes] = field(default_factory=set, repr=False)
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    path: Path | None = None  # the file it was read from, None if built in code (then never re-read)
+    file_stamps: dict[str, tuple | None] = field(default_factory=dict, repr=False)  # every file read, as read
+    # username -> keyed digest of the password bcrypt last accepted for it (see basic_auth.py)
+    verified: dict[str, bytes] = field(default_factory=dict, repr=False)
 
     @property
     def tls(self) -> bool:
         return self.ssl_context is not None
 
-    def check_authorization(self, header: str | None) -> bool:
-        """True if ``header`` (an HTTP Authorization value) names a user and the right password."""
-        if not header or not header.startswith("Basic "):
-            return False
-        try:
-            user, _, password = base64.b64decode(header[6:], validate=True).decode().partition(":")
-        except (binascii.Error, UnicodeDecodeError):
-            return False
-        # bcrypt is slow on purpose; remember credentials already verified (as a digest, never in clear).
-        digest = hashlib.sha256(f"{user}\0{password}".encode()).digest()
-        with self._lock:
-            if digest in self._verified:
-                return True
-        import bcrypt
-        hashed = self.users.get(user)
-        ok = bcrypt.checkpw(password.encode(), hashed or _DUMMY_HASH) and hashed is not None
-        if ok:
-            with self._lock:
-                if len(self._verified) < 1024:
-                    self._verified.add(digest)
-        return ok
+    @property
+    def unknown_user_hash(self) -> bytes:
+        cost = max((int(hashed[4:6]) for hashed in self.users.values()), default=10)
+        return f"$2b${cost:02d}${_UNKNOWN_USER_HASH_TAIL}".encode()
 
 
 def load_web_config(path) -> WebConfig:
-    """Read and check a web config file; build the TLS context now so a bad certificate fails at start-up."""
+    """Read and check a web config file; build the TLS context now so a bad certificate fails at start-up.
+    Raises ``WebConfigError`` (one line) and nothing else for anything wrong with the file or the files it names."""
     path = Path(path)
+    config = WebConfig(path=path)
     try:
-        text = path.read_text()
-    except OSError as exc:
-        raise WebConfigError(f"{path}: cannot read web config: {exc.strerror or exc}") from None
+        root = _compose(path, _read_text(path, config))
+        if root is None:
+            return config
+        top = _mapping(path, root, "web config")
+        for key, (key_node, value_node) in top.items():
+            if key not in TOP_KEYS:
+                raise WebConfigError(f"{path}:{_line(key_node)}: unsupported key {_quote(key)} "
+                                     f"(supported: {', '.join(TOP_KEYS)})")
+        if "tls_server_config" in top:
+            config.ssl_context = _tls_context(path, config, *top["tls_server_config"])
+        if "basic_auth_users" in top:
+            config.users = _users(path, top["basic_auth_users"][1])
+    except RecursionError:
+        raise WebConfigError(f"{path}: nested too deeply") from None
+    return config
+
+
+def _read_text(path: Path, config: WebConfig) -> str:
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        config.file_stamps[str(path)] = _regular_file_stamp(path)
+        with open(path, "rb") as file:
+            data = file.read(MAX_FILE_BYTES + 1)
+    except (OSError, ValueError) as exc:  # ValueError: a NUL in the name
+        raise WebConfigError(f"{path}: cannot read web config: {getattr(exc, 'strerror', None) or exc}") from None
+    if len(data) > MAX_FILE_BYTES:
+        raise WebConfigError(f"{path}: too large for a web config (more than {MAX_FILE_BYTES} bytes)")
+    if data.startswith((b"\xff\xfe", b"\xfe\xff")):
+        raise WebConfigError(f"{path}:1: the file is UTF-16; a web config must be UTF-8")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[:exc.start].count(b"\n") + 1
+        raise WebConfigError(f"{path}:{line}: not UTF-8 (byte 0x{data[exc.start]:02x}); a web config must be "
+                             "UTF-8") from None
+    if "\0" in text:
+        line = text[:text.index("\0")].count("\n") + 1
+        raise WebConfigError(f"{path}:{line}: NUL byte (UTF-16 or a binary file?); a web config must be UTF-8 text")
+    return text
+
+
+def _regular_file_stamp(path) -> tuple:
+    """The file's stamp (see ``_stamp``); ``OSError`` for anything but a regular file, which could block a read."""
+    st = os.stat(path)
+    if not stat.S_ISREG(st.st_mode):
+        raise OSError("not a regular file")
+    return st.st_ino, st.st_mtime_ns, st.st_size
+
+
+def _compose(path: Path, text: str):
+    """The YAML node tree, after checking its depth on the (non-recursive) event stream."""
+    try:
+        depth = 0
+        for event in yaml.parse(text, Loader=yaml.SafeLoader):
+            if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+                depth += 1
+                if depth > MAX_NESTING:
+                    raise WebConfigError(f"{path}:{event.start_mark.line + 1}: nested deeper than {MAX_NESTING} "
+                                         "levels")
+            elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+                depth -= 1
+        return yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.reader.ReaderError as exc:
+        line = text[:exc.position].count("\n") + 1
+        raise WebConfigError(f"{path}:{line}: invalid YAML: character {exc.character!r} is not allowed") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark else str(path)
         raise WebConfigError(f"{where}: invalid YAML: {getattr(exc, 'problem', None) or exc}") from None
-    config = WebConfig()
-    if root is None:
-        return config
-    top = _mapping(path, root, "web config")
-    for key, (key_node, value_node) in top.items():
-        if key not in TOP_KEYS:
-            raise WebConfigError(f"{path}:{_line(key_node)}: unsupported key \"{key}\" "
-                                 f"(supported: {', '.join(TOP_KEYS)})")
-    if "tls_server_config" in top:
-        config.ssl_context = _tls_context(path, *top["tls_server_config"])
-    if "basic_auth_users" in top:
-        config.users = _users(path, top["basic_auth_users"][1])
-    return config
+
+
+def _stamp(path) -> tuple | None:
+    """What changes when a file is written or replaced; None if it cannot be read."""
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    return st.st_ino, st.st_mtime_ns, st.st_size
+
+
+def _quote(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def _line(node) -> int:
@@ -132,13 +188,13 @@ def _string(path: Path, section: str, key: str, node) -> str:
     return str(node.value)
 
 
-def _tls_context(path: Path, section_node, node) -> ssl.SSLContext:
+def _tls_context(path: Path, config: WebConfig, section_node, node) -> ssl.SSLContext:
     section = "tls_server_config"
     items = _mapping(path, node, section)
     values = {}
     for key, (key_node, value_node) in items.items():
         if key not in TLS_KEYS:
-            raise WebConfigError(f"{path}:{_line(key_node)}: unsupported key \"{key}\" in {section} "
+            raise WebConfigError(f"{path}:{_line(key_node)}: unsupported key {_quote(key)} in {section} "
                                  f"(supported: {', '.join(TLS_KEYS)})")
         values[key] = (value_node, _string(path, section, key, value_node))
     for required in ("cert_file", "key_file"):
@@ -149,11 +205,12 @@ def _tls_context(path: Path, section_node, node) -> ssl.SSLContext:
         value_node, name = values[key]
         resolved = path.parent / name
         try:
+            config.file_stamps[str(resolved)] = _regular_file_stamp(resolved)
             with open(resolved, "rb"):
                 pass
-        except OSError as exc:
-            raise WebConfigError(f"{path}:{_line(value_node)}: {section}.{key}: cannot read {name}: "
-                                 f"{exc.strerror or exc}") from None
+        except (OSError, ValueError) as exc:  # ValueError: a NUL in the name
+            raise WebConfigError(f"{path}:{_line(value_node)}: {section}.{key}: cannot read {_quote(name)}: "
+                                 f"{getattr(exc, 'strerror', None) or exc}") from None
         return str(resolved)
 
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -161,28 +218,31 @@ def _tls_context(path: Path, section_node, node) -> ssl.SSLContext:
     cert, key = file("cert_file"), file("key_file")
     try:
         context.load_cert_chain(cert, key)
-    except (ssl.SSLError, OSError) as exc:
+    except (ssl.SSLError, OSError, ValueError) as exc:
         raise WebConfigError(f"{path}:{_line(values['cert_file'][0])}: {section}: cannot load the certificate "
                              f"and key: {getattr(exc, 'reason', None) or exc}") from None
     for bound in ("min_version", "max_version"):
         if bound in values:
             value_node, name = values[bound]
             if name not in TLS_VERSIONS:
-                raise WebConfigError(f"{path}:{_line(value_node)}: {section}.{bound}: unknown version \"{name}\" "
+                raise WebConfigError(f"{path}:{_line(value_node)}: {section}.{bound}: unknown version {_quote(name)} "
                                      f"(known: {', '.join(TLS_VERSIONS)})")
-            setattr(context, "minimum_version" if bound == "min_version" else "maximum_version",
-                    TLS_VERSIONS[name])
+            try:
+                setattr(context, "minimum_version" if bound == "min_version" else "maximum_version",
+                        TLS_VERSIONS[name])
+            except (ValueError, ssl.SSLError) as exc:
+                raise WebConfigError(f"{path}:{_line(value_node)}: {section}.{bound}: {exc}") from None
     auth_type = values.get("client_auth_type", (None, "NoClientCert"))
     if auth_type[1] not in CLIENT_AUTH_TYPES:
         raise WebConfigError(f"{path}:{_line(auth_type[0])}: {section}.client_auth_type: unknown value "
-                             f"\"{auth_type[1]}\" (known: {', '.join(CLIENT_AUTH_TYPES)})")
+                             f"{_quote(auth_type[1])} (known: {', '.join(CLIENT_AUTH_TYPES)})")
     context.verify_mode = CLIENT_AUTH_TYPES[auth_type[1]]
     if "client_ca_file" in values:
         try:
             context.load_verify_locations(cafile=file("client_ca_file"))
-        except ssl.SSLError as exc:
+        except (ssl.SSLError, OSError, ValueError) as exc:
             raise WebConfigError(f"{path}:{_line(values['client_ca_file'][0])}: {section}.client_ca_file: "
-                                 f"not a CA certificate: {exc.reason or exc}") from None
+                                 f"not a CA certificate: {getattr(exc, 'reason', None) or exc}") from None
     elif context.verify_mode != ssl.CERT_NONE:
         raise WebConfigError(f"{path}:{_line(auth_type[0])}: {section}.client_auth_type {auth_type[1]} "
                              "needs client_ca_file")
@@ -193,14 +253,64 @@ def _users(path: Path, node) -> dict[str, bytes]:
     users = {}
     for user, (key_node, value_node) in _mapping(path, node, "basic_auth_users").items():
         hashed = _string(path, "basic_auth_users", user, value_node)
-        if not BCRYPT_HASH.fullmatch(hashed):
-            raise WebConfigError(f"{path}:{_line(value_node)}: basic_auth_users.{user}: expected a bcrypt hash "
-                                 "($2y$10$ and 53 more characters, e.g. from htpasswd -nBC 10)")
+        where = f"{path}:{_line(value_node)}: basic_auth_users.{user}"
+        match = BCRYPT_HASH.fullmatch(hashed)
+        if not match:
+            raise WebConfigError(f"{where}: expected a bcrypt hash ($2y$10$ and 53 more characters, e.g. from "
+                                 "htpasswd -nBC 10)")
+        if int(match.group(1)) not in BCRYPT_COSTS:
+            raise WebConfigError(f"{where}: bcrypt cost {match.group(1)} is out of range (4 to 31)")
         users[user] = hashed.encode()
     if users:
         try:
-            import bcrypt  # noqa: F401
+            import bcrypt
         except ImportError:
             raise WebConfigError(f"{path}:{_line(node)}: basic_auth_users needs the bcrypt package: "
                                  "pip install 'neuron-exporter[auth]'") from None
+        for user, hashed in users.items():
+            try:  # the same hash at the lowest cost: bcrypt reads the salt as it would at a login, in 1 ms
+                bcrypt.checkpw(b"", hashed[:4] + b"04" + hashed[6:])
+            except ValueError:
+                raise WebConfigError(f"{path}:{_line(node)}: basic_auth_users.{user}: not a valid bcrypt hash "
+                                     "(its salt does not decode)") from None
     return users
+
+
+class WebConfigReloader:
+    """The web config of a running server, re-read when one of its files changes (checked at most once a second).
+
+    A new file that fails to load keeps the previous config, with one log line per distinct error. A change that
+    would turn TLS on or off is refused too: the scheme of the endpoint's URL cannot change under its scrapers.
+    """
+
+    def __init__(self, config: WebConfig | None):
+        self.config = config
+        self._checked = time.monotonic()
+        self._stamps = dict(config.file_stamps) if config is not None else {}
+        self._last_error: str | None = None
+
+    def current(self) -> WebConfig | None:
+        config = self.config
+        now = time.monotonic()
+        if config is None or config.path is None or now - self._checked < RELOAD_CHECK_SECONDS:
+            return config
+        self._checked = now
+        stamps = {name: _stamp(name) for name in self._stamps}
+        if stamps == self._stamps:
+            return config
+        self._stamps = stamps  # retried only after the next change
+        try:
+            new = load_web_config(config.path)
+            if new.tls != config.tls:
+                raise WebConfigError(f"{config.path}: TLS cannot be turned {'on' if new.tls else 'off'} without "
+                                     "a restart")
+        except WebConfigError as error:
+            if str(error) != self._last_error:
+                self._last_error = str(error)
+                log.warning("web config not reloaded, the previous one stays in use: %s", error)
+            return config
+        self._last_error = None
+        self._stamps = dict(new.file_stamps)
+        self.config = new
+        log.info("web config reloaded from %s", config.path)
+        return new

@@ -266,3 +266,100 @@ def test_a_port_in_use_is_waited_for_by_the_daemon(tmp_path):
         blocker.close()
         daemon.send_signal(2)  # SIGINT stops it as cleanly as SIGTERM
         assert daemon.wait(timeout=30) == 0
+
+
+# -- HTTP dialect: HEAD, health paths, content negotiation, limits -------------------------------------------
+
+def test_head_is_get_without_a_body(server):
+    s = server()
+    connection = http.client.HTTPConnection("127.0.0.1", s.port, timeout=10)
+    for path in ("/metrics", "/", "/-/healthy", "/nope"):
+        connection.request("GET", path)
+        got = connection.getresponse()
+        body = got.read()
+        connection.request("HEAD", path)  # same kept-alive connection: a body sent after HEAD would corrupt it
+        head = connection.getresponse()
+        assert head.read() == b""
+        assert head.status == got.status, path
+        assert head.getheader("Content-Type") == got.getheader("Content-Type")
+        assert int(head.getheader("Content-Length")) == len(body)
+    connection.request("GET", "/metrics")
+    assert connection.getresponse().read() == BODY
+    connection.close()
+
+
+@pytest.mark.parametrize("path, text", [("/-/healthy", b"Healthy"), ("/-/ready", b"Ready")])
+def test_health_paths(server, path, text):
+    status, headers, body = get(f"http://127.0.0.1:{server().port}{path}")
+    assert status == 200 and text in body and body.count(b"\n") == 1
+    assert headers["Content-Type"] == "text/plain; charset=utf-8"
+
+
+PROMETHEUS_ACCEPT = ("application/openmetrics-text;version=1.0.0;q=0.5,application/openmetrics-text;version=0.0.1;"
+                     "q=0.4,text/plain;version=0.0.4;q=0.3,*/*;q=0.2")  # what Prometheus 2.x sends
+
+
+def demo_registry():
+    from prometheus_client import CollectorRegistry, Counter, Histogram
+    registry = CollectorRegistry()
+    Counter("demo_steps", "Steps ended", ["rank"], registry=registry).labels("0").inc(3)
+    Histogram("demo_step_seconds", "Step time", registry=registry).observe(0.2)
+    return registry
+
+
+@pytest.mark.parametrize("accept", ["application/openmetrics-text; version=1.0.0", PROMETHEUS_ACCEPT])
+def test_openmetrics_when_asked(server, accept):
+    s = server(demo_registry())
+    status, headers, body = get(s.url, headers={"Accept": accept})
+    assert status == 200 and headers["Content-Type"].startswith("application/openmetrics-text; version=1.0.0")
+    assert body.endswith(b"# EOF\n") and b'demo_steps_total{rank="0"} 3.0' in body
+    status, headers, gzipped = get(s.url, headers={"Accept": accept, "Accept-Encoding": "gzip"})
+    assert headers["Content-Encoding"] == "gzip" and gzip.decompress(gzipped) == body
+
+
+def test_text_format_otherwise_and_it_passes_promtool(server):
+    s = server(demo_registry())
+    status, headers, body = get(s.url)
+    assert status == 200 and headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
+    assert b"# EOF" not in body and b'demo_steps_total{rank="0"} 3.0' in body
+    check = subprocess.run(["promtool", "check", "metrics"], input=body, capture_output=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_a_text_only_source_answers_text_to_an_openmetrics_scraper(server):
+    status, headers, body = get(server().url, headers={"Accept": PROMETHEUS_ACCEPT})
+    assert (status, body) == (200, BODY)
+    assert headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
+
+
+def raw_exchange(port: int, data: bytes) -> bytes:
+    """Everything the server sends back to ``data`` until it closes the connection."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(data)
+        chunks = []
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+@pytest.mark.parametrize("request_head, status", [
+    (b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 20000 + b"\r\n\r\n", b"431"),
+    (b"GET /metrics HTTP/1.1\r\n" + b"X-Many: 1\r\n" * 101 + b"\r\n", b"431"),
+    (b"GET /metrics\r\n\r\n", b"400"),
+    (b"GET /metrics HTTP/1.1\r\n bad header\r\n\r\n", b"400"),
+    (b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03\r\n\r\n", b"400"),  # binary junk
+])
+def test_malformed_or_oversized_request_heads(server, request_head, status):
+    s = server()
+    reply = raw_exchange(s.port, request_head)
+    assert reply.startswith(b"HTTP/1.1 " + status), reply[:80]
+    assert b"Connection: close" in reply
+    assert get(s.url)[0] == 200
+
+
+def test_pipelined_requests_are_answered_in_order(server):
+    s = server()
+    reply = raw_exchange(s.port, b"GET /-/healthy HTTP/1.1\r\nHost: x\r\n\r\nHEAD /metrics HTTP/1.1\r\nHost: x\r\n\r\n"
+                                 b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    assert reply.count(b"HTTP/1.1 200 OK") == 3
+    assert reply.index(b"Healthy") < reply.index(b"demo_total") and reply.endswith(BODY)

@@ -320,6 +320,9 @@ class MetricsServer:
                 return False
 
     def _answer(self, connection: _Connection, head: bytes) -> bool:
+        if head.count(b"\n") > MAX_HEADERS:
+            self._send(connection, "GET", 431, b"Request Header Fields Too Large\n", TEXT, {}, False)
+            return False
         request = _parse_head(head)
         if request is None:
             self._send(connection, "GET", 400, b"Bad Request\n", TEXT, {}, False)
@@ -411,7 +414,7 @@ def _parse_head(head: bytes) -> tuple[str, str, str, dict[str, str]] | None:
     """(method, target, version, headers with lower-case names) of a request head; None if malformed."""
     lines = head.decode("latin-1").split("\n")
     parts = lines[0].rstrip("\r").split(" ")
-    if len(parts) != 3 or not parts[0] or not parts[2].startswith("HTTP/1.") or len(lines) > MAX_HEADERS + 1:
+    if len(parts) != 3 or not parts[0] or not parts[2].startswith("HTTP/1."):
         return None
     headers = {}
     for line in lines[1:]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from . import __version__
@@ -20,7 +21,18 @@ def main(argv: list[str] | None = None) -> int:
     report_commands.register(commands)
     serve_command.register(commands)
     args = parser.parse_args(argv)
-    return args.run(args)
+    try:
+        code = args.run(args)
+        sys.stdout.flush()  # here, where a closed pipe is handled below, not at exit
+        return code
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:  # the reader of the output is gone (| head): say nothing more
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit flush does not fail too
+        return 1
+    except Exception as error:  # a bug: every bad input has its own one-line error, and this must stay one line
+        print(f"neuron-exporter: internal error: {error!r:.300}; please report it", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import stat
 import sys
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -12,7 +14,11 @@ from prometheus_client import CollectorRegistry, generate_latest
 from ..snapshot import Snapshot
 from ..snapshot_metrics import snapshot_families
 from .explain import explain
-from .report_parser import ReportParseError, parse_report_stream
+from .report_parser import ReportParseError, parse_report_stream, printable
+
+# A full metrics_report() is about 5 KB, so 64 MiB holds an XLA_METRICS_FILE dump of some 10,000 steps. Reading
+# stops there, so an endless input (a pipe that never ends, /dev/zero as standard input) ends in an error.
+MAX_REPORT_BYTES = 64 * 1024 * 1024
 
 REPORT_HELP = ("a saved met.metrics_report() (or short_metrics_report()) text, or an XLA_METRICS_FILE dump, "
                "whose last report is used; - reads standard input")
@@ -40,7 +46,7 @@ or a file written with XLA_METRICS_FILE set (one report per step, each after
 XRT-era metric names) are read too.
 
 exit status: 0; 2 with a one-line error naming the file and line when the report is
-missing, unreadable or malformed."""
+missing, unreadable, larger than 64 MiB or malformed."""
 
 
 class _SnapshotCollector:
@@ -97,21 +103,47 @@ def register(subparsers) -> None:
 
 def _read(path: str) -> tuple[str, str]:
     """(text, source name) of a report file, or of standard input for ``-``."""
-    if path == "-":
-        return sys.stdin.read(), "<stdin>"
+    source = "<stdin>" if path == "-" else printable(path)
     try:
-        with open(path, encoding="utf-8") as file:
-            return file.read(), path
+        data = _read_stdin() if path == "-" else _read_file(path, source)
     except FileNotFoundError:
-        raise CommandError(f"{path}: no such file") from None
+        raise CommandError(f"{source}: no such file") from None
     except IsADirectoryError:
-        raise CommandError(f"{path}: is a directory, not a report file") from None
+        raise CommandError(f"{source}: is a directory, not a report file") from None
     except PermissionError:
-        raise CommandError(f"{path}: cannot read the file: permission denied") from None
-    except UnicodeDecodeError as error:
-        raise CommandError(f"{path}: not a text report (byte {error.start} is not UTF-8)") from None
+        raise CommandError(f"{source}: cannot read the file: permission denied") from None
     except OSError as error:
-        raise CommandError(f"{path}: cannot read the file: {error.strerror or error}") from None
+        raise CommandError(f"{source}: cannot read the file: {error.strerror or error}") from None
+    if len(data) > MAX_REPORT_BYTES:
+        raise CommandError(f"{source}: larger than 64 MiB, too large for a report (of a long XLA_METRICS_FILE "
+                           f"dump, keep the part from its last [MetricsData; step=N] line)")
+    nul = data.find(b"\0")
+    if nul >= 0:
+        raise CommandError(f"{source}: not a text report (byte {nul} is a NUL byte)")
+    try:
+        return data.decode("utf-8"), source
+    except UnicodeDecodeError as error:
+        raise CommandError(f"{source}: not a text report (byte {error.start} is not UTF-8)") from None
+
+
+def _read_stdin() -> bytes:
+    if sys.stdin is None:
+        raise OSError(0, "standard input is closed")
+    return sys.stdin.buffer.read(MAX_REPORT_BYTES + 1)
+
+
+def _read_file(path: str, source: str) -> bytes:
+    """At most MAX_REPORT_BYTES + 1 bytes of a regular file or a pipe; a device or socket is refused."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # opening a FIFO must not wait for a writer
+    with os.fdopen(fd, "rb") as file:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError
+        if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode)):
+            raise CommandError(f"{source}: not a regular file (a device or a socket); give a report file, "
+                               f"or - to read standard input")
+        os.set_blocking(fd, True)  # a pipe without a writer then reads as empty
+        return file.read(MAX_REPORT_BYTES + 1)
 
 
 def _last_report(path: str) -> tuple[int | None, int, Snapshot, str]:

@@ -16,6 +16,13 @@ Older reports are read too: ``Mean:`` / ``StdDev:`` lines, any percentile list (
 and ``Counter:`` in place of ``Accumulator:`` inside a Metric block. A value's form gives the metric's
 unit: durations (``...us``) are seconds, sizes (``B``, ``KB``, ... 1024-based) are bytes, the rest plain
 numbers. Anything else is a ``ReportParseError`` naming the line.
+
+What a report can hold: torch_xla records times, sizes and counts of things (graph sizes, aliased buffers),
+never a negative one, and the captured reports in tests/fixtures/reports hold none. Counters and each metric's
+total samples and accumulator are exported as Prometheus counters, so they must be whole (counts) or finite
+(accumulators) and at least 0; a value larger than 2^64 (seconds, bytes or things) is no real report either.
+``nan`` is kept where old reports print it (a ``StdDev`` with too few samples, percentiles), never in an
+accumulator.
 """
 
 from __future__ import annotations
@@ -27,20 +34,23 @@ from dataclasses import dataclass
 
 from ..snapshot import BYTES, NUMBER, SECONDS, MetricValue, Snapshot
 
-STREAM_HEADER = re.compile(r"\[MetricsData; step=(\d+)\]")
+STREAM_HEADER = re.compile(r"\[MetricsData; step=(\d{1,19})\]", re.ASCII)
 
 # Duration fields, largest first: (suffix, seconds per unit, range within the next larger unit).
 DURATION_FIELDS = (("d", 86400.0, None), ("h", 3600.0, 24), ("m", 60.0, 60), ("s", 1.0, 60),
                    ("ms", 1e-3, 1000), ("us", 1e-6, 1000))
 # Values are printed with fixed decimals (3 for microseconds, 2 otherwise); holding to that catches a
 # value cut in the middle, as in a truncated file.
-DURATION = re.compile(r"(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?(?:(\d+)ms)?(\d+\.\d{3}|0*nan)us")
+DURATION = re.compile(r"(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?(?:(\d+)ms)?(\d+\.\d{3}|0*nan)us", re.ASCII)
 BYTE_SUFFIXES = {"B": 0, "KB": 1, "MB": 2, "GB": 3, "TB": 4, "PB": 5}
 _TWO_DECIMALS = r"-?\d+\.\d\d|-?nan|-?inf"
-BYTE_SIZE = re.compile(rf"({_TWO_DECIMALS})(B|KB|MB|GB|TB|PB)")
-NUMBER_VALUE = re.compile(_TWO_DECIMALS)
-NUMBER_TEXT = re.compile(r"-?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|-?nan|-?inf")  # Rate, percent: any float
-INTEGER = re.compile(r"\d+")
+BYTE_SIZE = re.compile(rf"({_TWO_DECIMALS})(B|KB|MB|GB|TB|PB)", re.ASCII)
+NUMBER_VALUE = re.compile(_TWO_DECIMALS, re.ASCII)
+NUMBER_TEXT = re.compile(r"-?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|-?nan|-?inf", re.ASCII)  # Rate, percent
+INTEGER = re.compile(r"-?\d+", re.ASCII)
+LARGEST_COUNT = 2 ** 64 - 1  # torch_xla's counters and sample counts are 64-bit integers
+LARGEST_VALUE = 2.0 ** 64
+SHOWN_CHARACTERS = 80  # of a line or value quoted in an error
 PER_SECOND = re.compile(r"(\S+) / second")
 
 TOTAL_SAMPLES_FORM = '"  TotalSamples: <int>"'
@@ -50,10 +60,27 @@ VALUE_FORM = '"  Value: <int>"'
 BLOCK_FORM = '"Metric: <name>" or "Counter: <name>"'
 
 
+def printable(text: str) -> str:
+    """``text`` with every non-printable character (newline, terminal escape, ...) and backslash escaped."""
+    return "".join(c if c.isprintable() and c != "\\" else repr(c)[1:-1] for c in text)
+
+
+def quoted(text: str, limit: int = SHOWN_CHARACTERS) -> str:
+    """``text`` in double quotes for an error message: escaped, and cut to ``limit`` characters with ``...``."""
+    shown = ""
+    for character in text:
+        piece = printable(character)
+        if len(shown) + len(piece) > limit:
+            return f'"{shown}..."'
+        shown += piece
+    return f'"{shown}"'
+
+
 class ReportParseError(ValueError):
     """A report that cannot be read; ``str()`` is one line: ``source:line: what is wrong``."""
 
     def __init__(self, source: str, line: int, problem: str):
+        source = printable(source)
         super().__init__(f"{source}:{line}: {problem}")
         self.source = source
         self.line = line
@@ -69,14 +96,14 @@ def parse_duration(text: str) -> float:
     """
     match = DURATION.fullmatch(text)
     if not match:
-        raise ValueError(f'"{text}" is not a duration like 09s969ms486.408us')
+        raise ValueError(f"{quoted(text)} is not a duration like 09s969ms486.408us")
     if match.group(6).endswith("nan"):
         if any(match.groups()[:5]):
-            raise ValueError(f'"{text}" is not a duration like 09s969ms486.408us')
+            raise ValueError(f"{quoted(text)} is not a duration like 09s969ms486.408us")
         return math.nan
     present = [i for i, field in enumerate(match.groups()) if field is not None]
     if present != list(range(present[0], len(DURATION_FIELDS))):
-        raise ValueError(f'"{text}" skips a unit: torch_xla prints every unit below the first one')
+        raise ValueError(f"{quoted(text)} skips a unit: torch_xla prints every unit below the first one")
     values = [float(field) if field is not None else 0.0 for field in match.groups()]
     first = present[0]
     for i in range(len(DURATION_FIELDS) - 2, first - 1, -1):
@@ -91,7 +118,7 @@ def parse_bytes(text: str) -> float:
     """Bytes from a torch_xla size such as ``40.00B``, ``8.00KB`` or ``1.65MB`` (1024-based)."""
     match = BYTE_SIZE.fullmatch(text)
     if not match:
-        raise ValueError(f'"{text}" is not a size like 450.04KB')
+        raise ValueError(f"{quoted(text)} is not a size like 450.04KB")
     return float(match.group(1)) * 1024.0 ** BYTE_SUFFIXES[match.group(2)]
 
 
@@ -103,7 +130,7 @@ def parse_value(text: str) -> tuple[float, str]:
         return parse_bytes(text), BYTES
     if NUMBER_VALUE.fullmatch(text):
         return float(text), NUMBER
-    raise ValueError(f'"{text}" is not a duration (09s969ms486.408us), a size (8.00KB) or a number (4.00)')
+    raise ValueError(f"{quoted(text)} is not a duration (09s969ms486.408us), a size (8.00KB) or a number (4.00)")
 
 
 @dataclass(frozen=True)
@@ -120,7 +147,10 @@ class _Reader:
     """Reads the reports of a text, line by line, into Snapshots."""
 
     def __init__(self, text: str, source: str):
-        self.lines = text.splitlines()
+        # Lines end at \n, \r\n or \r only, so the numbers in errors are those an editor shows.
+        self.lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+        if self.lines[-1] == "":
+            self.lines.pop()
         self.source = source
         self.next = 0  # index of the next line to read
         self.cut_short = bool(text) and not text.endswith(("\n", "\r"))  # torch_xla ends every line
@@ -166,15 +196,17 @@ class _Reader:
                 continue
             kind, _, name = stripped.partition(": ")
             block = _Block(kind, name.strip(), self.next, _indent(line))
+            if kind in ("Metric", "Counter") and not block.name.isprintable():
+                raise self.error(self.next, f"bad {kind} name {quoted(block.name)}: it has a non-printable character")
             if kind == "Metric" and block.name:
                 metrics.append((block, self.metric(block)))
                 into.metrics.setdefault(block.name, metrics[-1][1])
             elif kind == "Counter" and block.name:
                 _, text, line_number = self.field(block, VALUE_FORM, "Value")
-                value = self.integer(text, line_number, f'Value of counter "{block.name}"')
+                value = self.integer(text, line_number, f"Value of counter {quoted(block.name)}")
                 into.counters.setdefault(block.name, value)
             else:
-                raise self.error(self.next, f'unknown line "{line}" (expected {BLOCK_FORM})')
+                raise self.error(self.next, f"unknown line {quoted(line)} (expected {BLOCK_FORM})")
             count += 1
             last_kind = kind
         if self.cut_short and self.next == len(self.lines) and last_kind == "Metric" and len(metrics) >= 2:
@@ -190,30 +222,35 @@ class _Reader:
         (previous_block, previous_metric), (last_block, last_metric) = previous, last
         found, expected = len(last_metric.percentiles), len(previous_metric.percentiles)
         if found < expected:
-            raise self.error(len(self.lines), f'Metric block "{last_block.name}" is truncated: the text stops in '
-                                              f'the middle of its Percentiles line ({found} percentiles where '
-                                              f'"{previous_block.name}" has {expected})')
+            raise self.error(len(self.lines), f"Metric block {quoted(last_block.name)} is truncated: the text stops "
+                                              f"in the middle of its Percentiles line ({found} percentiles where "
+                                              f"{quoted(previous_block.name)} has {expected})")
 
     def field(self, block: _Block, form: str, *keys: str) -> tuple[str, str, int]:
         """The next line of ``block``, which must be ``<key>: <text>`` for one of ``keys``."""
         if self.next == len(self.lines):
-            raise self.error(block.line, f'{block.kind} block "{block.name}" is truncated: '
+            raise self.error(block.line, f"{block.kind} block {quoted(block.name)} is truncated: "
                                          f"the text ends before {form}")
         line = self.lines[self.next]
         self.next += 1
         key, sep, text = line.strip().partition(":")
         if not sep or key not in keys or _indent(line) <= block.indent:
-            got = f'"{line}"' if line.strip() else "an empty line"
-            raise self.error(self.next, f'expected {form} in {block.kind} block "{block.name}", got {got}')
+            got = quoted(line) if line.strip() else "an empty line"
+            raise self.error(self.next, f"expected {form} in {block.kind} block {quoted(block.name)}, got {got}")
         return key, text.strip(), self.next
 
     def metric(self, block: _Block) -> MetricValue:
-        what = f'metric "{block.name}"'
+        what = f"metric {quoted(block.name)}"
         _, text, line = self.field(block, TOTAL_SAMPLES_FORM, "TotalSamples")
         total_samples = self.integer(text, line, f"TotalSamples of {what}")
         # Very old reports (2019) said "Counter:" where "Accumulator:" is now.
         _, text, line = self.field(block, ACCUMULATOR_FORM, "Accumulator", "Counter")
         accumulator, unit = self.value(text, line, f"Accumulator of {what}", None)
+        if math.isnan(accumulator):
+            raise self.error(line, f"bad Accumulator of {what}: {quoted(text)} is not a number")
+        if math.copysign(1.0, accumulator) < 0:
+            raise self.error(line, f"bad Accumulator of {what}: {quoted(text)} is negative, and a sum of times, "
+                                   f"sizes or counts cannot be")
         optional = ["Mean", "StdDev", "ValueRate", "Rate"]
         while True:
             key, text, line = self.field(block, PERCENTILES_FORM, "Percentiles", *optional)
@@ -223,20 +260,22 @@ class _Reader:
             if key in ("ValueRate", "Rate"):
                 match = PER_SECOND.fullmatch(text)
                 if not match:
-                    raise self.error(line, f'bad {key} of {what}: expected "<value> / second", got "{text}"')
+                    raise self.error(line, f'bad {key} of {what}: expected "<value> / second", got {quoted(text)}')
                 text = match.group(1)
             if key != "Rate":
                 self.value(text, line, f"{key} of {what}", unit)
             elif not NUMBER_TEXT.fullmatch(text):
-                raise self.error(line, f'bad Rate of {what}: "{text}" is not a number')
+                raise self.error(line, f"bad Rate of {what}: {quoted(text)} is not a number")
 
     def percentiles(self, text: str, line: int, what: str, unit: str) -> dict[float, float]:
         result = {}
         for entry in filter(None, (part.strip() for part in text.split(";"))):
             percent, sep, value_text = entry.partition("%=")
             if not sep or not NUMBER_TEXT.fullmatch(percent):
-                raise self.error(line, f'bad percentile of {what}: expected "<p>%=<value>", got "{entry}"')
-            value, _ = self.value(value_text, line, f"{percent}% percentile of {what}", unit)
+                raise self.error(line, f'bad percentile of {what}: expected "<p>%=<value>", got {quoted(entry)}')
+            if not 0 <= float(percent) <= 100:
+                raise self.error(line, f"bad percentile of {what}: {quoted(percent)}% is not between 0% and 100%")
+            value, _ = self.value(value_text, line, f"{float(percent):g}% percentile of {what}", unit)
             result[round(float(percent) / 100.0, 9)] = value
         return result
 
@@ -246,13 +285,21 @@ class _Reader:
         except ValueError as error:
             raise self.error(line, f"bad {what}: {error}") from None
         if unit is not None and found_unit != unit:
-            raise self.error(line, f'bad {what}: "{text}" is in {found_unit} but the metric is in {unit}')
+            raise self.error(line, f"bad {what}: {quoted(text)} is in {found_unit} but the metric is in {unit}")
+        if abs(value) > LARGEST_VALUE:  # nan passes: see the module's docstring
+            raise self.error(line, f"bad {what}: {quoted(text)} is too large (more than 2^64 {found_unit})")
         return value, found_unit
 
     def integer(self, text: str, line: int, what: str) -> int:
         if not INTEGER.fullmatch(text):
-            raise self.error(line, f'bad {what}: "{text}" is not a whole number')
-        return int(text)
+            raise self.error(line, f"bad {what}: {quoted(text)} is not a whole number")
+        if text.startswith("-"):
+            raise self.error(line, f"bad {what}: {quoted(text)} is negative, and a count cannot be")
+        digits = text.lstrip("0") or "0"
+        # The length is checked first: int() refuses texts of more than 4300 digits.
+        if len(digits) > len(str(LARGEST_COUNT)) or int(digits) > LARGEST_COUNT:
+            raise self.error(line, f"bad {what}: {quoted(text)} is too large for a 64-bit count")
+        return int(digits)
 
 
 def _indent(line: str) -> int:

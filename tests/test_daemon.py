@@ -72,13 +72,32 @@ def test_ranks_that_start_after_the_daemon_appear(tmp_path, daemons):
     daemon = Daemon(tmp_path, "--addr", "127.0.0.1", "--port", "0", "--spool-dir", str(spool))
     daemons(daemon)
     assert value(scrape(daemon.url), "neuron_exporter_ranks") == 0
-    # the daemon made the directory, writable by the jobs of every user, like /tmp
-    assert stat.S_IMODE(spool.stat().st_mode) == 0o1777
+    assert not spool.exists()  # in the default (private) mode the first rank makes the directory, as its own
     with Writer(spool, "0,1", "--steps", "3"):
+        assert stat.S_IMODE(spool.stat().st_mode) == 0o700
         text = scrape(daemon.url)
         assert value(text, "neuron_exporter_ranks") == 2
         assert value(text, "xla_steps_total", rank="1") == 3
     assert daemon.stop(signal.SIGINT) == 0
+
+
+def test_in_the_shared_mode_the_daemon_makes_the_directory_like_tmp(tmp_path, daemons):
+    spool = tmp_path / "shared"
+    daemons(Daemon(tmp_path, "--addr", "127.0.0.1", "--port", "0", "--spool-dir", str(spool),
+                   "--spool-mode", "shared"))
+    assert stat.S_IMODE(spool.stat().st_mode) == 0o1777
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o775])
+def test_a_directory_others_can_write_is_refused_in_one_line(tmp_path, mode):
+    spool = tmp_path / "open"
+    spool.mkdir()
+    spool.chmod(mode)
+    result = subprocess.run([sys.executable, "-m", "neuron_exporter", "serve", "--port", "0", "--spool-dir",
+                             str(spool)], env={"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT)},
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and "is writable by" in result.stderr and str(spool) in result.stderr
 
 
 def test_flags_override_environment_override_file(tmp_path, daemons):

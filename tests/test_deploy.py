@@ -81,8 +81,7 @@ def test_exporter_containers_run_the_cli_non_root_read_only_and_limited(workload
         options = serve_options(container["args"])
         ports = {p["name"]: p["containerPort"] for p in container["ports"]}
         assert ports["metrics"] == options.port
-        mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
-        assert options.spool_dir in mounts, "the spool directory must be a mounted volume"
+        assert mount_of(options.spool_dir, container), "the spool directory must be on a mounted volume"
         security = {**spec.get("securityContext", {}), **container.get("securityContext", {})}
         assert security["runAsNonRoot"] is True and security["runAsUser"] != 0
         assert security["readOnlyRootFilesystem"] is True
@@ -126,18 +125,31 @@ def test_service_and_servicemonitor_select_the_daemon():
     assert monitor["spec"]["endpoints"][0]["path"] == "/metrics"
 
 
+def mount_of(path: str, container: dict) -> dict | None:
+    """The volume mount of ``container`` that holds ``path``."""
+    for mount in container["volumeMounts"]:
+        if path == mount["mountPath"] or path.startswith(mount["mountPath"].rstrip("/") + "/"):
+            return mount
+    return None
+
+
 def test_sidecar_shares_an_in_memory_volume_and_the_podmonitor_selects_the_pod():
     (job,) = objects("Job")
     (monitor,) = objects("PodMonitor")
     spec = pod_spec(job)
     (sidecar,) = exporter_containers(spec)
     assert sidecar in spec["initContainers"] and sidecar["restartPolicy"] == "Always"  # a native sidecar
-    spool = serve_options(sidecar["args"]).spool_dir
-    volume = next(m["name"] for m in sidecar["volumeMounts"] if m["mountPath"] == spool)
+    options = serve_options(sidecar["args"])
+    volume = mount_of(options.spool_dir, sidecar)["name"]
     assert next(v for v in spec["volumes"] if v["name"] == volume)["emptyDir"]["medium"] == "Memory"
     (train,) = spec["containers"]
     env = {e["name"]: e["value"] for e in train["env"]}
-    assert {m["mountPath"]: m["name"] for m in train["volumeMounts"]}[env["NEURON_EXPORTER_SPOOL_DIR"]] == volume
+    assert env["NEURON_EXPORTER_SPOOL_DIR"] == options.spool_dir
+    assert mount_of(options.spool_dir, train)["name"] == volume
+    # An emptyDir is mode 0777: the spool is a directory the training container makes in it, readable by the
+    # sidecar's user.
+    assert options.spool_dir != mount_of(options.spool_dir, sidecar)["mountPath"]
+    assert env["NEURON_EXPORTER_SPOOL_MODE"] == options.spool_mode == "readable"
     assert monitor["spec"]["selector"]["matchLabels"].items() <= job["spec"]["template"]["metadata"]["labels"].items()
     assert [e["port"] for e in monitor["spec"]["podMetricsEndpoints"]] == ["metrics"]
 
@@ -163,7 +175,9 @@ def test_systemd_unit_runs_the_daemon_with_the_shipped_config():
     config = "/etc/neuron-exporter/exporter.yaml"
     options = serve_options(argv[1:], {config: DEPLOY / "systemd" / "exporter.yaml"})
     assert (options.port, options.spool_dir) == (Options().port, "/dev/shm/neuron-exporter")
-    assert options.spool_dir in service["ExecStartPre"]  # created before the unprivileged daemon starts
+    # The first rank makes the directory as its own (mode 0700); the daemon may read it and nothing else.
+    assert "ExecStartPre" not in service and options.spool_mode == "private"
+    assert service["AmbientCapabilities"] == service["CapabilityBoundingSet"] == "CAP_DAC_READ_SEARCH"
     assert service["DynamicUser"] == "yes" and service["RestartPreventExitStatus"] == "2"
     assert unit["Install"]["WantedBy"] == "multi-user.target"
 

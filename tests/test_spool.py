@@ -13,7 +13,12 @@ from neuron_exporter.node.spool import (
     RankMeta, SpoolBusyError, read_rank_file, read_rank_files, release_rank_lock, remove_expired, write_rank_file,
     writer_alive)
 
-EXPOSITION = b'# HELP xla_steps_total Steps\n# TYPE xla_steps_total counter\nxla_steps_total{rank="0"} 3.0\n'
+def exposition(rank: str = "0", steps: str = "3.0") -> bytes:
+    return (b'# HELP xla_steps_total Steps\n# TYPE xla_steps_total counter\n'
+            b'xla_steps_total{local_rank="%s",rank="%s"} %s\n' % (rank.encode(), rank.encode(), steps.encode()))
+
+
+EXPOSITION = exposition()
 
 
 def age(path, seconds: float) -> None:
@@ -23,13 +28,13 @@ def age(path, seconds: float) -> None:
 
 
 def test_round_trip_keeps_meta_and_exposition_bytes(tmp_path):
-    meta = RankMeta.current("3", "1", last_step_time=1234.5)
-    path = write_rank_file(tmp_path / "spool", meta, EXPOSITION)
+    meta = RankMeta.current("3", "3", last_step_time=1234.5)
+    path = write_rank_file(tmp_path / "spool", meta, exposition("3"))
     try:
         assert path.name == "rank-3.prom"
         report = read_rank_file(path)
         assert report.meta == meta
-        assert report.exposition == EXPOSITION
+        assert report.exposition == exposition("3")
         assert abs(report.mtime - time.time()) < 60
         assert [p.name for p in (tmp_path / "spool").iterdir() if p.name.endswith(".tmp")] == []
     finally:
@@ -37,9 +42,9 @@ def test_round_trip_keeps_meta_and_exposition_bytes(tmp_path):
 
 
 def test_meta_may_be_a_mapping(tmp_path):
-    meta = {"rank": "2", "local_rank": "0", "pid": os.getpid(), "start_time": psutil.Process().create_time(),
+    meta = {"rank": "2", "local_rank": "2", "pid": os.getpid(), "start_time": psutil.Process().create_time(),
             "finished": True, "other": "ignored"}
-    write_rank_file(tmp_path, meta, EXPOSITION)
+    write_rank_file(tmp_path, meta, exposition("2"))
     report = read_rank_file(tmp_path / "rank-2.prom")
     assert report.meta.finished is True and report.meta.rank == "2" and report.meta.last_step_time is None
 
@@ -49,7 +54,7 @@ def test_rewrite_replaces_the_file_atomically(tmp_path):
     try:
         first = write_rank_file(tmp_path, meta, EXPOSITION)
         inode = first.stat().st_ino
-        write_rank_file(tmp_path, meta, EXPOSITION.replace(b"3.0", b"4.0"))
+        write_rank_file(tmp_path, meta, exposition(steps="4.0"))
         assert first.stat().st_ino != inode  # a new file renamed over the old one, never rewritten in place
         assert read_rank_file(first).exposition.endswith(b"4.0\n")
     finally:

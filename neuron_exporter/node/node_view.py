@@ -8,6 +8,8 @@ Hung and dead ranks keep their last values (counters never drop to 0) until thei
 
 from __future__ import annotations
 
+import errno
+import logging
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -17,9 +19,15 @@ from prometheus_client.exposition import generate_latest
 
 from ..config import Options
 from .host_metrics import HostCollector
-from .spool import RankMeta, is_expired, rank_order, read_rank_files, remove_rank_files, writer_alive
+from .spool import (
+    RankMeta, RejectedFile, SpoolDirError, check_spool_dir, is_expired, rank_order, read_rank_files, remove_rank_files,
+    remove_stale_temp_files, writer_alive)
+
+log = logging.getLogger(__name__)
 
 STATES = ("running", "hung", "dead")
+REJECT_REASONS = ("not_regular", "too_large", "bad_header", "wrong_rank", "bad_exposition", "unreadable")
+MAX_LOGGED_REJECTIONS = 100
 
 
 @dataclass(frozen=True)
@@ -66,6 +74,9 @@ class NodeView:
     def __init__(self, options: Options):
         self.options = options
         self._host = HostCollector()
+        self._logged: set[tuple[str, str]] = set()
+        self.rejected: list[tuple[str, RejectedFile]] = []  # of the last statuses(): files left out, and why
+        self.spool_dir_ok = True
 
     def statuses(self, own: tuple[RankMeta | Mapping, bytes] | None = None,
                  now: float | None = None) -> list[RankStatus]:
@@ -75,7 +86,8 @@ class NodeView:
         own_meta = RankMeta.of(own[0]) if own is not None else None
         if own is not None:
             statuses.append(self._status(own_meta, own[1], alive=True, written=now, now=now))
-        for report in read_rank_files(self.options.spool_dir):
+        rejected: list[tuple[str, RejectedFile]] = []
+        for report in self._spool_reports(rejected, now):
             if own_meta is not None and report.meta.rank == own_meta.rank:
                 continue  # the live process's own exposition is newer than its file
             alive = writer_alive(report)
@@ -84,7 +96,29 @@ class NodeView:
                     remove_rank_files(report)
                 continue
             statuses.append(self._status(report.meta, report.exposition, alive, report.mtime, now))
+        self.rejected = rejected
         return sorted(statuses, key=lambda s: rank_order(s.meta.rank))
+
+    def _spool_reports(self, rejected: list, now: float):
+        directory = self.options.spool_dir
+        try:
+            check_spool_dir(directory, self.options.spool_mode, writer=False)
+        except SpoolDirError as error:
+            self.spool_dir_ok = False
+            if error.errno != errno.ENOENT:  # no directory yet: no job has started
+                self._log_once("", "spool_dir", str(error))
+            return []
+        self.spool_dir_ok = True
+        remove_stale_temp_files(directory, now)
+        reports = read_rank_files(directory, self.options.spool_max_file_bytes, rejected)
+        for name, error in rejected:
+            self._log_once(name, error.reason, f"{name}: {error}")
+        return reports
+
+    def _log_once(self, name: str, reason: str, message: str) -> None:
+        if (name, reason) not in self._logged and len(self._logged) < MAX_LOGGED_REJECTIONS:
+            self._logged.add((name, reason))
+            log.warning("neuron-exporter: not serving from the spool directory: %s", message)
 
     def _status(self, meta: RankMeta, exposition: bytes, alive: bool | None, written: float,
                 now: float) -> RankStatus:
@@ -102,16 +136,19 @@ class NodeView:
     def render(self, own: tuple[RankMeta | Mapping, bytes] | None = None) -> bytes:
         """The node endpoint's exposition. ``own`` is ``(meta, exposition)`` of the process serving it."""
         statuses = self.statuses(own)
-        node = generate_latest(_NodeMetrics(statuses, self._host))
+        node = generate_latest(_NodeMetrics(statuses, self._host, self.rejected, self.spool_dir_ok))
         return merge_expositions([s.exposition for s in statuses] + [node])
 
 
 class _NodeMetrics:
     """The endpoint's own families, as a collector for ``generate_latest``."""
 
-    def __init__(self, statuses: list[RankStatus], host: HostCollector):
+    def __init__(self, statuses: list[RankStatus], host: HostCollector, rejected: list[tuple[str, RejectedFile]],
+                 spool_dir_ok: bool):
         self.statuses = statuses
         self.host = host
+        self.rejected = rejected
+        self.spool_dir_ok = spool_dir_ok
 
     def collect(self) -> Iterator[Metric]:
         labels = ["rank", "local_rank"]
@@ -135,4 +172,13 @@ class _NodeMetrics:
         yield last
         yield GaugeMetricFamily("neuron_exporter_ranks", "Ranks the node endpoint knows (running, hung or dead)",
                                 value=len(self.statuses))
+        bad = GaugeMetricFamily("neuron_exporter_spool_rejected_files",
+                                "Files in the spool directory that are not served, by reason (see the log)",
+                                labels=["reason"])
+        for reason in REJECT_REASONS:
+            bad.add_metric([reason], sum(1 for _, error in self.rejected if error.reason == reason))
+        yield bad
+        yield GaugeMetricFamily("neuron_exporter_spool_directory_ok",
+                                "1 if the spool directory exists and is safe to read (see the log otherwise)",
+                                value=1.0 if self.spool_dir_ok else 0.0)
         yield from self.host.collect()

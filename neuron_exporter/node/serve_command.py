@@ -16,15 +16,18 @@ import threading
 
 from ..config import ConfigError, Options, resolve_options
 from ..web.http_server import MetricsServer
+from . import spool
 from .node_view import NodeView
 
 log = logging.getLogger("neuron_exporter")
+SHARED_MODES = ("group-shared", "shared")
 
 # option -> flag; the flags the daemon uses (a config file may hold the other options too, for attach())
 FLAGS = {
     "addr": "--addr",
     "port": "--port",
     "spool_dir": "--spool-dir",
+    "spool_mode": "--spool-mode",
     "hung_after_seconds": "--hung-after-seconds",
     "expire_after_seconds": "--expire-after-seconds",
     "web_config_file": "--web.config.file",
@@ -44,6 +47,8 @@ def register(subparsers) -> None:
     parser.add_argument("--addr", metavar="ADDRESS", help="address to bind (default 0.0.0.0)")
     parser.add_argument("--port", metavar="PORT", help="port to bind (default 9478)")
     parser.add_argument("--spool-dir", metavar="DIR", help="directory the training ranks write to")
+    parser.add_argument("--spool-mode", metavar="MODE",
+                        help="who may read and write it: private (default), group, readable, group-shared, shared")
     parser.add_argument("--hung-after-seconds", metavar="SECONDS", help="a rank with no step for this long is hung")
     parser.add_argument("--expire-after-seconds", metavar="SECONDS",
                         help="a hung or dead rank is served until its last report is this old")
@@ -68,25 +73,27 @@ def run(args: argparse.Namespace) -> int:
     return serve(options, web_config)
 
 
-def create_spool_dir(path: str) -> None:
-    """Create the spool directory if missing, writable by every user like /tmp (sticky): the training jobs
-    may run as other users than the daemon. An existing directory is left as it is."""
+def prepare_spool_dir(options: Options) -> str | None:
+    """In a shared mode, create the spool directory (the ranks of several users write there); in the other modes a
+    rank creates its own. An existing directory that is unsafe to read is refused: returns the one-line reason."""
     try:
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        os.mkdir(path)
-    except FileExistsError:
-        return
+        if options.spool_mode in SHARED_MODES and not os.path.lexists(options.spool_dir):
+            spool.prepare_spool_dir(options.spool_dir, options.spool_mode)
+        if os.path.lexists(options.spool_dir):
+            spool.check_spool_dir(options.spool_dir, options.spool_mode, writer=False)
     except OSError as error:
-        log.warning("cannot create the spool directory: %s (the training ranks may create it)", error.strerror)
-        return
-    os.chmod(path, 0o1777)
+        return str(error)
+    return None
 
 
 def serve(options: Options, web_config=None) -> int:
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
-    create_spool_dir(options.spool_dir)
+    problem = prepare_spool_dir(options)
+    if problem:
+        print(f"neuron-exporter serve: {problem}", file=sys.stderr)
+        return EXIT_CONFIG
     view = NodeView(options)
     server = None
     waiting = False

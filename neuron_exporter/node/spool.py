@@ -5,6 +5,11 @@ exposition. Files are replaced atomically, so a reader never sees half a file. W
 rank's file it holds a POSIX lock on ``rank-<rank>.lock``; the kernel drops the lock when the process dies,
 even on SIGKILL, which tells a reader in another container (another PID namespace) that the rank is dead,
 and it keeps a second live process from overwriting the rank's file.
+
+Nothing read from the directory is trusted: the directory must be a real directory, no more open than
+``spool_mode`` allows (and, for a writer, its own); files are opened without following links or blocking, must be
+regular and at most ``max_bytes``; a header of the wrong types or ranges, a file named for another rank, or an
+exposition that is not a rank's own (``exposition_check``) is rejected with a reason, never served.
 """
 
 from __future__ import annotations
@@ -13,8 +18,11 @@ import errno
 import fcntl
 import json
 import logging
+import math
 import os
 import re
+import stat
+import tempfile
 import threading
 import time
 from collections.abc import Mapping
@@ -23,17 +31,48 @@ from pathlib import Path
 
 import psutil
 
+from .exposition_check import ExpositionError, check_exposition
+
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 PREFIX = "rank-"
 DATA_SUFFIX = ".prom"
 LOCK_SUFFIX = ".lock"
+TEMP_SUFFIX = ".tmp"
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
+RANK_LABEL = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+DEFAULT_MAX_BYTES = 4 * 1024 * 1024
+MAX_HEADER_BYTES = 4096
+MAX_PID = 2**31 - 1
+MAX_TIME = 2.0**34  # unix seconds, year 2514: anything later is not a time this file could have been written
+STALE_TEMP_SECONDS = 60.0  # a write takes milliseconds; an older temporary file is a killed writer's
+# spool_mode -> (the directory's mode, its files' mode): files are never writable by anyone but their writer.
+SPOOL_MODES = {
+    "private": (0o700, 0o600),  # only this user (and root) reads: the default
+    "group": (0o750, 0o640),  # a daemon in the directory's group reads
+    "readable": (0o755, 0o644),  # every local user reads (a daemon running as another user), only this user writes
+    "group-shared": (0o1770, 0o640),  # the jobs of several users of one group write, like /tmp for a group
+    "shared": (0o1777, 0o644),  # every local user writes, like /tmp: trusts every local user
+}
+DEFAULT_SPOOL_MODE = "private"
+_OPEN_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 class SpoolBusyError(OSError):
     """Another live process writes this rank's file (a forked child, or a second job on the same spool)."""
+
+
+class SpoolDirError(OSError):
+    """The spool directory is not safe to use; ``str()`` is one line saying why and what to do."""
+
+
+class RejectedFile(ValueError):
+    """A file in the spool directory that is not served; ``reason`` is a short class for the metric."""
+
+    def __init__(self, reason: str, detail: str):
+        super().__init__(detail)
+        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -51,12 +90,41 @@ class RankMeta:
 
     @classmethod
     def of(cls, meta: RankMeta | Mapping) -> RankMeta:
-        """``meta`` itself, or a RankMeta from a mapping with the same keys (extra keys are ignored)."""
+        """``meta`` itself, or a RankMeta from a mapping with the same keys (extra keys are ignored).
+        Raises ``ValueError`` naming the first key of the wrong type or out of range."""
         if isinstance(meta, RankMeta):
             return meta
+        if not isinstance(meta, Mapping):
+            raise ValueError("the header is not a JSON object")
         last_step = meta.get("last_step_time")
-        return cls(str(meta["rank"]), str(meta["local_rank"]), int(meta["pid"]), float(meta["start_time"]),
-                   bool(meta.get("finished", False)), None if last_step is None else float(last_step))
+        return cls(_label(meta, "rank"), _label(meta, "local_rank"), _number(meta, "pid", int, 1, MAX_PID),
+                   _number(meta, "start_time", float, 0, MAX_TIME), _flag(meta, "finished"),
+                   None if last_step is None else _number(meta, "last_step_time", float, 0, MAX_TIME))
+
+
+def _label(meta: Mapping, key: str) -> str:
+    value = meta.get(key)
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)
+    if not isinstance(value, str) or not RANK_LABEL.fullmatch(value):
+        raise ValueError(f"{key}: expected 1 to 64 of A-Z a-z 0-9 _ . -")
+    return value
+
+
+def _number(meta: Mapping, key: str, kind: type, low: float, high: float):
+    value = meta.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not isinstance(value, int)):
+        raise ValueError(f"{key}: expected {'an integer' if kind is int else 'a number'}")
+    if isinstance(value, float) and not math.isfinite(value) or not low <= value <= high:
+        raise ValueError(f"{key}: out of range")
+    return kind(value)
+
+
+def _flag(meta: Mapping, key: str) -> bool:
+    value = meta.get(key, False)
+    if not isinstance(value, bool):
+        raise ValueError(f"{key}: expected true or false")
+    return value
 
 
 @dataclass(frozen=True)
@@ -75,51 +143,112 @@ def file_stem(rank: str) -> str:
     return PREFIX + (_UNSAFE.sub("_", str(rank)) or "_")
 
 
+# -- the directory -----------------------------------------------------------------------------------------
+
+def file_mode(spool_mode: str) -> int:
+    return SPOOL_MODES[spool_mode][1]
+
+
+def check_spool_dir(spool_dir, spool_mode: str = DEFAULT_SPOOL_MODE, writer: bool = True) -> None:
+    """Raise ``SpoolDirError`` unless ``spool_dir`` is a real directory that nobody beyond ``spool_mode`` can write
+    to. A writer also needs it to be its own (or, for the shared sticky modes, root's): a directory that another
+    user made could hold links and files laid for the writer to trip on."""
+    mode = SPOOL_MODES[spool_mode][0]
+    try:
+        info = os.lstat(spool_dir)
+    except OSError as error:
+        raise SpoolDirError(error.errno, f"spool directory {spool_dir}: {error.strerror}") from None
+    if stat.S_ISLNK(info.st_mode):
+        raise SpoolDirError(errno.ELOOP, f"spool directory {spool_dir} is a symbolic link; give the real path")
+    if not stat.S_ISDIR(info.st_mode):
+        raise SpoolDirError(errno.ENOTDIR, f"spool directory {spool_dir} is not a directory")
+    actual = stat.S_IMODE(info.st_mode)
+    opened = actual & 0o022 & ~mode
+    if opened or (actual & 0o002 and not actual & stat.S_ISVTX):
+        who = "everyone" if actual & 0o002 else "its group"
+        raise SpoolDirError(errno.EPERM, f"spool directory {spool_dir} is writable by {who} (mode {actual:04o}; "
+                                         f"spool_mode {spool_mode} allows {mode:04o}): fix its mode or set spool_mode")
+    uid = os.geteuid()
+    if writer and info.st_uid != uid and not (mode & stat.S_ISVTX and info.st_uid == 0):
+        raise SpoolDirError(errno.EPERM, f"spool directory {spool_dir} belongs to uid {info.st_uid}, not to this "
+                                         f"user (uid {uid}); use a directory of your own (spool_dir)")
+
+
+def prepare_spool_dir(spool_dir, spool_mode: str = DEFAULT_SPOOL_MODE) -> None:
+    """Create the spool directory (again, if it was deleted) with ``spool_mode``, then check it."""
+    path = Path(spool_dir)
+    if not os.path.lexists(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.mkdir(path, 0o700)
+            os.chmod(path, SPOOL_MODES[spool_mode][0])  # mkdir's mode passes through the umask
+        except FileExistsError:
+            pass
+    check_spool_dir(path, spool_mode, writer=True)
+
+
 # -- writing -------------------------------------------------------------------------------------------------
 
 _held_locks: dict[Path, tuple[int, int]] = {}  # lock file -> (pid that holds it, fd)
 _held_guard = threading.Lock()
 
 
-def write_rank_file(spool_dir, meta: RankMeta | Mapping, exposition: bytes) -> Path:
+def write_rank_file(spool_dir, meta: RankMeta | Mapping, exposition: bytes,
+                    spool_mode: str = DEFAULT_SPOOL_MODE) -> Path:
     """Atomically replace this rank's file with ``meta`` and ``exposition``; returns its path.
 
-    The first write of a process takes the rank's lock and keeps it; a ``finished`` report releases it.
-    Raises ``SpoolBusyError`` if another live process holds the rank, ``OSError`` on I/O errors: call it
-    from a background thread and count the errors, never from the training loop.
+    The directory is created (again) and checked at every write. The first write of a process takes the rank's
+    lock and keeps it (and takes it again if the directory was deleted); a ``finished`` report releases it.
+    Raises ``SpoolDirError`` for an unsafe directory, ``SpoolBusyError`` if another live process holds the rank,
+    ``OSError`` on I/O errors: call it from a background thread and count the errors, never from the training loop.
     """
     meta = RankMeta.of(meta)
     directory = Path(spool_dir)
-    directory.mkdir(parents=True, exist_ok=True)
+    prepare_spool_dir(directory, spool_mode)
     stem = file_stem(meta.rank)
     lock_path = directory / (stem + LOCK_SUFFIX)
-    _hold_lock(lock_path, meta.rank)
+    if _hold_lock(lock_path, meta.rank, file_mode(spool_mode)):
+        remove_stale_temp_files(directory)  # a killed writer's leftovers
     path = directory / (stem + DATA_SUFFIX)
     header = json.dumps({"format": FORMAT_VERSION, **asdict(meta)}, separators=(",", ":")).encode()
-    temp = directory / f".{path.name}.{os.getpid()}.tmp"
+    # A fresh, unpredictable name, created exclusively: nothing another user laid in the directory is followed.
+    fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TEMP_SUFFIX, dir=directory)
     try:
-        with open(temp, "wb") as f:
+        os.fchmod(fd, file_mode(spool_mode))
+        with os.fdopen(fd, "wb") as f:
             f.write(header + b"\n" + exposition)
-        os.chmod(temp, 0o644)
         os.replace(temp, path)
     except BaseException:
-        temp.unlink(missing_ok=True)
+        os.unlink(temp)
         raise
     if meta.finished:
         release_rank_lock(spool_dir, meta.rank)
     return path
 
 
-def _hold_lock(lock_path: Path, rank: str) -> None:
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        on_disk = os.lstat(path)
+    except OSError:
+        return False
+    held = os.fstat(fd)
+    return (on_disk.st_dev, on_disk.st_ino) == (held.st_dev, held.st_ino)
+
+
+def _hold_lock(lock_path: Path, rank: str, mode: int) -> bool:
+    """Hold the rank's lock; True if it was taken now (not already held)."""
     pid = os.getpid()
     with _held_guard:
         held = _held_locks.get(lock_path)
-        if held is not None and held[0] == pid:
-            return
-        if held is not None:  # inherited through fork: the lock stayed with the parent
+        if held is not None and held[0] == pid and _same_file(held[1], lock_path):
+            return False
+        if held is not None:  # inherited through fork (the lock stayed with the parent), or the file was deleted
             os.close(held[1])
             del _held_locks[lock_path]
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | _OPEN_FLAGS, mode)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise SpoolDirError(errno.EINVAL, f"{lock_path} is not a regular file")
         # A reader probing the lock holds it for microseconds: retry briefly before calling the rank busy.
         for _ in range(20):
             try:
@@ -134,6 +263,7 @@ def _hold_lock(lock_path: Path, rank: str) -> None:
             os.close(fd)
             raise SpoolBusyError(errno.EBUSY, f"another live process reports as rank {rank} in this spool directory")
         _held_locks[lock_path] = (pid, fd)
+        return True
 
 
 def release_rank_lock(spool_dir, rank: str) -> None:
@@ -147,36 +277,80 @@ def release_rank_lock(spool_dir, rank: str) -> None:
 
 # -- reading -------------------------------------------------------------------------------------------------
 
-def read_rank_file(path) -> RankReport | None:
-    """The report in ``path``; None if it vanished or is not a rank file of this format."""
+def _open_regular(path: Path, max_bytes: int) -> tuple[int, os.stat_result]:
+    """An fd of ``path`` opened read-only without following a link or blocking on a FIFO, if it is a regular file
+    of at most ``max_bytes``; ``RejectedFile`` otherwise, ``OSError`` if it cannot be opened."""
+    try:
+        fd = os.open(path, os.O_RDONLY | _OPEN_FLAGS)
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            raise RejectedFile("not_regular", "a symbolic link") from None
+        raise
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise RejectedFile("not_regular", "not a regular file")
+    if info.st_size > max_bytes:
+        os.close(fd)
+        raise RejectedFile("too_large", f"{info.st_size} bytes, more than the {max_bytes} allowed")
+    return fd, info
+
+
+def read_rank_file(path, max_bytes: int = DEFAULT_MAX_BYTES) -> RankReport | None:
+    """The report in ``path``; None if it vanished; ``RejectedFile`` if it is not a rank file to serve."""
     path = Path(path)
     try:
-        with open(path, "rb") as f:
-            mtime = os.fstat(f.fileno()).st_mtime
-            data = f.read()
-    except OSError:
+        fd, info = _open_regular(path, max_bytes)
+    except FileNotFoundError:
         return None
-    header, _, exposition = data.partition(b"\n")
+    with os.fdopen(fd, "rb") as f:
+        data = f.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise RejectedFile("too_large", f"more than the {max_bytes} bytes allowed")
+    header, newline, exposition = data.partition(b"\n")
+    if not newline or len(header) > MAX_HEADER_BYTES:
+        raise RejectedFile("bad_header", "no header line of at most 4096 bytes")
     try:
         fields = json.loads(header)
-        if fields.get("format") != FORMAT_VERSION:
-            return None
+        if not isinstance(fields, dict) or fields.get("format") != FORMAT_VERSION:
+            raise ValueError(f"not a rank file of format {FORMAT_VERSION}")
         meta = RankMeta.of(fields)
-    except (ValueError, KeyError, TypeError, AttributeError):
-        log.debug("ignoring %s: not a rank file", path.name)
-        return None
-    return RankReport(meta, exposition, mtime, path)
+    except (ValueError, RecursionError) as error:
+        raise RejectedFile("bad_header", f"header: {str(error)[:100]}") from None
+    if file_stem(meta.rank) + DATA_SUFFIX != path.name:
+        raise RejectedFile("wrong_rank", f"the header says rank {meta.rank}")
+    try:
+        check_exposition(exposition, meta.rank, meta.local_rank)
+    except ExpositionError as error:
+        raise RejectedFile("bad_exposition", str(error)) from None
+    return RankReport(meta, exposition, info.st_mtime, path)
 
 
-def read_rank_files(spool_dir) -> list[RankReport]:
-    """Every rank file in ``spool_dir``, ordered by rank (numerically where ranks are numbers)."""
+def read_rank_files(spool_dir, max_bytes: int = DEFAULT_MAX_BYTES,
+                    rejected: list[tuple[str, RejectedFile]] | None = None) -> list[RankReport]:
+    """Every good rank file in ``spool_dir``, ordered by rank (numerically where ranks are numbers). Files that
+    are rejected are left out, and appended to ``rejected`` as (file name, error) when it is given."""
     try:
         names = os.listdir(spool_dir)
     except OSError:
         return []
-    reports = [read_rank_file(Path(spool_dir) / name) for name in names
-               if name.startswith(PREFIX) and name.endswith(DATA_SUFFIX)]
-    return sorted((r for r in reports if r is not None), key=lambda r: rank_order(r.meta.rank))
+    reports = []
+    for name in names:
+        if not (name.startswith(PREFIX) and name.endswith(DATA_SUFFIX)):
+            continue
+        try:
+            report = read_rank_file(Path(spool_dir) / name, max_bytes)
+        except RejectedFile as error:
+            if rejected is not None:
+                rejected.append((name, error))
+            continue
+        except OSError as error:
+            if rejected is not None:
+                rejected.append((name, RejectedFile("unreadable", error.strerror or str(error))))
+            continue
+        if report is not None:
+            reports.append(report)
+    return sorted(reports, key=lambda r: rank_order(r.meta.rank))
 
 
 def rank_order(rank: str):
@@ -188,8 +362,8 @@ def writer_alive(report: RankReport) -> bool | None:
     if report.meta.pid == os.getpid() and abs(report.meta.start_time - _own_start_time()) < 0.01:
         return True  # never probe our own lock: closing the probe would release it
     try:
-        fd = os.open(report.lock_path, os.O_RDONLY)
-    except OSError:
+        fd, _ = _open_regular(report.lock_path, 0)
+    except (OSError, RejectedFile):
         return _pid_alive(report.meta)
     try:
         fcntl.lockf(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
@@ -239,6 +413,18 @@ def is_expired(report: RankReport, expire_after_seconds: float, now: float) -> b
     return now - report.mtime > expire_after_seconds
 
 
+def remove_stale_temp_files(spool_dir, now: float | None = None) -> None:
+    """Delete temporary files left by writers killed mid-write (best effort)."""
+    now = time.time() if now is None else now
+    try:
+        for entry in os.scandir(spool_dir):
+            if entry.name.startswith("." + PREFIX) and entry.name.endswith(TEMP_SUFFIX) \
+                    and now - entry.stat(follow_symlinks=False).st_mtime > STALE_TEMP_SECONDS:
+                os.unlink(entry.path)
+    except OSError:
+        pass
+
+
 def remove_expired(spool_dir, expire_after_seconds: float, now: float | None = None) -> list[RankReport]:
     """Delete the files of ranks whose process is gone and whose last report is older than the expiry,
     and temporary files left by writers killed mid-write. Returns the removed reports."""
@@ -248,11 +434,5 @@ def remove_expired(spool_dir, expire_after_seconds: float, now: float | None = N
         if is_expired(report, expire_after_seconds, now) and writer_alive(report) is False:
             remove_rank_files(report)
             removed.append(report)
-    try:
-        for entry in os.scandir(spool_dir):
-            if entry.name.startswith("." + PREFIX) and entry.name.endswith(".tmp") \
-                    and now - entry.stat().st_mtime > expire_after_seconds:
-                os.unlink(entry.path)
-    except OSError:
-        pass
+    remove_stale_temp_files(spool_dir, now)
     return removed

@@ -18,7 +18,7 @@ LOCAL_RANK_VARIABLES = ("LOCAL_RANK", "PJRT_LOCAL_PROCESS_RANK")
 def _first_integer(env: Mapping[str, str], names: tuple[str, ...]) -> str | None:
     for name in names:
         value = env.get(name, "").strip()
-        if value.isdigit():
+        if value.isascii() and value.isdigit() and len(value) <= 9:
             return str(int(value))  # "007" and "7" are the same rank; anything else is not a rank
     return None
 

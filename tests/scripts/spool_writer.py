@@ -83,7 +83,10 @@ def main() -> None:
             while True:
                 time.sleep(args.rewrite)
                 steps += 1
-                write_all(steps)
+                try:
+                    write_all(steps)
+                except OSError:
+                    pass  # the directory was deleted mid-write: the next write makes it again
         threading.Thread(target=rewrite, daemon=True).start()
     sys.stdin.read()
 

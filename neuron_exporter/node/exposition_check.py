@@ -1,0 +1,88 @@
+"""A strict check of a rank's exposition before the node endpoint serves it.
+
+A rank file is written by a training process, but anyone who can write to the spool directory can put one there.
+The node endpoint serves a rank only if its exposition is what a rank writes: the text format 0.0.4 as
+prometheus_client renders it, line by line; only the exporter's own families, never one the node endpoint owns
+(``neuron_exporter_rank_up`` and the like); every sample labelled with the rank and local rank of the file's
+header, so a file cannot speak for another rank. One bad line and the whole rank is left out: a single malformed
+line would make Prometheus reject the whole node's scrape.
+"""
+
+from __future__ import annotations
+
+import re
+
+NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
+LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\\n]|\\[\\"n])*)"')
+LABELS = re.compile(rf'{LABEL.pattern}(?:,{LABEL.pattern})*,?')
+SAMPLE = re.compile(rf"({NAME})(?:\{{(.*)\}})? ([^ ]+)(?: (-?[0-9]+))?")
+VALUE = re.compile(r"[+-]?(?:Inf|NaN|(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?)")
+HELP = re.compile(rf"# HELP ({NAME}) (?:[^\\\n]|\\[\\n])*")
+TYPE = re.compile(rf"# TYPE ({NAME}) (?:counter|gauge|histogram|summary|untyped)")
+SAMPLE_SUFFIXES = ("", "_bucket", "_sum", "_count", "_created")
+
+RANK_PREFIXES = ("xla_", "neuron_exporter_")
+# Families the node endpoint itself renders: a rank file must not publish them.
+NODE_FAMILIES = ("neuron_exporter_rank_up", "neuron_exporter_rank_state",
+                 "neuron_exporter_rank_last_report_timestamp_seconds", "neuron_exporter_ranks")
+NODE_PREFIXES = ("neuron_exporter_host_", "neuron_exporter_spool_")
+SHOWN = 60  # characters of an offending line quoted in an error
+
+
+class ExpositionError(ValueError):
+    """Why an exposition is not served; ``str()`` is one line naming the line."""
+
+
+def _shown(line: str) -> str:
+    text = line[:SHOWN].encode("unicode_escape").decode("ascii")
+    return text + ("..." if len(line) > SHOWN else "")
+
+
+def is_rank_family(name: str) -> bool:
+    return name.startswith(RANK_PREFIXES) and name not in NODE_FAMILIES and not name.startswith(NODE_PREFIXES)
+
+
+def _belongs(sample: str, family: str) -> bool:
+    if family.endswith("_total") and sample == family[:-len("_total")] + "_created":
+        return True
+    return any(sample == family + suffix for suffix in SAMPLE_SUFFIXES)
+
+
+def check_exposition(exposition: bytes, rank: str, local_rank: str) -> None:
+    """Raise ``ExpositionError`` unless ``exposition`` is a rank's own, for ``rank`` and ``local_rank``."""
+    try:
+        text = exposition.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ExpositionError(f"not UTF-8 (byte {error.start})") from None
+    if text and not text.endswith("\n"):
+        raise ExpositionError("the last line has no line end (a truncated file?)")
+    family = None
+    seen: set[str] = set()
+    for number, line in enumerate(text.split("\n")[:-1], start=1):
+        where = f"exposition line {number}"
+        if line.startswith("# HELP "):
+            match = HELP.fullmatch(line)
+            if not match:
+                raise ExpositionError(f"{where}: malformed HELP line: {_shown(line)}")
+            family = match.group(1)
+            if not is_rank_family(family):
+                raise ExpositionError(f"{where}: {_shown(family)} is not a family a rank may publish")
+            if family in seen:
+                raise ExpositionError(f"{where}: family {family} appears twice")
+            seen.add(family)
+        elif line.startswith("# TYPE "):
+            match = TYPE.fullmatch(line)
+            if not match or match.group(1) != family:
+                raise ExpositionError(f"{where}: TYPE line does not follow its HELP line: {_shown(line)}")
+        else:
+            match = SAMPLE.fullmatch(line)
+            if not match or not VALUE.fullmatch(match.group(3)):
+                raise ExpositionError(f"{where}: malformed line: {_shown(line)}")
+            if family is None or not _belongs(match.group(1), family):
+                raise ExpositionError(f"{where}: sample outside its family: {_shown(line)}")
+            body = match.group(2) or ""
+            if body and not LABELS.fullmatch(body):
+                raise ExpositionError(f"{where}: malformed labels: {_shown(line)}")
+            labels = dict(LABEL.findall(body))
+            if labels.get("rank") != rank or labels.get("local_rank") != local_rank:
+                raise ExpositionError(f"{where}: a series of another rank in the file of rank {rank}: {_shown(line)}")

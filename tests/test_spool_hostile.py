@@ -1,0 +1,241 @@
+"""The spool trusts nothing it finds: links, FIFOs, huge or forged files, other users' directories, deletion."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+
+import psutil
+import pytest
+from conftest import SCRIPTS, TrainingRun, samples, scrape, value, wait_until, xla_env
+from fuzz import cases
+from spool_helpers import Writer
+from test_daemon import Daemon, daemons  # noqa: F401 (the fixture)
+
+from neuron_exporter.config import SPOOL_MODE_NAMES
+from neuron_exporter.node import spool
+from neuron_exporter.node.spool import (
+    RankMeta, RejectedFile, SpoolBusyError, SpoolDirError, read_rank_file, release_rank_lock, write_rank_file,
+    writer_alive)
+
+NOBODY = 65534
+
+
+def rank_file(rank: str, exposition: bytes, **header) -> bytes:
+    me = psutil.Process()
+    fields = {"format": 1, "rank": rank, "local_rank": rank, "pid": me.pid, "start_time": me.create_time(),
+              "finished": False, "last_step_time": None, **header}
+    return json.dumps(fields).encode() + b"\n" + exposition
+
+
+def steps_exposition(rank: str, name: str = "xla_steps_total", labels: str | None = None) -> bytes:
+    labels = labels if labels is not None else f'local_rank="{rank}",rank="{rank}"'
+    return (f"# HELP {name} Steps\n# TYPE {name} counter\n{name}{{{labels}}} 7.0\n").encode()
+
+
+def test_the_spool_modes_are_the_options_modes():
+    assert tuple(spool.SPOOL_MODES) == SPOOL_MODE_NAMES
+
+
+def test_laid_links_are_never_followed_by_the_writer(tmp_path):
+    directory = tmp_path / "spool"
+    directory.mkdir(mode=0o700)
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    victim.chmod(0o600)
+    # Every name a writer used to use, and the rank file itself, point at the victim.
+    (directory / f".rank-0.prom.{os.getpid()}.tmp").symlink_to(victim)
+    (directory / "rank-0.prom").symlink_to(victim)
+    try:
+        write_rank_file(directory, RankMeta.current("0", "0"), steps_exposition("0"))
+        assert victim.read_text() == "precious\n" and (victim.stat().st_mode & 0o777) == 0o600
+        assert not (directory / "rank-0.prom").is_symlink()
+        assert read_rank_file(directory / "rank-0.prom").meta.pid == os.getpid()
+        assert (directory / "rank-0.prom").stat().st_mode & 0o777 == 0o600
+    finally:
+        release_rank_lock(directory, "0")
+
+
+def test_a_laid_lock_link_is_refused(tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    directory = tmp_path / "spool"
+    directory.mkdir(mode=0o700)
+    (directory / "rank-0.lock").symlink_to(victim)
+    with pytest.raises(OSError):
+        write_rank_file(directory, RankMeta.current("0", "0"), steps_exposition("0"))
+    assert victim.read_text() == "precious\n"
+
+
+@pytest.mark.parametrize("mode, message", [(0o777, "writable by everyone"), (0o770, "writable by its group")])
+def test_a_directory_others_can_write_is_refused(tmp_path, mode, message):
+    directory = tmp_path / "spool"
+    directory.mkdir()
+    directory.chmod(mode)
+    with pytest.raises(SpoolDirError, match=message):
+        write_rank_file(directory, RankMeta.current("0", "0"), steps_exposition("0"))
+    assert os.listdir(directory) == []
+
+
+def test_another_users_directory_is_refused(tmp_path):
+    directory = tmp_path / "spool"
+    directory.mkdir(mode=0o700)
+    os.chown(directory, NOBODY, NOBODY)
+    with pytest.raises(SpoolDirError, match=f"belongs to uid {NOBODY}"):
+        write_rank_file(directory, RankMeta.current("0", "0"), steps_exposition("0"))
+
+
+def test_a_link_as_the_directory_is_refused(tmp_path):
+    real = tmp_path / "real"
+    real.mkdir(mode=0o700)
+    (tmp_path / "link").symlink_to(real)
+    with pytest.raises(SpoolDirError, match="symbolic link"):
+        write_rank_file(tmp_path / "link", RankMeta.current("0", "0"), steps_exposition("0"))
+
+
+def test_a_shared_mode_accepts_a_sticky_directory(tmp_path):
+    directory = tmp_path / "shared"
+    spool.prepare_spool_dir(directory, "shared")
+    assert directory.stat().st_mode & 0o7777 == 0o1777
+    try:
+        path = write_rank_file(directory, RankMeta.current("0", "0"), steps_exposition("0"), "shared")
+        assert path.stat().st_mode & 0o777 == 0o644
+    finally:
+        release_rank_lock(directory, "0")
+
+
+def test_a_deleted_directory_is_made_again_and_the_rank_keeps_its_lock(tmp_path):
+    directory = tmp_path / "spool"
+    with Writer(directory, "0", "--rewrite", "0.05") as writer:
+        shutil.rmtree(directory)
+        wait_until(lambda: (directory / "rank-0.prom").exists() and (directory / "rank-0.lock").exists(),
+                   what="the rank file to be written again")
+        report = wait_until(lambda: _readable(directory / "rank-0.prom"), what="a whole rank file")
+        assert report.meta.pid == writer.pid
+        assert writer_alive(report) is True  # the lock was taken again on the new lock file
+        with pytest.raises(SpoolBusyError):
+            write_rank_file(directory, RankMeta.current("0", "0"), steps_exposition("0"))
+
+
+def _readable(path):
+    try:
+        return read_rank_file(path)
+    except (OSError, RejectedFile):
+        return None
+
+
+def test_stale_temporary_files_are_removed(tmp_path):
+    directory = tmp_path / "spool"
+    directory.mkdir(mode=0o700)
+    stale, fresh = directory / ".rank-5.prom.77.tmp", directory / ".rank-6.prom.abc.tmp"
+    stale.write_bytes(b"half a file")
+    fresh.write_bytes(b"being written")
+    then = time.time() - 2 * spool.STALE_TEMP_SECONDS
+    os.utime(stale, (then, then))
+    try:
+        write_rank_file(directory, RankMeta.current("0", "0"), steps_exposition("0"))
+        assert not stale.exists() and fresh.exists()
+    finally:
+        release_rank_lock(directory, "0")
+
+
+# -- the node endpoint over a spool directory with hostile files -----------------------------------------------
+
+HOSTILE = {
+    "rank-2.prom": ("not_regular", lambda path: path.symlink_to("/dev/zero")),
+    "rank-3.prom": ("not_regular", lambda path: os.mkfifo(path)),
+    "rank-4.prom": ("too_large", lambda path: path.write_bytes(
+        rank_file("4", steps_exposition("4")) + b"# " + b"x" * (5 * 1024 * 1024) + b"\n")),
+    "rank-5.prom": ("bad_header", lambda path: path.write_bytes(rank_file("5", steps_exposition("5"), pid=1e400))),
+    "rank-6.prom": ("bad_exposition", lambda path: path.write_bytes(
+        rank_file("6", steps_exposition("6") + b"xla_steps_total{rank=\"6\"} not-a-number\n"))),
+    "rank-7.prom": ("bad_exposition", lambda path: path.write_bytes(rank_file("7", steps_exposition(
+        "0", "neuron_exporter_rank_up", 'local_rank="0",rank="0"').replace(b"counter", b"gauge")))),
+    "rank-8.prom": ("bad_exposition", lambda path: path.write_bytes(rank_file("8", steps_exposition("0")))),
+    "rank-9.prom": ("wrong_rank", lambda path: path.write_bytes(rank_file("0", steps_exposition("0")))),
+    "rank-10.prom": ("bad_header", lambda path: path.write_bytes(b"[" * 3000 + b"\n")),
+}
+
+
+def lay_hostile_files(directory) -> None:
+    for name, (_, make) in HOSTILE.items():
+        make(directory / name)
+
+
+def test_the_daemon_serves_every_good_rank_and_counts_the_bad_files(tmp_path, daemons):
+    directory = tmp_path / "spool"
+    with Writer(directory, "0,1", "--steps", "4"):
+        lay_hostile_files(directory)
+        daemon = Daemon(tmp_path, "--addr", "127.0.0.1", "--port", "0", "--spool-dir", str(directory))
+        daemons(daemon)
+        with urllib.request.urlopen(daemon.url, timeout=2) as response:  # a FIFO or /dev/zero must not stall it
+            text = response.read().decode()
+        ranks = {dict(labels).get("rank") for (name, labels) in samples(text) if name == "xla_steps_total"}
+        assert ranks == {"0", "1"}
+        assert value(text, "xla_steps_total", rank="0") == 4  # rank 8's forged series for rank 0 is not added
+        assert value(text, "neuron_exporter_rank_up", rank="0") == 1  # the forged rank_up 0 is not served
+        assert value(text, "neuron_exporter_ranks") == 2
+        expected = {}
+        for reason, _ in HOSTILE.values():
+            expected[reason] = expected.get(reason, 0) + 1
+        for reason, count in expected.items():
+            assert value(text, "neuron_exporter_spool_rejected_files", reason=reason) == count, reason
+        check = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True)
+        assert check.returncode == 0 and check.stdout + check.stderr == "", check.stdout + check.stderr
+    log = daemon.log.read_text()
+    assert "Traceback" not in log
+    assert log.count("rank-3.prom") == 1  # one line for each bad file, however often it is scraped
+
+
+def test_a_training_rank_serving_the_node_view_is_not_slowed_or_fed_by_bad_files(tmp_path):
+    directory = tmp_path / "spool"
+    directory.mkdir(mode=0o700)
+    lay_hostile_files(directory)
+    with TrainingRun("train_scenario.py", "clean", "3", env=xla_env(TEST_SPOOL_DIR=str(directory))) as run:
+        url = run.result()["url"]
+        with urllib.request.urlopen(url, timeout=2) as response:
+            text = response.read().decode()
+        assert {dict(labels).get("rank") for (name, labels) in samples(text) if name == "xla_steps_total"} == {"0"}
+        assert value(text, "neuron_exporter_spool_rejected_files", reason="not_regular") == 2
+        assert psutil.Process(run.process.pid).memory_info().rss < 2 * 1024**3  # /dev/zero was never read
+        code, stderr = run.finish()
+    assert code == 0 and "Traceback" not in stderr
+
+
+def test_a_rank_refuses_another_users_directory_in_one_line(tmp_path):
+    directory = tmp_path / "theirs"
+    directory.mkdir(mode=0o700)
+    os.chown(directory, NOBODY, NOBODY)
+    env = xla_env(TEST_SPOOL_DIR=str(directory), NEURON_EXPORTER_SPOOL_INTERVAL_SECONDS="0.05")
+    with TrainingRun("train_scenario.py", "clean", "3", env=env) as run:
+        url = run.result()["url"]
+        wait_until(lambda: (value(scrape(url), "neuron_exporter_collection_errors_total", stage="spool") or 0) >= 3,
+                   what="several refused spool writes")
+        code, stderr = run.finish()
+    assert code == 0
+    assert stderr.count(f"belongs to uid {NOBODY}") == 1 and "Traceback" not in stderr
+    assert os.listdir(directory) == []
+
+
+# -- fuzz ----------------------------------------------------------------------------------------------------
+
+def test_fuzz_the_spool_reader(tmp_path):
+    sys.path.insert(0, str(SCRIPTS))
+    from spool_writer import rank_exposition
+
+    seeds = [rank_file("0", steps_exposition("0")), rank_file("0", rank_exposition("0", steps=5, ops=3))]
+    path = tmp_path / "rank-0.prom"
+    for case, data in cases(seeds, "spool"):
+        path.write_bytes(data)
+        try:
+            report = read_rank_file(path)
+        except RejectedFile:
+            continue
+        except Exception as error:  # noqa: BLE001
+            pytest.fail(f"case {case}: {type(error).__name__}: {error}")
+        assert report.meta.rank == "0", case

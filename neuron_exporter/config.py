@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import stat
 import tempfile
 import typing
 from collections.abc import Callable, Mapping
@@ -21,10 +22,34 @@ import yaml
 ENV_PREFIX = "NEURON_EXPORTER_"
 CONFIG_FILE_ENV = ENV_PREFIX + "CONFIG"
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+MAX_CONFIG_BYTES = 1024 * 1024  # a config is a dozen lines; a larger file is the wrong file
+SHOWN_CHARACTERS = 80  # of a value quoted in an error
 
 
 class ConfigError(ValueError):
     """A configuration mistake; ``str()`` is one line saying what is wrong and where."""
+
+
+def _printable(text: str, limit: int | None = None) -> str:
+    """``text`` with non-printable characters and backslashes escaped, cut to ``limit`` characters with ``...``."""
+    shown = ""
+    for character in text:
+        piece = character if character.isprintable() and character != "\\" else repr(character)[1:-1]
+        if limit is not None and len(shown) + len(piece) > limit:
+            return shown + "..."
+        shown += piece
+    return shown
+
+
+def _shown(value) -> str:
+    """A value as an error shows it: strings quoted, everything escaped and cut short."""
+    if value is None:
+        return "null"
+    if isinstance(value, str):
+        return f'"{_printable(value, SHOWN_CHARACTERS)}"'
+    if isinstance(value, int) and abs(value) >= 10 ** SHOWN_CHARACTERS:  # str() refuses more than 4300 digits
+        return f"an integer of more than {SHOWN_CHARACTERS} digits"
+    return _printable(str(value), SHOWN_CHARACTERS)
 
 
 def default_spool_dir() -> str:
@@ -49,6 +74,12 @@ class Options:
         doc="Directory where every rank writes its metrics for the node endpoint (use a tmpfs).",
         factory=default_spool_dir,
         shown="`/dev/shm/neuron-exporter` if /dev/shm is writable, else `$TMPDIR/neuron-exporter`")
+    spool_mode: str = _option(
+        "private", "Who may read and write the spool directory: `private` (mode 0700), `group` (0750), `readable` "
+                   "(0755), `group-shared` (1770), `shared` (1777). A rank refuses a directory more open than this, "
+                   "or another user's; see deploy/PROTOCOL.md.")
+    spool_max_file_bytes: int = _option(
+        4 * 1024 * 1024, "The node endpoint ignores a rank file larger than this (and counts it).")
     spool_interval_seconds: float = _option(2.0, "How often a rank rewrites its spool file.")
     hung_after_seconds: float = _option(
         60.0, "A live rank that has ended no step for this long (before its first step: sent no report) is hung.")
@@ -84,25 +115,42 @@ def _check_not_negative(value):
         return f"{value:g} must be 0 or more"
 
 
+def _check_no_nul(value):
+    if value is not None and "\0" in value:
+        return f"{_shown(value)} has a NUL character"
+
+
 def _check_non_empty(value):
     if not value:
         return "must not be empty"
+    return _check_no_nul(value)
+
+
+SPOOL_MODE_NAMES = ("private", "group", "readable", "group-shared", "shared")
+
+
+def _check_spool_mode(value):
+    if value not in SPOOL_MODE_NAMES:
+        return f'{_shown(value)} is not a spool mode ({", ".join(SPOOL_MODE_NAMES)})'
 
 
 def _check_log_level(value):
     if value not in LOG_LEVELS:
-        return f'"{value}" is not a log level ({", ".join(LOG_LEVELS)})'
+        return f'{_shown(value)} is not a log level ({", ".join(LOG_LEVELS)})'
 
 
 _CHECKS: dict[str, Callable] = {
     "addr": _check_non_empty,
     "port": _check_port,
     "spool_dir": _check_non_empty,
+    "spool_mode": _check_spool_mode,
+    "spool_max_file_bytes": _check_positive,
     "spool_interval_seconds": _check_positive,
     "hung_after_seconds": _check_positive,
     "expire_after_seconds": _check_positive,
     "warmup_steps": _check_not_negative,
     "max_op_series": _check_positive,
+    "web_config_file": _check_no_nul,
     "log_level": _check_log_level,
 }
 
@@ -113,7 +161,7 @@ _FALSE = ("0", "false", "no", "off")
 def _convert(key: str, value, from_text: bool):
     """``value`` as the option's type, or raise ValueError with the reason (without the option's name)."""
     kind = _TYPES[key]
-    shown = f'"{value}"' if isinstance(value, str) else ("null" if value is None else str(value))
+    shown = _shown(value)
     if from_text and isinstance(value, str):
         text = value.strip()
         if kind is int:
@@ -135,10 +183,15 @@ def _convert(key: str, value, from_text: bool):
     if kind is int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise ValueError(f"expected an integer, got {shown}")
+        if value.bit_length() > 63:
+            raise ValueError(f"{shown} is too large (a 64-bit integer is expected)")
     elif kind is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ValueError(f"expected a number, got {shown}")
-        value = float(value)
+        try:
+            value = float(value)
+        except OverflowError:  # an integer of more than 1024 bits
+            value = math.inf
         if not math.isfinite(value):
             raise ValueError(f"expected a finite number, got {shown}")
     elif kind is bool:
@@ -163,43 +216,85 @@ def _known() -> str:
     return ", ".join(OPTION_NAMES)
 
 
-def _from_file(path) -> dict:
-    path_text = os.fspath(path)
+def _config_text(path, path_text: str) -> str:
+    """The text of a config file: a regular file of at most MAX_CONFIG_BYTES, in UTF-8."""
     try:
-        text = Path(path).read_text()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # opening a FIFO must not wait for a writer
+    except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
+        raise ConfigError(f"{path_text}: cannot read config file: {getattr(exc, 'strerror', None) or exc}") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise ConfigError(f"{path_text}: cannot read config file: it is a directory")
+        if not stat.S_ISREG(mode):
+            raise ConfigError(f"{path_text}: cannot read config file: not a regular file (a FIFO, device or socket)")
+        with os.fdopen(fd, "rb", closefd=False) as file:
+            data = file.read(MAX_CONFIG_BYTES + 1)
     except OSError as exc:
         raise ConfigError(f"{path_text}: cannot read config file: {exc.strerror or exc}") from None
-    loader = yaml.SafeLoader(text)
+    finally:
+        os.close(fd)
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{path_text}: larger than 1 MiB, too large for a config file")
     try:
-        root = loader.get_single_node()
-        if root is None:
-            return {}
-        if not isinstance(root, yaml.MappingNode):
-            raise ConfigError(f"{path_text}:{root.start_mark.line + 1}: the config file must be a mapping "
-                              f"of option names to values (known: {_known()})")
-        values, seen = {}, {}
-        for key_node, value_node in root.value:
-            line = key_node.start_mark.line + 1
-            key = key_node.value if isinstance(key_node, yaml.ScalarNode) else None
-            if key not in OPTION_NAMES:
-                raise ConfigError(f'{path_text}:{line}: unknown key "{key}" (known: {_known()})')
-            if key in seen:
-                raise ConfigError(f'{path_text}:{line}: duplicate key "{key}" (first on line {seen[key]})')
-            seen[key] = line
-            if not isinstance(value_node, yaml.ScalarNode):
-                raise ConfigError(f"{path_text}:{value_node.start_mark.line + 1}: {key}: expected a single value")
-            raw = loader.construct_object(value_node, deep=True)
-            try:
-                values[key] = _convert(key, raw, from_text=False)
-            except ValueError as exc:
-                raise ConfigError(f"{path_text}:{value_node.start_mark.line + 1}: {key}: {exc}") from None
-        return values
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise ConfigError(f"{path_text}:{line}: not UTF-8 text (byte {exc.start}); a config file is UTF-8") from None
+
+
+def _from_file(path) -> dict:
+    path_text = _printable(os.fsdecode(path))
+    text = _config_text(path, path_text)
+    try:
+        loader = yaml.SafeLoader(text)  # refuses control characters here, before reading anything
+    except yaml.reader.ReaderError as exc:
+        line = text.count("\n", 0, exc.position) + 1
+        raise ConfigError(f"{path_text}:{line}: invalid YAML: the character {_shown(chr(exc.character))} is not "
+                          f"allowed") from None
+    try:
+        return _options_in(loader, path_text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{path_text}:{mark.line + 1}" if mark else path_text
-        raise ConfigError(f"{where}: invalid YAML: {getattr(exc, 'problem', None) or exc}") from None
+        problem = _printable(str(getattr(exc, "problem", None) or exc), SHOWN_CHARACTERS * 2)
+        raise ConfigError(f"{where}: invalid YAML: {problem}") from None
+    except RecursionError:
+        raise ConfigError(f"{path_text}: invalid YAML: nested too deeply") from None
     finally:
         loader.dispose()
+
+
+def _options_in(loader: yaml.SafeLoader, path_text: str) -> dict:
+    """The options of the one YAML document of ``loader``, converted and checked."""
+    root = loader.get_single_node()
+    if root is None:
+        return {}
+    if not isinstance(root, yaml.MappingNode):
+        raise ConfigError(f"{path_text}:{root.start_mark.line + 1}: the config file must be a mapping "
+                          f"of option names to values (known: {_known()})")
+    values, seen = {}, {}
+    for key_node, value_node in root.value:
+        line = key_node.start_mark.line + 1
+        key = key_node.value if isinstance(key_node, yaml.ScalarNode) else None
+        if key not in OPTION_NAMES:
+            raise ConfigError(f"{path_text}:{line}: unknown key {_shown(key)} (known: {_known()})")
+        if key in seen:
+            raise ConfigError(f'{path_text}:{line}: duplicate key "{key}" (first on line {seen[key]})')
+        seen[key] = line
+        line = value_node.start_mark.line + 1
+        if not isinstance(value_node, yaml.ScalarNode):
+            raise ConfigError(f"{path_text}:{line}: {key}: expected a single value")
+        try:
+            raw = loader.construct_object(value_node, deep=True)
+        except (ValueError, OverflowError) as exc:  # a tagged value such as !!int 1x, or an integer of 5000 digits
+            raise ConfigError(f"{path_text}:{line}: {key}: cannot read the value: "
+                              f"{_printable(str(exc), SHOWN_CHARACTERS * 2)}") from None
+        try:
+            values[key] = _convert(key, raw, from_text=False)
+        except ValueError as exc:
+            raise ConfigError(f"{path_text}:{line}: {key}: {exc}") from None
+    return values
 
 
 def _from_env(env: Mapping[str, str]) -> dict:

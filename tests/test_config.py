@@ -150,7 +150,7 @@ def test_bad_configuration_is_one_line_and_exit_2(tmp_path, case):
         args, expected = ["--config", str(tmp_path / "nope.yaml")], "nope.yaml: cannot read config file"
     elif case == "unreadable TLS file":
         web.write_text("tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n")
-        args, expected = ["--web.config.file", str(web)], f"{web}:2: tls_server_config.cert_file: cannot read server.crt"
+        args, expected = ["--web.config.file", str(web)], f'{web}:2: tls_server_config.cert_file: cannot read "server.crt"'
     elif case == "web config unknown key":
         web.write_text("basic_auth_user:\n  a: b\n")
         args, expected = ["--web.config.file", str(web)], f'{web}:1: unsupported key "basic_auth_user"'

@@ -135,7 +135,7 @@ def _read_stdin() -> bytes:
 def _read_file(path: str, source: str) -> bytes:
     """At most MAX_REPORT_BYTES + 1 bytes of a regular file or a pipe; a device or socket is refused."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # opening a FIFO must not wait for a writer
-    with os.fdopen(fd, "rb") as file:
+    try:
         mode = os.fstat(fd).st_mode
         if stat.S_ISDIR(mode):
             raise IsADirectoryError
@@ -143,7 +143,10 @@ def _read_file(path: str, source: str) -> bytes:
             raise CommandError(f"{source}: not a regular file (a device or a socket); give a report file, "
                                f"or - to read standard input")
         os.set_blocking(fd, True)  # a pipe without a writer then reads as empty
-        return file.read(MAX_REPORT_BYTES + 1)
+        with os.fdopen(fd, "rb", closefd=False) as file:
+            return file.read(MAX_REPORT_BYTES + 1)
+    finally:
+        os.close(fd)
 
 
 def _last_report(path: str) -> tuple[int | None, int, Snapshot, str]:

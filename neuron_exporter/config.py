@@ -21,6 +21,7 @@ import yaml
 
 ENV_PREFIX = "NEURON_EXPORTER_"
 CONFIG_FILE_ENV = ENV_PREFIX + "CONFIG"
+AUTO_ENV = ENV_PREFIX + "AUTO"  # attach in every process that imports torch_xla (see training/auto_attach.py)
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 MAX_CONFIG_BYTES = 1024 * 1024  # a config is a dozen lines; a larger file is the wrong file
 SHOWN_CHARACTERS = 80  # of a value quoted in an error
@@ -300,7 +301,7 @@ def _options_in(loader: yaml.SafeLoader, path_text: str) -> dict:
 def _from_env(env: Mapping[str, str]) -> dict:
     values = {}
     for name, text in env.items():
-        if not name.startswith(ENV_PREFIX) or name == CONFIG_FILE_ENV:
+        if not name.startswith(ENV_PREFIX) or name in (CONFIG_FILE_ENV, AUTO_ENV):
             continue
         key = name[len(ENV_PREFIX):].lower()
         values[key] = _checked(key, text, name)

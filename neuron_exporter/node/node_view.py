@@ -78,24 +78,28 @@ class NodeView:
         self.rejected: list[tuple[str, RejectedFile]] = []  # of the last statuses(): files left out, and why
         self.spool_dir_ok = True
 
-    def statuses(self, own: tuple[RankMeta | Mapping, bytes] | None = None,
-                 now: float | None = None) -> list[RankStatus]:
-        """Every rank the endpoint serves, with its state; deletes the files of dead ranks past the expiry."""
+    def statuses(self, own: tuple[RankMeta | Mapping, bytes] | None = None, now: float | None = None,
+                 own_idle: bool = False) -> list[RankStatus]:
+        """Every rank the endpoint serves, with its state; deletes the files of dead ranks past the expiry.
+        ``own_idle``: the serving process has not trained, so another live process that reports its rank (the
+        worker a launcher started) is shown instead of it."""
         now = time.time() if now is None else now
         statuses = []
         own_meta = RankMeta.of(own[0]) if own is not None else None
-        if own is not None:
-            statuses.append(self._status(own_meta, own[1], alive=True, written=now, now=now))
         rejected: list[tuple[str, RejectedFile]] = []
         for report in self._spool_reports(rejected, now):
-            if own_meta is not None and report.meta.rank == own_meta.rank:
-                continue  # the live process's own exposition is newer than its file
             alive = writer_alive(report)
+            if own_meta is not None and report.meta.rank == own_meta.rank:
+                if not (own_idle and alive and report.meta.pid != own_meta.pid):
+                    continue  # the live process's own exposition is newer than its file
+                own_meta = None
             if is_expired(report, self.options.expire_after_seconds, now):
                 if alive is False:
                     remove_rank_files(report)
                 continue
             statuses.append(self._status(report.meta, report.exposition, alive, report.mtime, now))
+        if own_meta is not None:
+            statuses.append(self._status(own_meta, own[1], alive=True, written=now, now=now))
         self.rejected = rejected
         return sorted(statuses, key=lambda s: rank_order(s.meta.rank))
 
@@ -133,9 +137,9 @@ class NodeView:
             state = "running"
         return RankStatus(meta, state, progress, exposition)
 
-    def render(self, own: tuple[RankMeta | Mapping, bytes] | None = None) -> bytes:
+    def render(self, own: tuple[RankMeta | Mapping, bytes] | None = None, own_idle: bool = False) -> bytes:
         """The node endpoint's exposition. ``own`` is ``(meta, exposition)`` of the process serving it."""
-        statuses = self.statuses(own)
+        statuses = self.statuses(own, own_idle=own_idle)
         node = generate_latest(_NodeMetrics(statuses, self._host, self.rejected, self.spool_dir_ok))
         return merge_expositions([s.exposition for s in statuses] + [node])
 

@@ -1,35 +1,46 @@
 """``attach()``: one line in a training script turns every torch_xla step into Prometheus metrics.
 
 What runs where:
-- on the training thread, after each step marker: two counter reads and a little arithmetic (``StepHook``);
+- on the training thread, around each step marker: four counter reads and a little arithmetic (``StepHook``), and
+  after each optimizer step a flag (``OptimizerHook``);
 - on the HTTP thread, at scrape time: the full torch_xla snapshot and the rendering (``RankCollector``);
 - on the spool thread, every ``spool_interval_seconds``: this rank's exposition written to the spool directory,
   where the node endpoint (the daemon, or the rank that holds the port) picks it up.
 Nothing here forces a device sync, runs a graph, or lets an exporter failure reach the training loop.
+
+A process claims its rank (writes the spool, shows itself on the node endpoint) at its first step, not at
+``attach()``: a launcher that only starts the workers (``torch_xla.launch``, ``xmp.spawn``) or a DataLoader worker
+never shadows the rank that trains. Child processes are attached too: forked ones inherit the hook, and ones started
+afresh (spawn, torchrun) attach when they import torch_xla, through ``autostart`` and the variables set here.
 """
 
 from __future__ import annotations
 
 import atexit
 import logging
+import multiprocessing.util
 import os
+import sys
 import threading
 import time
 
 import psutil
 from prometheus_client import CollectorRegistry, generate_latest
 
-from ..config import Options, resolve_options
+from ..config import AUTO_ENV, ENV_PREFIX, Options, resolve_options
 from ..node.node_view import NodeView
 from ..node.spool import write_rank_file
 from ..web.http_server import MetricsServer
 from ..web.web_config import load_web_config
 from .rank import rank_labels
 from .rank_collector import RankCollector
+from .optimizer_hook import OptimizerHook
 from .self_metrics import SelfStats
 from .step_hook import StepHook
 from .step_tracker import StepTracker
 from .xla_reader import XlaReader
+
+AUTOSTART_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "autostart")
 
 log = logging.getLogger("neuron_exporter")
 
@@ -40,8 +51,9 @@ _current: ExporterHandle | None = None
 class ExporterHandle:
     """What ``attach()`` returns. ``port``/``url`` are None when another process holds the port (see README)."""
 
-    def __init__(self, options: Options, registry: CollectorRegistry | None):
+    def __init__(self, options: Options, registry: CollectorRegistry | None, auto: bool = False):
         self.options = options
+        self.auto = auto  # started by the import of torch_xla in a child process, not by a call in the script
         self.stats = SelfStats()
         self.reader = XlaReader()
         self.tracker = StepTracker(options.warmup_steps, *self.reader.compile_counters())
@@ -52,24 +64,45 @@ class ExporterHandle:
         if registry is not None:  # e.g. the registry the application already serves
             registry.register(self.collector)
         self._node_view = NodeView(options) if options.node_view else None
-        self._hook = StepHook(self._on_sync)
+        self._hook = StepHook(self._before_sync, self._on_sync)
+        self._optimizer_hook = OptimizerHook(self._on_optimizer_step)
+        self._graphs_before = 0
         self._server: MetricsServer | None = None
         self._stop = threading.Event()
         self._spool_thread: threading.Thread | None = None
         self._process_start = psutil.Process().create_time()
         self._web_config = load_web_config(options.web_config_file) if options.web_config_file else None
         self._detached = False
-        self._parent_labels: dict[str, str] | None = None  # set in a forked child: the rank it was forked from
+        self._crashed = False
 
     # -- the training thread ------------------------------------------------------------------------------
+    def _before_sync(self) -> None:
+        start = time.perf_counter()
+        try:
+            self._graphs_before = self.reader.graphs()
+        except Exception as error:  # noqa: BLE001 (never into the training loop)
+            self.stats.record_error("step", error)
+        self.stats.hook_seconds += time.perf_counter() - start
+
     def _on_sync(self) -> None:
         start = time.perf_counter()
         try:
             graphs, compiles = self.reader.compile_counters()
-            self.tracker.on_sync(graphs, compiles, start)
+            self.tracker.on_sync(self._graphs_before, graphs, compiles, start)
         except Exception as error:  # noqa: BLE001 (never into the training loop)
             self.stats.record_error("step", error)
         self.stats.hook_seconds += time.perf_counter() - start
+
+    def _on_optimizer_step(self) -> None:
+        try:
+            self.tracker.on_optimizer_step()
+        except Exception as error:  # noqa: BLE001
+            self.stats.record_error("step", error)
+
+    @property
+    def claimed(self) -> bool:
+        """Whether this process has trained (made a step), and so reports as its rank."""
+        return self.tracker.last_step_end is not None
 
     # -- life cycle ---------------------------------------------------------------------------------------
     @property
@@ -102,7 +135,7 @@ class ExporterHandle:
         own = generate_latest(self._rank_registry)
         if self._node_view is None:
             return own
-        return self._node_view.render(own=(self._meta(), own))
+        return self._node_view.render(own=(self._meta(), own), own_idle=not self.claimed)
 
     def _meta(self, finished: bool = False) -> dict:
         # A hung training thread still lets the spool thread write, so liveness is judged by the last step.
@@ -112,10 +145,8 @@ class ExporterHandle:
                 "last_step_time": last_step_time}
 
     def _write_spool(self, finished: bool = False) -> None:
-        if not self.options.spool_dir:
-            return
-        if self._parent_labels is not None and rank_labels() == self._parent_labels:
-            return  # a forked helper process (a DataLoader worker): the parent reports this rank
+        if not self.options.spool_dir or not self.claimed:
+            return  # a process that has not trained (a launcher, a DataLoader worker) reports no rank
         try:
             write_rank_file(self.options.spool_dir, self._meta(finished), generate_latest(self._rank_registry),
                             self.options.spool_mode)
@@ -130,7 +161,7 @@ class ExporterHandle:
     def _spool_loop(self) -> None:
         while not self._stop.wait(self.options.spool_interval_seconds):
             self._write_spool()
-            if self._server is None and self.options.port != 0:
+            if self._server is None and self.options.port != 0 and self.claimed:
                 self._serve(first_try=False)  # the process that held the node endpoint may have gone: take over
 
     def detach(self) -> None:
@@ -141,11 +172,13 @@ class ExporterHandle:
                 return
             self._detached = True
             self._hook.uninstall()
+            self._optimizer_hook.uninstall()
             self._stop.set()
             if self._spool_thread is not None:
                 self._spool_thread.join()
                 self._spool_thread = None
-            self._write_spool(finished=True)
+            # A process that dies of an uncaught exception leaves its rank to be seen dead, not finished.
+            self._write_spool(finished=not self._crashed)
             if self._server is not None:
                 self._server.stop()
                 self._server = None
@@ -156,8 +189,9 @@ class ExporterHandle:
             atexit.unregister(self.detach)
 
     def _after_fork_in_child(self) -> None:
-        # The child has copies of the locks and of the listening socket, but none of the threads. It keeps the hook
-        # (the training code runs there), reports through the spool, and leaves the port to the parent.
+        # The child has copies of the locks and of the listening socket, but none of the threads. It keeps the hooks
+        # (the training code may run there), reports through the spool once it trains, and leaves the port to the
+        # parent. A multiprocessing child ends with os._exit, which skips atexit: its finalizers still run.
         if self._server is not None:
             self._server.close_inherited_socket()
             self._server = None
@@ -166,7 +200,8 @@ class ExporterHandle:
         self.tracker = StepTracker(self.options.warmup_steps, *self.reader.compile_counters())
         self.collector.tracker = self.tracker
         self._process_start = psutil.Process().create_time()
-        self._parent_labels = rank_labels()
+        self.auto = True  # like a child started afresh: bind the port only once it trains, and quietly
+        multiprocessing.util.Finalize(None, self.detach, exitpriority=100)
         self._start_spool_thread()
 
     def __enter__(self) -> ExporterHandle:
@@ -177,7 +212,7 @@ class ExporterHandle:
 
 
 def attach(port: int | None = None, addr: str | None = None, registry: CollectorRegistry | None = None,
-           **options) -> ExporterHandle:
+           _auto: bool = False, **options) -> ExporterHandle:
     """Start exporting this process's torch_xla step metrics; a second call returns the same handle.
 
     ``port=0`` asks for a free port (``handle.port`` tells which). ``options`` are the keys of the configuration
@@ -189,11 +224,39 @@ def attach(port: int | None = None, addr: str | None = None, registry: Collector
         if _current is not None:
             return _current
         overrides = {key: value for key, value in {"port": port, "addr": addr, **options}.items() if value is not None}
-        handle = ExporterHandle(resolve_options(overrides=overrides), registry)
+        handle = ExporterHandle(resolve_options(overrides=overrides), registry, auto=_auto)
         handle._start()
         _current = handle
         atexit.register(handle.detach)  # a last report marked finished, so a clean end is not taken for a death
+        multiprocessing.util.Finalize(None, handle.detach, exitpriority=100)  # the end of a multiprocessing child
+        _watch_for_a_crash()
+        _attach_children(overrides)
         return handle
+
+
+def _attach_children(overrides: dict) -> None:
+    """Child processes started afresh (spawn, torchrun, subprocess) attach themselves when they import torch_xla,
+    with the same options: they inherit these variables."""
+    for key, value in overrides.items():
+        os.environ[ENV_PREFIX + key.upper()] = str(value).lower() if isinstance(value, bool) else str(value)
+    os.environ[AUTO_ENV] = "1"
+    path = os.environ.get("PYTHONPATH", "")
+    if AUTOSTART_DIR not in path.split(os.pathsep):
+        os.environ["PYTHONPATH"] = AUTOSTART_DIR + (os.pathsep + path if path else "")
+
+
+def _watch_for_a_crash() -> None:
+    previous = sys.excepthook
+    if getattr(previous, "_neuron_exporter", False):
+        return
+
+    def excepthook(kind, value, traceback):
+        if _current is not None:
+            _current._crashed = True
+        previous(kind, value, traceback)
+
+    excepthook._neuron_exporter = True
+    sys.excepthook = excepthook
 
 
 def detach() -> None:

@@ -20,8 +20,10 @@ def _xlac():
 
 
 class StepHook:
-    def __init__(self, on_sync: Callable[[], None]):
-        """``on_sync`` runs after every step marker returns; it must not raise (the hook does not catch)."""
+    def __init__(self, before_sync: Callable[[], None], on_sync: Callable[[], None]):
+        """``before_sync`` runs before every step marker, ``on_sync`` after it returns; neither may raise (the hook
+        does not catch)."""
+        self._before_sync = before_sync
         self._on_sync = on_sync
         self._original = None
         self._wrapper = None
@@ -38,6 +40,7 @@ class StepHook:
         hook = self
 
         def step_marker(*args, **kwargs):
+            hook._before_sync()
             result = original(*args, **kwargs)  # its exceptions reach the caller unchanged
             hook._on_sync()
             return result
@@ -54,7 +57,7 @@ class StepHook:
             xlac._xla_step_marker = self._original
         else:
             # Someone wrapped the binding after us; unwrapping theirs would drop their hook. Go inert instead.
-            self._on_sync = _nothing
+            self._before_sync = self._on_sync = _nothing
         self._original = self._wrapper = None
 
 

@@ -45,9 +45,12 @@ class StepState:
     """What the collector exports; a copy taken under the tracker's lock."""
 
     syncs: int = 0
+    markers: int = 0  # step markers that ran at least one graph
     steps: int = 0
+    graph_cuts: int = 0  # graphs run between step markers: a host read or a CPU fallback cut the graph
     fragmented_steps: int = 0
     recompilations: int = 0
+    optimizer_steps: bool = False  # steps are training steps (optimizer steps), not step markers
     last_step_end: float | None = None  # time.perf_counter() at the last step end
     step_duration: Histogram = field(default_factory=lambda: Histogram(STEP_DURATION_BUCKETS))
     graphs_per_step: Histogram = field(default_factory=lambda: Histogram(GRAPHS_PER_STEP_BUCKETS))
@@ -59,6 +62,17 @@ def _delta(now: int, before: int) -> int:
 
 
 class StepTracker:
+    """Which step markers end a step, and what each step ran.
+
+    A step is what the user counts. Once the process has stepped a ``torch.optim`` optimizer, a step is a training
+    step: it ends at the first step marker that runs a graph after an optimizer step, so gradient accumulation
+    with a marker per micro-batch, eval loops and step closures do not count as steps. Before that (inference,
+    custom updates), a step is a step marker that ran a graph. Warm-up counts steps of the current kind.
+
+    A graph that runs between two step markers is a *graph cut*: something (``.item()``, a print, a CPU
+    fallback) needed a value before the step ended. A step with a cut is fragmented.
+    """
+
     def __init__(self, warmup_steps: int, graphs_seen: int, compiles_seen: int):
         """``graphs_seen``/``compiles_seen``: the counters at attach time, so earlier work is not a step."""
         self.warmup_steps = warmup_steps
@@ -66,26 +80,48 @@ class StepTracker:
         self._compiles = compiles_seen
         self._state = StepState()
         self._lock = threading.Lock()
+        self._optimizer_stepped = False  # since the last step end
+        self._steps_of_kind = 0  # steps since the step kind was last chosen: warm-up counts these
+        self._step_graphs = 0
+        self._step_cuts = 0
 
-    def on_sync(self, graphs_total: int, compiles_total: int, now: float) -> None:
-        """Account one step marker, given CachedCompile+UncachedCompile and UncachedCompile after it."""
+    def on_optimizer_step(self) -> None:
+        """An optimizer finished ``step()`` (any ``torch.optim`` optimizer, on the training thread)."""
+        with self._lock:
+            if not self._state.optimizer_steps:
+                self._state.optimizer_steps = True
+                self._steps_of_kind = 0  # setup markers before the first optimizer step were no training steps
+            self._optimizer_stepped = True
+
+    def on_sync(self, graphs_before: int, graphs_total: int, compiles_total: int, now: float) -> None:
+        """Account one step marker, given CachedCompile+UncachedCompile before it and after it, and UncachedCompile
+        after it."""
         with self._lock:
             state = self._state
             state.syncs += 1
-            graphs = _delta(graphs_total, self._graphs)
+            cuts = _delta(graphs_before, self._graphs)
+            at_marker = _delta(graphs_total, graphs_before)
             compiles = _delta(compiles_total, self._compiles)
             self._graphs, self._compiles = graphs_total, compiles_total
-            if graphs == 0:
-                return  # an empty sync (torch_xla.step() entry, loader prefetch): nothing ran, not a step
-            if state.steps >= self.warmup_steps:
+            state.graph_cuts += cuts
+            state.markers += at_marker > 0
+            self._step_graphs += cuts + at_marker
+            self._step_cuts += cuts
+            if self._steps_of_kind >= self.warmup_steps:
                 state.recompilations += compiles
+            ran_graphs = cuts + at_marker > 0
+            if not ran_graphs or (state.optimizer_steps and not self._optimizer_stepped):
+                return  # an empty sync, or a marker inside a training step (micro-batch, eval, closure)
             state.steps += 1
-            state.graphs_per_step.observe(graphs)
-            if graphs > 1:
+            self._steps_of_kind += 1
+            state.graphs_per_step.observe(self._step_graphs)
+            if self._step_cuts:
                 state.fragmented_steps += 1
             if state.last_step_end is not None:
                 state.step_duration.observe(now - state.last_step_end)
             state.last_step_end = now
+            self._step_graphs = self._step_cuts = 0
+            self._optimizer_stepped = False
 
     @property
     def last_step_end(self) -> float | None:
@@ -96,8 +132,9 @@ class StepTracker:
         with self._lock:
             state = self._state
             return StepState(
-                syncs=state.syncs, steps=state.steps, fragmented_steps=state.fragmented_steps,
-                recompilations=state.recompilations, last_step_end=state.last_step_end,
+                syncs=state.syncs, markers=state.markers, steps=state.steps, graph_cuts=state.graph_cuts,
+                fragmented_steps=state.fragmented_steps, recompilations=state.recompilations,
+                optimizer_steps=state.optimizer_steps, last_step_end=state.last_step_end,
                 step_duration=_copy(state.step_duration), graphs_per_step=_copy(state.graphs_per_step),
             )
 

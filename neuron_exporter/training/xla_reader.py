@@ -29,6 +29,10 @@ class XlaReader:
     def counter(self, name: str) -> int:
         return self._counter_value(name) or 0  # None for a counter that is unknown or at 0
 
+    def graphs(self) -> int:
+        """Graphs run so far: CachedCompile + UncachedCompile (every graph goes through the cache lookup)."""
+        return self.counter("CachedCompile") + self.counter("UncachedCompile")
+
     def compile_counters(self) -> tuple[int, int]:
         """(graphs run = CachedCompile + UncachedCompile, UncachedCompile): what the step hook needs."""
         uncached = self.counter("UncachedCompile")

@@ -81,8 +81,8 @@ class NodeView:
     def statuses(self, own: tuple[RankMeta | Mapping, bytes] | None = None, now: float | None = None,
                  own_idle: bool = False) -> list[RankStatus]:
         """Every rank the endpoint serves, with its state; deletes the files of dead ranks past the expiry.
-        ``own_idle``: the serving process has not trained, so another live process that reports its rank (the
-        worker a launcher started) is shown instead of it."""
+        ``own_idle``: the serving process has not trained, so another process that reports its rank (the worker a
+        launcher started) is shown instead of it."""
         now = time.time() if now is None else now
         statuses = []
         own_meta = RankMeta.of(own[0]) if own is not None else None
@@ -90,7 +90,7 @@ class NodeView:
         for report in self._spool_reports(rejected, now):
             alive = writer_alive(report)
             if own_meta is not None and report.meta.rank == own_meta.rank:
-                if not (own_idle and alive and report.meta.pid != own_meta.pid):
+                if not (own_idle and report.meta.pid != own_meta.pid):
                     continue  # the live process's own exposition is newer than its file
                 own_meta = None
             if is_expired(report, self.options.expire_after_seconds, now):

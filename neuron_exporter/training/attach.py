@@ -65,7 +65,7 @@ class ExporterHandle:
             registry.register(self.collector)
         self._node_view = NodeView(options) if options.node_view else None
         self._hook = StepHook(self._before_sync, self._on_sync)
-        self._optimizer_hook = OptimizerHook(self._on_optimizer_step)
+        self._optimizer_hook = OptimizerHook(self._on_optimizer_created, self._on_optimizer_step)
         self._graphs_before = 0
         self._server: MetricsServer | None = None
         self._stop = threading.Event()
@@ -93,6 +93,12 @@ class ExporterHandle:
             self.stats.record_error("step", error)
         self.stats.hook_seconds += time.perf_counter() - start
 
+    def _on_optimizer_created(self) -> None:
+        try:
+            self.tracker.on_optimizer_created()
+        except Exception as error:  # noqa: BLE001
+            self.stats.record_error("step", error)
+
     def _on_optimizer_step(self) -> None:
         try:
             self.tracker.on_optimizer_step()
@@ -116,7 +122,9 @@ class ExporterHandle:
     def _start(self) -> None:
         log.setLevel(self.options.log_level.upper())
         self._hook.install()
-        self._serve(first_try=True)
+        self._optimizer_hook.install()
+        if not self.auto:  # a child attached by autostart binds the port once it trains (in the spool thread)
+            self._serve(first_try=True)
         self._start_spool_thread()
 
     def _serve(self, first_try: bool) -> None:
@@ -125,7 +133,7 @@ class ExporterHandle:
             source = self._rank_registry if self._node_view is None else self._render  # registry: OpenMetrics too
             self._server = MetricsServer(source, options.addr, options.port, self._web_config).start()
         except OSError as error:
-            if first_try:
+            if first_try and not self.auto:
                 log.warning(
                     "neuron-exporter: cannot listen on %s:%s (%s); training goes on, and this rank's metrics reach "
                     "the node endpoint that holds that port through the spool directory",

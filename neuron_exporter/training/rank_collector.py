@@ -68,13 +68,16 @@ class RankCollector:
         def counter(name: str, documentation: str, value: float) -> Metric:
             return single_series(CounterMetricFamily, name, documentation, labels, value)
 
-        yield counter("xla_steps", "Training steps ended (step markers that ran at least one graph)", state.steps)
+        yield counter("xla_steps", "Training steps: optimizer steps once the process steps a torch.optim optimizer, "
+                                   "else step markers that ran a graph", state.steps)
         yield _histogram("xla_step_duration_seconds", "Wall time from one step end to the next",
                          labels, state.step_duration)
-        yield _histogram("xla_graphs_per_step",
-                         "Graphs run in a step (cached + uncached compiles since the last step end); "
-                         "more than 1 is fragmentation", labels, state.graphs_per_step)
-        yield counter("xla_fragmented_steps", "Steps that ran more than one graph", state.fragmented_steps)
+        yield _histogram("xla_graphs_per_step", "Graphs run in a step, at step markers and cut off before them",
+                         labels, state.graphs_per_step)
+        yield counter("xla_graph_cuts", "Graphs run before a step marker: a host read (.item(), print) or a CPU "
+                                        "fallback needed a value before the step ended", state.graph_cuts)
+        yield counter("xla_fragmented_steps", "Steps in which a graph was cut", state.fragmented_steps)
+        yield counter("xla_step_markers", "Step markers that ran a graph (mark_step, sync, loaders)", state.markers)
         yield counter("xla_recompilations", "Compiler runs in steps after warm-up", state.recompilations)
         yield counter("neuron_exporter_syncs", "Step markers seen, including empty syncs that are not steps",
                       state.syncs)

@@ -64,10 +64,10 @@ def _delta(now: int, before: int) -> int:
 class StepTracker:
     """Which step markers end a step, and what each step ran.
 
-    A step is what the user counts. Once the process has stepped a ``torch.optim`` optimizer, a step is a training
-    step: it ends at the first step marker that runs a graph after an optimizer step, so gradient accumulation
-    with a marker per micro-batch, eval loops and step closures do not count as steps. Before that (inference,
-    custom updates), a step is a step marker that ran a graph. Warm-up counts steps of the current kind.
+    A step is what the user counts. Once the process has made (or stepped) a ``torch.optim`` optimizer, a step is
+    a training step: it ends at the first step marker that runs a graph after an optimizer step, so gradient
+    accumulation with a marker per micro-batch, eval loops and step closures do not count as steps. Without one
+    (inference, custom updates), a step is a step marker that ran a graph. Warm-up counts steps of the current kind.
 
     A graph that runs between two step markers is a *graph cut*: something (``.item()``, a print, a CPU
     fallback) needed a value before the step ended. A step with a cut is fragmented.
@@ -85,13 +85,22 @@ class StepTracker:
         self._step_graphs = 0
         self._step_cuts = 0
 
+    def on_optimizer_created(self) -> None:
+        """A ``torch.optim`` optimizer was made: from now on, steps are training steps."""
+        with self._lock:
+            self._count_training_steps()
+
     def on_optimizer_step(self) -> None:
         """An optimizer finished ``step()`` (any ``torch.optim`` optimizer, on the training thread)."""
         with self._lock:
-            if not self._state.optimizer_steps:
-                self._state.optimizer_steps = True
-                self._steps_of_kind = 0  # setup markers before the first optimizer step were no training steps
+            self._count_training_steps()
             self._optimizer_stepped = True
+
+    def _count_training_steps(self) -> None:
+        if not self._state.optimizer_steps:
+            self._state.optimizer_steps = True
+            self._steps_of_kind = 0  # warm-up counts training steps
+            self._step_graphs = self._step_cuts = 0  # what ran before belongs to no training step
 
     def on_sync(self, graphs_before: int, graphs_total: int, compiles_total: int, now: float) -> None:
         """Account one step marker, given CachedCompile+UncachedCompile before it and after it, and UncachedCompile

@@ -1,7 +1,7 @@
 """Basic auth that costs a password-guessing client more than it costs the training job it runs in.
 
 - bcrypt runs only for credentials not verified before, and for at most ``BCRYPT_AT_ONCE`` requests at a time in
-  the process;
+  the process (requests with the same credentials that wait meanwhile find them verified);
 - checks that may fail are rate limited per client (its address; an IPv6 /64) and for the whole endpoint: past the
   limit a request gets 429 at once, without bcrypt. Credentials verified before are still accepted, so a scraper
   that logged in keeps scraping while someone else guesses from its address;
@@ -48,6 +48,14 @@ class FailureLimiter:
         self._lock = threading.Lock()
         self._clients: OrderedDict[str, list[float]] = OrderedDict()  # client -> [tokens, when last refilled]
         self._endpoint = [float(ENDPOINT_BURST), time.monotonic()]
+
+    def allows(self, client: str) -> bool:
+        """Whether ``take`` could succeed now; takes nothing."""
+        now = time.monotonic()
+        with self._lock:
+            bucket = self._clients.get(client)
+            return ((bucket is None or bucket[0] + (now - bucket[1]) / CLIENT_REFILL_SECONDS >= 1)
+                    and self._endpoint[0] + (now - self._endpoint[1]) / ENDPOINT_REFILL_SECONDS >= 1)
 
     def take(self, client: str) -> bool:
         now = time.monotonic()
@@ -109,25 +117,33 @@ class BasicAuth:
         if len(password) > MAX_PASSWORD_BYTES:
             return DENIED
         digest = hmac.new(_CACHE_KEY, user.encode() + b"\0" + password, hashlib.sha256).digest()
-        known = config.verified.get(user)
-        if known is not None and hmac.compare_digest(known, digest):
+        if self._verified(config, user, digest):
             return OK
         client = client_key(client_address)
-        if not self.limiter.take(client):
+        if not self.limiter.allows(client):
             return LIMITED
-        hashed = config.users.get(user)
         if not _bcrypt_slots.acquire(timeout=BCRYPT_WAIT_SECONDS):
-            self.limiter.give_back(client)
             return LIMITED
         try:
-            matched = self._checkpw(password, hashed or config.unknown_user_hash)
+            if self._verified(config, user, digest):  # by a request with the same credentials that went first
+                return OK
+            if not self.limiter.take(client):
+                return LIMITED
+            hashed = config.users.get(user)
+            matched = self._checkpw(password, hashed or config.unknown_user_hash) and hashed is not None
+            if matched:
+                config.verified[user] = digest  # bounded: one entry per configured user
         finally:
             _bcrypt_slots.release()
-        if not (matched and hashed is not None):
+        if not matched:
             return DENIED
         self.limiter.give_back(client)
-        config.verified[user] = digest  # bounded: one entry per configured user
         return OK
+
+    @staticmethod
+    def _verified(config: WebConfig, user: str, digest: bytes) -> bool:
+        known = config.verified.get(user)
+        return known is not None and hmac.compare_digest(known, digest)
 
     def _checkpw(self, password: bytes, hashed: bytes) -> bool:
         import bcrypt

@@ -145,7 +145,8 @@ def _compose(path: Path, text: str):
         return yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.reader.ReaderError as exc:
         line = text[:exc.position].count("\n") + 1
-        raise WebConfigError(f"{path}:{line}: invalid YAML: character {exc.character!r} is not allowed") from None
+        character = chr(exc.character) if isinstance(exc.character, int) else exc.character
+        raise WebConfigError(f"{path}:{line}: invalid YAML: character {character!r} is not allowed") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark else str(path)
@@ -250,7 +251,7 @@ def _tls_context(path: Path, config: WebConfig, section_node, node) -> ssl.SSLCo
 
 
 def _users(path: Path, node) -> dict[str, bytes]:
-    users = {}
+    users, lines = {}, {}
     for user, (key_node, value_node) in _mapping(path, node, "basic_auth_users").items():
         hashed = _string(path, "basic_auth_users", user, value_node)
         where = f"{path}:{_line(value_node)}: basic_auth_users.{user}"
@@ -261,6 +262,7 @@ def _users(path: Path, node) -> dict[str, bytes]:
         if int(match.group(1)) not in BCRYPT_COSTS:
             raise WebConfigError(f"{where}: bcrypt cost {match.group(1)} is out of range (4 to 31)")
         users[user] = hashed.encode()
+        lines[user] = _line(value_node)
     if users:
         try:
             import bcrypt
@@ -271,7 +273,7 @@ def _users(path: Path, node) -> dict[str, bytes]:
             try:  # the same hash at the lowest cost: bcrypt reads the salt as it would at a login, in 1 ms
                 bcrypt.checkpw(b"", hashed[:4] + b"04" + hashed[6:])
             except ValueError:
-                raise WebConfigError(f"{path}:{_line(node)}: basic_auth_users.{user}: not a valid bcrypt hash "
+                raise WebConfigError(f"{path}:{lines[user]}: basic_auth_users.{user}: not a valid bcrypt hash "
                                      "(its salt does not decode)") from None
     return users
 

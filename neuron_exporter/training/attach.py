@@ -46,6 +46,8 @@ log = logging.getLogger("neuron_exporter")
 
 _lock = threading.RLock()
 _current: ExporterHandle | None = None
+_starting = False  # attach() is importing torch_xla, which would start the autostart attach() inside it
+_children_attached = False  # this process set NEURON_EXPORTER_AUTO for its children
 
 
 class ExporterHandle:
@@ -199,7 +201,7 @@ class ExporterHandle:
     def _after_fork_in_child(self) -> None:
         # The child has copies of the locks and of the listening socket, but none of the threads. It keeps the hooks
         # (the training code may run there), reports through the spool once it trains, and leaves the port to the
-        # parent. A multiprocessing child ends with os._exit, which skips atexit: its finalizers still run.
+        # parent.
         if self._server is not None:
             self._server.close_inherited_socket()
             self._server = None
@@ -209,7 +211,6 @@ class ExporterHandle:
         self.collector.tracker = self.tracker
         self._process_start = psutil.Process().create_time()
         self.auto = True  # like a child started afresh: bind the port only once it trains, and quietly
-        multiprocessing.util.Finalize(None, self.detach, exitpriority=100)
         self._start_spool_thread()
 
     def __enter__(self) -> ExporterHandle:
@@ -227,24 +228,41 @@ def attach(port: int | None = None, addr: str | None = None, registry: Collector
     table in the README (``warmup_steps``, ``spool_dir``, ...); ``NEURON_EXPORTER_*`` variables set the same keys,
     and arguments given here win. A bad option raises ``ConfigError`` (one line) before anything is hooked.
     """
-    global _current
+    global _current, _starting
     with _lock:
-        if _current is not None:
+        if _current is not None or (_auto and _starting):
             return _current
         overrides = {key: value for key, value in {"port": port, "addr": addr, **options}.items() if value is not None}
-        handle = ExporterHandle(resolve_options(overrides=overrides), registry, auto=_auto)
-        handle._start()
+        _starting = True
+        try:
+            # A process started with NEURON_EXPORTER_AUTO (by `neuron-exporter run`, or as the child of an attached
+            # process) leaves the port to whoever serves the node until it trains, even if its script calls attach().
+            auto = _auto or (os.environ.get(AUTO_ENV, "") not in ("", "0") and not _children_attached)
+            handle = ExporterHandle(resolve_options(overrides=overrides), registry, auto=auto)
+            handle._start()
+        finally:
+            _starting = False
         _current = handle
         atexit.register(handle.detach)  # a last report marked finished, so a clean end is not taken for a death
-        multiprocessing.util.Finalize(None, handle.detach, exitpriority=100)  # the end of a multiprocessing child
+        # A multiprocessing child ends with os._exit, which skips atexit; it runs its finalizers, which it clears
+        # after a fork (so they are registered again there).
+        _detach_at_the_end_of_multiprocessing_children(handle)
         _watch_for_a_crash()
         _attach_children(overrides)
         return handle
 
 
+def _detach_at_the_end_of_multiprocessing_children(handle: ExporterHandle) -> None:
+    multiprocessing.util.Finalize(None, handle.detach, exitpriority=100)
+    multiprocessing.util.register_after_fork(
+        handle, lambda handle: multiprocessing.util.Finalize(None, handle.detach, exitpriority=100))
+
+
 def _attach_children(overrides: dict) -> None:
     """Child processes started afresh (spawn, torchrun, subprocess) attach themselves when they import torch_xla,
     with the same options: they inherit these variables."""
+    global _children_attached
+    _children_attached = True
     for key, value in overrides.items():
         os.environ[ENV_PREFIX + key.upper()] = str(value).lower() if isinstance(value, bool) else str(value)
     os.environ[AUTO_ENV] = "1"

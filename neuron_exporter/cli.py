@@ -1,4 +1,5 @@
-"""The ``neuron-exporter`` command: ``parse`` and ``explain`` saved reports, ``serve`` the node endpoint."""
+"""The ``neuron-exporter`` command: ``parse`` and ``explain`` saved reports, ``serve`` the node endpoint, ``run`` a
+command with the exporter attached."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import os
 import sys
 
 from . import __version__
-from .node import serve_command
+from .node import run_command, serve_command
 from .reports import report_commands
 
 
@@ -20,6 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     report_commands.register(commands)
     serve_command.register(commands)
+    run_command.register(commands)
     args = parser.parse_args(argv)
     try:
         code = args.run(args)

@@ -43,6 +43,11 @@ def register(subparsers) -> None:
         description="Serve the metrics of every training rank on this machine, with each rank's liveness and "
                     "host metrics, on one /metrics endpoint. Flags override NEURON_EXPORTER_* environment "
                     "variables, which override the config file.")
+    add_options(parser)
+    parser.set_defaults(run=run)
+
+
+def add_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", metavar="FILE", help="YAML config file (default: $NEURON_EXPORTER_CONFIG)")
     parser.add_argument("--addr", metavar="ADDRESS", help="address to bind (default 0.0.0.0)")
     parser.add_argument("--port", metavar="PORT", help="port to bind (default 9478)")
@@ -55,10 +60,11 @@ def register(subparsers) -> None:
     parser.add_argument("--web.config.file", "--web-config-file", dest="web_config_file", metavar="FILE",
                         help="TLS and basic auth, in the format of Prometheus exporters' --web.config.file")
     parser.add_argument("--log-level", metavar="LEVEL", help="debug, info, warning (default), error")
-    parser.set_defaults(run=run)
 
 
-def run(args: argparse.Namespace) -> int:
+def load_options(args: argparse.Namespace, command: str):
+    """(options, web config) from the flags, the environment and the config file; or, on a mistake, the exit code
+    after one line on stderr."""
     try:
         options = resolve_options(args.config, os.environ, {key: getattr(args, key) for key in FLAGS},
                                   override_name=lambda key: FLAGS.get(key, f"option {key}"))
@@ -67,10 +73,17 @@ def run(args: argparse.Namespace) -> int:
             from ..web.web_config import load_web_config
             web_config = load_web_config(options.web_config_file)
     except ConfigError as error:
-        print(f"neuron-exporter serve: {error}", file=sys.stderr)
+        print(f"neuron-exporter {command}: {error}", file=sys.stderr)
         return EXIT_CONFIG
     logging.basicConfig(level=options.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return serve(options, web_config)
+    return options, web_config
+
+
+def run(args: argparse.Namespace) -> int:
+    loaded = load_options(args, "serve")
+    if isinstance(loaded, int):
+        return loaded
+    return serve(*loaded)
 
 
 def prepare_spool_dir(options: Options) -> str | None:
@@ -86,6 +99,11 @@ def prepare_spool_dir(options: Options) -> str | None:
     return None
 
 
+def node_server(view: NodeView, options: Options, web_config) -> MetricsServer:
+    """The node endpoint's server, bound (``OSError`` if the port is taken) but not yet serving."""
+    return MetricsServer(view.render, options.addr, options.port, web_config)
+
+
 def serve(options: Options, web_config=None) -> int:
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -99,7 +117,7 @@ def serve(options: Options, web_config=None) -> int:
     waiting = False
     while server is None and not stop.is_set():
         try:
-            server = MetricsServer(view.render, options.addr, options.port, web_config)
+            server = node_server(view, options, web_config)
         except OSError as error:
             if error.errno != errno.EADDRINUSE:
                 print(f"neuron-exporter serve: cannot listen on {options.addr}:{options.port}: "

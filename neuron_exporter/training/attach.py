@@ -40,7 +40,7 @@ from .step_hook import StepHook
 from .step_tracker import StepTracker
 from .xla_reader import XlaReader
 
-AUTOSTART_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "autostart")
+AUTOSTART_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "autostart_path")
 
 log = logging.getLogger("neuron_exporter")
 

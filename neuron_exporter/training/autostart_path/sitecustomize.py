@@ -1,28 +1,27 @@
 """Run by Python at the start of every process whose PYTHONPATH has this directory (set by ``neuron-exporter run``
-and by ``attach()`` for its children): with ``NEURON_EXPORTER_AUTO=1``, the exporter attaches itself when the process
-imports torch_xla. Processes that never import torch_xla are untouched. The sitecustomize this file shadows, if
-any, still runs.
+and by ``attach()`` for its children): with ``NEURON_EXPORTER_AUTO=1``, the exporter attaches itself once the process
+imports torch_xla (see ``neuron_exporter/training/autostart.py``). The sitecustomize this file shadows, if any,
+still runs.
 """
 
+import importlib.machinery
+import importlib.util
 import os
 import sys
 
 
-def _auto_attach() -> None:
+def _install_autostart() -> None:
     if os.environ.get("NEURON_EXPORTER_AUTO", "") in ("", "0"):
         return
     try:
-        from neuron_exporter.training import auto_attach
+        from neuron_exporter.training import autostart
     except Exception as error:  # noqa: BLE001 (never stop the user's program)
         print(f"neuron-exporter: cannot attach in this process: {type(error).__name__}: {error}", file=sys.stderr)
         return
-    auto_attach.install()
+    autostart.install()
 
 
 def _run_shadowed_sitecustomize() -> None:
-    import importlib.machinery
-    import importlib.util
-
     here = os.path.dirname(os.path.abspath(__file__))
     path = [entry for entry in sys.path if os.path.abspath(entry or ".") != here]
     spec = importlib.machinery.PathFinder.find_spec("sitecustomize", path)
@@ -31,5 +30,5 @@ def _run_shadowed_sitecustomize() -> None:
         spec.loader.exec_module(module)
 
 
-_auto_attach()
+_install_autostart()
 _run_shadowed_sitecustomize()

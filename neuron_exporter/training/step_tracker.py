@@ -11,8 +11,9 @@ import bisect
 import threading
 from dataclasses import dataclass, field
 
+# Up to 30 minutes: the steps of large models on many devices take minutes.
 STEP_DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
-                         float("inf"))
+                         120.0, 300.0, 600.0, 1800.0, float("inf"))
 GRAPHS_PER_STEP_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, float("inf"))
 
 

@@ -4,12 +4,13 @@ deadline, never a thread; open connections and threads are bounded; a burst of s
 from __future__ import annotations
 
 import http.client
+import re
 import socket
 import threading
 
 import pytest
 from conftest import wait_until
-from test_http_server import BODY, client_context, server, tls_files  # noqa: F401 - fixtures
+from test_http_server import BODY, client_context, raw_exchange, server, tls_files  # noqa: F401 - fixtures
 
 from neuron_exporter.web import http_server
 from neuron_exporter.web.http_server import MAX_CONNECTIONS, WORKERS
@@ -149,3 +150,40 @@ def test_a_client_that_does_not_read_its_response_frees_its_worker(server, monke
         # The one worker answers this only once it has given up on the slow reader, which has read nothing and
         # could not have taken megabytes into its 4 KiB buffer.
         assert scrape(s, timeout=30)[0] == 200
+
+
+def test_a_client_refused_too_often_is_not_read_and_others_are_served(server, monkeypatch):
+    monkeypatch.setattr(http_server, "REFUSALS_BURST", 5)
+    monkeypatch.setattr(http_server, "REFUSAL_REFILL_SECONDS", 3600.0)
+    s = server()
+    kept = connection_to(s)  # a scraper on the same address, connected before
+    kept.request("GET", "/metrics")
+    assert kept.getresponse().read() == BODY
+    refused = connection_to(s)
+    for _ in range(5):  # the burst of refusals: 404s, 401s, 429s alike
+        refused.request("GET", "/nope")
+        response = refused.getresponse()
+        assert (response.status, response.read()) == (404, b"Not Found: see /metrics\n")
+    with socket.create_connection(("127.0.0.1", s.port), timeout=10) as parked:
+        parked.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        other = http.client.HTTPConnection("127.0.0.1", s.port, timeout=10, source_address=("127.0.0.2", 0))
+        other.request("GET", "/metrics")  # another client, connected after the parked one: served
+        assert other.getresponse().read() == BODY
+        kept.request("GET", "/metrics")  # and the kept-alive connection that was never refused
+        assert kept.getresponse().read() == BODY
+        parked.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            parked.recv(1)  # accepted, never read: no answer
+    for connection in (kept, refused, other):
+        connection.close()
+
+
+def test_a_paused_client_is_answered_when_its_rate_allows(server, monkeypatch):
+    monkeypatch.setattr(http_server, "REFUSALS_BURST", 1)
+    monkeypatch.setattr(http_server, "REFUSAL_REFILL_SECONDS", 0.2)
+    s = server()
+    # Pipelined: after the first refusal the connection is paused; the rest wait in its buffer, unread.
+    reply = raw_exchange(s.port, b"GET /nope HTTP/1.1\r\nHost: x\r\n\r\n" * 3
+                                 + b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    assert re.findall(rb"HTTP/1.1 (\d+)", reply) == [b"404", b"404", b"404", b"200"] and reply.endswith(BODY)
+    assert scrape(s) == (200, BODY)  # a new connection of the paused client: parked at first, then answered

@@ -15,13 +15,11 @@ import base64
 import binascii
 import hashlib
 import hmac
-import ipaddress
 import logging
 import os
 import threading
-import time
-from collections import OrderedDict
 
+from .rate_limit import TokenBuckets, client_key
 from .web_config import WebConfig
 
 log = logging.getLogger(__name__)
@@ -32,7 +30,6 @@ BCRYPT_AT_ONCE = 1
 BCRYPT_WAIT_SECONDS = 5.0
 CLIENT_BURST, CLIENT_REFILL_SECONDS = 10, 6.0  # then one more check every 6 s
 ENDPOINT_BURST, ENDPOINT_REFILL_SECONDS = 20, 2.0  # bounds many clients together (IPv6 gives one many addresses)
-MAX_CLIENTS = 4096
 
 _bcrypt_slots = threading.BoundedSemaphore(BCRYPT_AT_ONCE)  # process-wide: every endpoint shares the cores
 # Verified passwords are remembered as an HMAC under a key that lives only in this process, never in clear.
@@ -40,65 +37,28 @@ _CACHE_KEY = os.urandom(32)
 
 
 class FailureLimiter:
-    """Token buckets of password checks: one per client (the least recently seen are forgotten past
-    ``MAX_CLIENTS``) and one for the endpoint. A check takes a token from both; a check that succeeds gives them
-    back, so only failures count."""
+    """Password checks that may fail, per client and for the endpoint. A check takes a token from both buckets; a
+    check that succeeds gives them back, so only failures count."""
 
     def __init__(self):
-        self._lock = threading.Lock()
-        self._clients: OrderedDict[str, list[float]] = OrderedDict()  # client -> [tokens, when last refilled]
-        self._endpoint = [float(ENDPOINT_BURST), time.monotonic()]
+        self.clients = TokenBuckets(CLIENT_BURST, CLIENT_REFILL_SECONDS)
+        self.endpoint = TokenBuckets(ENDPOINT_BURST, ENDPOINT_REFILL_SECONDS)
 
     def allows(self, client: str) -> bool:
         """Whether ``take`` could succeed now; takes nothing."""
-        now = time.monotonic()
-        with self._lock:
-            bucket = self._clients.get(client)
-            return ((bucket is None or bucket[0] + (now - bucket[1]) / CLIENT_REFILL_SECONDS >= 1)
-                    and self._endpoint[0] + (now - self._endpoint[1]) / ENDPOINT_REFILL_SECONDS >= 1)
+        return self.clients.has_token(client) and self.endpoint.has_token("")
 
     def take(self, client: str) -> bool:
-        now = time.monotonic()
-        with self._lock:
-            bucket = self._clients.pop(client, None) or [float(CLIENT_BURST), now]
-            self._clients[client] = bucket
-            if len(self._clients) > MAX_CLIENTS:
-                self._clients.popitem(last=False)
-            if not _refill(bucket, CLIENT_BURST, CLIENT_REFILL_SECONDS, now):
-                return False
-            if not _refill(self._endpoint, ENDPOINT_BURST, ENDPOINT_REFILL_SECONDS, now):
-                bucket[0] += 1
-                return False
-            bucket[0] -= 1
-            self._endpoint[0] -= 1
-            return True
+        if not self.clients.take(client):
+            return False
+        if not self.endpoint.take(""):
+            self.clients.give_back(client)
+            return False
+        return True
 
     def give_back(self, client: str) -> None:
-        with self._lock:
-            bucket = self._clients.get(client)
-            if bucket is not None:
-                bucket[0] = min(bucket[0] + 1, CLIENT_BURST)
-            self._endpoint[0] = min(self._endpoint[0] + 1, ENDPOINT_BURST)
-
-
-def _refill(bucket: list[float], burst: int, refill_seconds: float, now: float) -> bool:
-    """Refill ``bucket`` for the time since its last refill; True if it holds a whole token."""
-    bucket[0] = min(float(burst), bucket[0] + (now - bucket[1]) / refill_seconds)
-    bucket[1] = now
-    return bucket[0] >= 1
-
-
-def client_key(address: str) -> str:
-    """The rate-limited unit for a client address: the address, or its /64 for IPv6 (one host's usual share)."""
-    try:
-        ip = ipaddress.ip_address(address)
-    except ValueError:
-        return address
-    if ip.version == 4:
-        return str(ip)
-    if ip.ipv4_mapped is not None:
-        return str(ip.ipv4_mapped)
-    return str(ipaddress.ip_network(f"{ip}/64", strict=False))
+        self.clients.give_back(client)
+        self.endpoint.give_back("")
 
 
 class BasicAuth:

@@ -29,7 +29,8 @@ from urllib.parse import urlsplit
 from prometheus_client.exposition import choose_encoder
 
 from .. import __version__
-from .basic_auth import LIMITED, OK, BasicAuth, CLIENT_REFILL_SECONDS
+from .basic_auth import CLIENT_REFILL_SECONDS, LIMITED, OK, BasicAuth
+from .rate_limit import TokenBuckets, client_key
 from .web_config import WebConfig, WebConfigReloader, load_web_config
 
 log = logging.getLogger(__name__)
@@ -42,6 +43,8 @@ MAX_CONNECTIONS = 256  # open sockets, waiting or being answered; in a training 
 HEAD_TIMEOUT_SECONDS = 5.0  # TLS handshake, request line and headers, all together; not per read
 IDLE_TIMEOUT_SECONDS = 90.0  # a kept-alive connection between requests (above the usual 60 s scrape interval)
 WRITE_TIMEOUT_SECONDS = 10.0  # the whole response (Prometheus' default scrape timeout)
+# Refused requests (4xx) per client: past the burst, its connections are not read until it has a token again.
+REFUSALS_BURST, REFUSAL_REFILL_SECONDS = 20, 0.5
 MAX_HEAD_BYTES = 16384
 MAX_HEADERS = 100
 HEAD_END = re.compile(rb"\r?\n\r?\n")
@@ -76,6 +79,7 @@ class MetricsServer:
         self._configs = WebConfigReloader(web_config)
         self._config = web_config
         self._auth = BasicAuth()
+        self._refusals = TokenBuckets(REFUSALS_BURST, REFUSAL_REFILL_SECONDS)
         family = socket.AF_INET6 if ":" in addr else socket.AF_INET
         self._listener = socket.socket(family, socket.SOCK_STREAM)
         try:
@@ -97,7 +101,9 @@ class MetricsServer:
         self._wake_reader, self._wake_writer = socket.socketpair()
         self._wake_reader.setblocking(False)
         self._wake_writer.setblocking(False)
-        self._waiting: dict[_Connection, None] = {}  # in the selector, oldest first; only the loop thread's
+        # Connections, each in one place; only the loop thread changes them.
+        self._waiting: dict[_Connection, None] = {}  # in the selector, oldest first
+        self._paused: dict[_Connection, None] = {}  # of clients refused too often: out of the selector for now
         self._busy: set[_Connection] = set()  # handed to workers; only the loop thread's
         self._returned: queue.SimpleQueue[_Connection] = queue.SimpleQueue()  # from workers back to the loop
         self._jobs: queue.SimpleQueue[_Connection | None] = queue.SimpleQueue()
@@ -134,7 +140,7 @@ class MetricsServer:
                 pass
         for _ in self._workers:
             self._jobs.put(None)
-        for connection in list(self._waiting):
+        for connection in [*self._waiting, *self._paused]:
             self._close(connection)
         while not self._returned.empty():
             connection = self._returned.get()
@@ -147,7 +153,7 @@ class MetricsServer:
         """In a child made by fork: close this copy of the listening socket and of the connections. The threads
         exist only in the parent, which keeps serving; ``stop()`` would wait for them forever here."""
         self._thread = None
-        for connection in [*self._waiting, *self._busy]:
+        for connection in [*self._waiting, *self._paused, *self._busy]:
             if connection.sock is not None:
                 connection.sock.close()  # close, never shutdown: the parent still uses these connections
         for closeable in (self._listener, self._selector, self._wake_reader, self._wake_writer):
@@ -173,11 +179,28 @@ class MetricsServer:
                 now = time.monotonic()
                 if now >= self._next_sweep:
                     self._next_sweep = now + 0.25
-                    for connection in [c for c in self._waiting if c.deadline <= now]:
-                        self._close(connection)
+                    self._sweep(now)
             except Exception as error:  # noqa: BLE001 - the endpoint must outlive any one connection
                 self._log_once(f"HTTP server loop: {type(error).__name__}: {error}")
                 log.debug("HTTP server loop", exc_info=True)
+
+    def _sweep(self, now: float) -> None:
+        for connection in [c for c in self._waiting if c.deadline <= now]:
+            self._close(connection)
+        for connection in [c for c in self._paused if c.paused_until <= now]:
+            wait = self._refusals.seconds_until_token(connection.client)
+            if wait:  # its other connections took the token
+                connection.paused_until = now + wait
+                continue
+            del self._paused[connection]
+            connection.paused_until = 0.0
+            waiting_for_request = connection.buffer or not connection.answered
+            connection.deadline = now + (HEAD_TIMEOUT_SECONDS if waiting_for_request else IDLE_TIMEOUT_SECONDS)
+            self._waiting[connection] = None
+            if HEAD_END.search(connection.buffer):  # it sent its next request during the pause
+                self._hand_over(connection)
+            else:
+                self._selector.register(connection.sock, selectors.EVENT_READ, connection)
 
     def _accept(self) -> None:
         self._config = self._configs.current()
@@ -191,14 +214,16 @@ class MetricsServer:
                 self._log_once(f"cannot accept connections: {error.strerror or error}")
                 time.sleep(0.05)
                 return
-            if len(self._waiting) + len(self._busy) >= MAX_CONNECTIONS:
-                if not self._waiting:
+            if len(self._waiting) + len(self._paused) + len(self._busy) >= MAX_CONNECTIONS:
+                # Paused ones first (their clients were refused too often), then the one that has waited longest.
+                oldest = next(iter(self._paused or self._waiting), None)
+                if oldest is None:
                     sock.close()
                     continue
-                self._close(next(iter(self._waiting)))
+                self._close(oldest)
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            connection = _Connection(sock, address[0], time.monotonic() + HEAD_TIMEOUT_SECONDS)
+            connection = _Connection(sock, client_key(address[0]), time.monotonic() + HEAD_TIMEOUT_SECONDS)
             if tls is not None:
                 try:
                     connection.sock = tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
@@ -206,6 +231,11 @@ class MetricsServer:
                     sock.close()
                     continue
                 connection.handshaking = True
+            wait = self._refusals.seconds_until_token(connection.client)
+            if wait:  # costs this accept and a socket; nothing is read (nor a TLS handshake made) until then
+                connection.paused_until = time.monotonic() + wait
+                self._paused[connection] = None
+                continue
             self._waiting[connection] = None
             self._selector.register(connection.sock, selectors.EVENT_READ, connection)
 
@@ -235,10 +265,13 @@ class MetricsServer:
             connection.deadline = min(connection.deadline, time.monotonic() + HEAD_TIMEOUT_SECONDS)
         connection.buffer += data
         if len(connection.buffer) > MAX_HEAD_BYTES or HEAD_END.search(connection.buffer):
-            del self._waiting[connection]
             self._selector.unregister(sock)
-            self._busy.add(connection)
-            self._dispatch(connection)
+            self._hand_over(connection)
+
+    def _hand_over(self, connection: _Connection) -> None:
+        del self._waiting[connection]
+        self._busy.add(connection)
+        self._dispatch(connection)
 
     def _take_back(self) -> None:
         try:
@@ -255,13 +288,18 @@ class MetricsServer:
                 connection.sock.close()
                 continue
             connection.sock.setblocking(False)
+            connection.answered = True
+            if connection.paused_until:  # out of the selector: nothing it sends is read until then
+                self._paused[connection] = None
+                continue
+            self._waiting[connection] = None
             partial = HEAD_TIMEOUT_SECONDS if connection.buffer else IDLE_TIMEOUT_SECONDS
             connection.deadline = time.monotonic() + partial
-            self._waiting[connection] = None
             self._selector.register(connection.sock, selectors.EVENT_READ, connection)
 
     def _close(self, connection: _Connection) -> None:
         self._waiting.pop(connection, None)
+        self._paused.pop(connection, None)
         try:
             self._selector.unregister(connection.sock)
         except (KeyError, ValueError):
@@ -318,6 +356,8 @@ class MetricsServer:
             del connection.buffer[:end.end()]
             if not self._answer(connection, head):
                 return False
+            if connection.paused_until:
+                return True
 
     def _answer(self, connection: _Connection, head: bytes) -> bool:
         if head.count(b"\n") > MAX_HEADERS:
@@ -331,9 +371,12 @@ class MetricsServer:
         status, body, content_type, extra = self._respond(method, target, headers, connection.client)
         # Request bodies are never read: after one, the connection cannot be reused.
         keep_alive = (version == "HTTP/1.1" and headers.get("connection", "").lower() != "close"
-                      and headers.get("content-length", "0") == "0" and "transfer-encoding" not in headers
-                      and status != 429)  # a guessing client reconnects, which costs it more than a kept-alive one
+                      and headers.get("content-length", "0") == "0" and "transfer-encoding" not in headers)
         self._send(connection, method, status, body, content_type, extra, keep_alive)
+        if 400 <= status < 500 and not self._refusals.take(connection.client):
+            # A client refused as fast as it asks (guessing passwords, say) would cost the process a request each
+            # time: its next request waits, unread, where closing would make it reconnect (a TLS handshake each).
+            connection.paused_until = time.monotonic() + self._refusals.seconds_until_token(connection.client)
         return keep_alive
 
     def _respond(self, method: str, target: str, headers: dict[str, str],
@@ -343,7 +386,7 @@ class MetricsServer:
             verdict = self._auth.check(config, headers.get("authorization"), client)
             if verdict == LIMITED:
                 return (429, b"Too Many Requests: too many failed logins from your address, retry later\n", TEXT,
-                        {"Retry-After": str(int(CLIENT_REFILL_SECONDS))})
+                        {"Retry-After": str(round(CLIENT_REFILL_SECONDS))})
             if verdict != OK:
                 return (401, b"Unauthorized\n", TEXT,
                         {"WWW-Authenticate": 'Basic realm="neuron-exporter", charset="UTF-8"'})
@@ -400,14 +443,16 @@ _WAKE = object()
 
 
 class _Connection:
-    __slots__ = ("sock", "client", "deadline", "handshaking", "buffer")
+    __slots__ = ("sock", "client", "deadline", "handshaking", "buffer", "paused_until", "answered")
 
     def __init__(self, sock: socket.socket, client: str, deadline: float):
         self.sock: socket.socket | None = sock
-        self.client = client
+        self.client = client  # its key for rate limits: the address, or its /64 for IPv6
         self.deadline = deadline  # monotonic time after which a connection still waiting is closed
         self.handshaking = False
         self.buffer = bytearray()  # received and not yet answered
+        self.paused_until = 0.0  # while its client is refused too often: monotonic time until it is read again
+        self.answered = False  # a request of it was answered: it is kept alive
 
 
 def _parse_head(head: bytes) -> tuple[str, str, str, dict[str, str]] | None:

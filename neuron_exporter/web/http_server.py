@@ -5,7 +5,9 @@ Used both by ``attach()`` inside a training process and by the node daemon, so n
 training job much. One thread waits on every open connection (a selector) and reads request heads: a client that
 connects and stalls, or trickles bytes, costs a socket until its deadline, never a thread, and past
 ``MAX_CONNECTIONS`` the connection that has waited longest is closed. At most ``WORKERS`` threads answer complete
-requests. It serves nothing else: no file paths, no environment, no request log on stderr.
+requests. A client refused (4xx) faster than ``REFUSAL_REFILL_SECONDS`` allows, past a burst, is not read until it
+may be refused again: its flood costs an accept per connection. It serves nothing else: no file paths, no
+environment, no request log on stderr.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ LANDING_PAGE = """<!DOCTYPE html>
 </body></html>
 """
 
+
 class MetricsServer:
     """Serves ``source`` at ``/metrics`` from daemon threads.
 
@@ -104,7 +107,7 @@ class MetricsServer:
         # Connections, each in one place; only the loop thread changes them.
         self._waiting: dict[_Connection, None] = {}  # in the selector, oldest first
         self._paused: dict[_Connection, None] = {}  # of clients refused too often: out of the selector for now
-        self._busy: set[_Connection] = set()  # handed to workers; only the loop thread's
+        self._busy: set[_Connection] = set()  # handed to workers
         self._returned: queue.SimpleQueue[_Connection] = queue.SimpleQueue()  # from workers back to the loop
         self._jobs: queue.SimpleQueue[_Connection | None] = queue.SimpleQueue()
         self._workers: list[threading.Thread] = []
@@ -373,10 +376,6 @@ class MetricsServer:
         keep_alive = (version == "HTTP/1.1" and headers.get("connection", "").lower() != "close"
                       and headers.get("content-length", "0") == "0" and "transfer-encoding" not in headers)
         self._send(connection, method, status, body, content_type, extra, keep_alive)
-        if 400 <= status < 500 and not self._refusals.take(connection.client):
-            # A client refused as fast as it asks (guessing passwords, say) would cost the process a request each
-            # time: its next request waits, unread, where closing would make it reconnect (a TLS handshake each).
-            connection.paused_until = time.monotonic() + self._refusals.seconds_until_token(connection.client)
         return keep_alive
 
     def _respond(self, method: str, target: str, headers: dict[str, str],
@@ -432,6 +431,10 @@ class MetricsServer:
             lines.append("Connection: close")
         data = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (b"" if method == "HEAD" else body)
         _send_all(connection.sock, data, time.monotonic() + WRITE_TIMEOUT_SECONDS)
+        if 400 <= status < 500 and not self._refusals.take(connection.client):
+            # A client refused as fast as it asks (guessing passwords, say) would cost the process a request each
+            # time: its next request waits, unread, where closing would make it reconnect (a TLS handshake each).
+            connection.paused_until = time.monotonic() + self._refusals.seconds_until_token(connection.client)
 
     def _log_once(self, message: str) -> None:
         if message not in self._logged and len(self._logged) < 100:

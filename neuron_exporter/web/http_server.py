@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 TEXT = "text/plain; charset=utf-8"
 LISTEN_BACKLOG = 128
-WORKERS = 16
+WORKERS = 8  # scrapers are few; each worker is one more thread in the training process
 MAX_CONNECTIONS = 256  # open sockets, waiting or being answered; in a training process they share its file limit
 HEAD_TIMEOUT_SECONDS = 5.0  # TLS handshake, request line and headers, all together; not per read
 IDLE_TIMEOUT_SECONDS = 90.0  # a kept-alive connection between requests (above the usual 60 s scrape interval)

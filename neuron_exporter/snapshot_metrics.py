@@ -16,6 +16,7 @@ from .metric_family import single_series
 from .snapshot import BYTES, SECONDS, Snapshot
 
 HOST_SCALAR_READ_OP = "aten::_local_scalar_dense"  # what .item() runs: a host read, not a missing lowering
+LOWERED_OP_PREFIX = "xla::"  # torch_xla's counter of each operator it lowers
 OTHER = "other"
 DEFAULT_MAX_OP_SERIES = 100
 
@@ -63,6 +64,20 @@ class LabelBudget:
         return OTHER
 
 
+def is_cpu_fallback_op(counter_name: str) -> bool:
+    """Whether a torch_xla counter counts the calls of an operator that ran on the CPU (no XLA lowering).
+
+    torch_xla's CPU fallback (torch_xla/csrc/aten_fallback.cpp) serves every operator without an XLA
+    kernel, whatever its namespace, and counts each one under the operator's own name: ``aten::lgamma``,
+    ``torchvision::roi_align``, ``torchvision::_roi_align_backward``, a custom ``mylib::op``. So every
+    ``namespace::op`` counter is one, but torch_xla's own ``xla::`` counters (lowered operators) and
+    ``aten::_local_scalar_dense``, which is what ``.item()`` runs: a host read, not a missing lowering.
+    """
+    namespace, separator, op = counter_name.partition("::")
+    return (bool(separator and namespace and op) and not counter_name.startswith(LOWERED_OP_PREFIX)
+            and counter_name != HOST_SCALAR_READ_OP)
+
+
 def _add_labelled(family: CounterMetricFamily, base: list[str], by_label: dict[str, float]) -> None:
     for label, value in sorted(by_label.items()):
         family.add_metric(base + [label], value)
@@ -102,10 +117,10 @@ def snapshot_families(
     for name, value in snapshot.counters.items():
         if name == HOST_SCALAR_READ_OP:
             continue
-        if name.startswith("aten::"):
+        if is_cpu_fallback_op(name):
             op = fallback_budget.label_for(name)
             fallback[op] = fallback.get(op, 0) + value
-        elif name.startswith("xla::"):
+        elif name.startswith(LOWERED_OP_PREFIX):
             op = lowered_budget.label_for(name)
             lowered[op] = lowered.get(op, 0) + value
         else:
@@ -113,7 +128,8 @@ def snapshot_families(
 
     family = CounterMetricFamily(
         "xla_cpu_fallback_ops",
-        "Executions of operators with no XLA lowering, run on the CPU (aten:: counters, .item() excluded)",
+        "Executions of operators with no XLA lowering, run on the CPU, by operator: every namespace::op counter "
+        "(aten::, torchvision::, custom ops) but xla:: and aten::_local_scalar_dense (.item())",
         labels=names + ["op"],
     )
     _add_labelled(family, values, fallback)

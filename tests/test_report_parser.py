@@ -20,9 +20,14 @@ from neuron_exporter.reports.report_parser import (
     parse_value,
 )
 from neuron_exporter.snapshot import BYTES, NUMBER, SECONDS, unit_of
+from neuron_exporter.snapshot_metrics import HOST_SCALAR_READ_OP, is_cpu_fallback_op
 
 FIXTURES = Path(__file__).parent / "fixtures" / "reports"
-SCENARIOS = ("plain", "item", "fallback", "dynshape", "mix")
+SCENARIOS = ("plain", "item", "fallback", "dynshape", "mix", "torchvision", "compile_loader", "compile_loader_fallback",
+             "step_item", "step_item_after")
+# Captured with the markers that ran a graph counted around torch_xla._XLAC._xla_step_marker.
+COUNTED_SCENARIOS = [name for name in SCENARIOS
+                     if "markers" in json.loads((FIXTURES / f"{name}.truth.json").read_text())]
 DEFAULT_PERCENTILES = {0.01, 0.05, 0.1, 0.2, 0.5, 0.8, 0.9, 0.95, 0.99}
 
 
@@ -66,7 +71,8 @@ def assert_matches_truth(snapshot, expected: dict, only_present: bool = False) -
 def test_full_report_matches_the_values_read_at_the_same_moment(scenario):
     snapshot = parse_report(fixture(f"{scenario}.report.txt"), f"{scenario}.report.txt")
     assert_matches_truth(snapshot, truth(scenario))
-    assert snapshot.counter("MarkStep") == truth(scenario)["steps"]
+    # MarkStep counts every sync: one per step in a plain loop, more under torch_xla.step(), compile() and loaders
+    assert snapshot.counter("MarkStep") == truth(scenario).get("markers", truth(scenario)["steps"])
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
@@ -74,8 +80,11 @@ def test_short_report_matches_the_same_values(scenario):
     snapshot = parse_report(fixture(f"{scenario}.short.txt"), f"{scenario}.short.txt")
     assert_matches_truth(snapshot, truth(scenario), only_present=True)
     assert "CompileTime" in snapshot.metrics and "MarkStep" in snapshot.counters
-    fallback = {name for name in truth(scenario)["counters"] if name.startswith("aten::")}
-    assert fallback <= set(snapshot.counters)  # short_metrics_report() always lists every aten:: counter
+    counters = truth(scenario)["counters"]
+    aten = {name for name in counters if name.startswith("aten::")}
+    assert aten <= set(snapshot.counters)  # short_metrics_report() always lists every aten:: counter
+    other_fallback = {name for name in counters if is_cpu_fallback_op(name) and not name.startswith("aten::")}
+    assert not other_fallback & set(snapshot.counters)  # ... and no other namespace's (torchvision::)
 
 
 def test_scenarios_show_what_they_were_made_for():
@@ -83,6 +92,23 @@ def test_scenarios_show_what_they_were_made_for():
     assert truth("item")["counters"]["aten::_local_scalar_dense"] == truth("item")["steps"]
     assert truth("dynshape")["counters"]["UncachedCompile"] == truth("dynshape")["steps"]
     assert not any(name.startswith("aten::") for name in truth("plain")["counters"])
+    assert {name for name in truth("torchvision")["counters"] if is_cpu_fallback_op(name)} == \
+        {"torchvision::roi_align", "torchvision::_roi_align_backward", "torchvision::nms"}
+    for scenario in ("compile_loader", "compile_loader_fallback", "step_item", "step_item_after"):
+        expected = truth(scenario)
+        assert expected["markers"] > expected["markers_with_graph"] == expected["steps"], scenario  # empty syncs
+    assert truth("compile_loader_fallback")["graph_cuts"] == 2 * truth("compile_loader_fallback")["steps"]
+    assert truth("step_item")["graph_cuts"] == truth("step_item")["steps"]
+    assert truth("step_item_after")["graph_cuts"] == 0
+
+
+@pytest.mark.parametrize("scenario", COUNTED_SCENARIOS)
+def test_fallback_counters_are_the_operators_torch_xla_ran_on_the_cpu(scenario):
+    """Every namespace::op counter but xla:: is one torch_xla's fallback made (met.executed_fallback_ops())."""
+    expected = truth(scenario)
+    counters = parse_report(fixture(f"{scenario}.report.txt")).counters
+    fallback = {name for name in counters if is_cpu_fallback_op(name)}
+    assert set(expected["executed_fallback_ops"]) == fallback | ({HOST_SCALAR_READ_OP} & set(counters))
 
 
 def test_percentiles_are_read_in_base_units():
@@ -215,6 +241,14 @@ def test_metrics_file_dump_yields_every_step():
         assert set(snapshot.metric("CompileTime").percentiles) == {0.5, 0.9, 0.99}  # XLA_METRICS_PERCENTILES
     for (_, before), (_, after) in zip(reports, reports[1:]):
         assert all(after.counter(name) >= value for name, value in before.counters.items())
+
+
+def test_metrics_file_dump_of_a_step_loop_has_a_report_per_sync():
+    reports = list(parse_report_stream(fixture("metrics_file.step_item.txt"), "metrics_file.step_item.txt"))
+    assert [step for step, _ in reports] == list(range(8))  # 4 steps, each synced on entry and exit
+    graphs = [snapshot.counter("CachedCompile") + snapshot.counter("UncachedCompile") for _, snapshot in reports]
+    assert graphs == [0, 2, 2, 4, 4, 6, 6, 8]  # the entry syncs ran none; each exit sync one, after an .item()
+    assert [snapshot.counter("MarkStep") for _, snapshot in reports] == list(range(1, 9))
 
 
 def test_one_report_of_a_dump_is_one_report():

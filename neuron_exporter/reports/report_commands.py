@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from ..snapshot import Snapshot
 from ..snapshot_metrics import snapshot_families
-from .explain import explain
+from .explain import SyncHistory, explain
 from .report_parser import ReportParseError, parse_report_stream, printable
 
 # A full metrics_report() is about 5 KB, so 64 MiB holds an XLA_METRICS_FILE dump of some 10,000 steps. Reading
@@ -29,10 +29,12 @@ xla_cpu_fallback_ops_total{op="aten::..."}, xla_metric_seconds_total{metric="...
 or, with --format json, the counters and metrics in base units (seconds, bytes)."""
 EXPLAIN_DESCRIPTION = """\
 Read a saved torch_xla metrics report and say in plain language what slows the training
-loop down: operators that fall back to the CPU (by count), host reads such as .item()
-inside the step, steps cut into several graphs, graphs compiled again and again.
-Output: an overview of the figures, then each finding with what to do next, or
-"Nothing wrong found"."""
+loop down: operators that fall back to the CPU (aten::, torchvision::, custom ops; by
+count), host reads such as .item(), steps cut into several graphs, compilations that go
+on after the first steps.
+Output: an overview of the figures; how the steps were counted (a report counts syncs
+and graphs, not training steps: the steps are worked out from them, exactly from an
+XLA_METRICS_FILE dump); then each finding with what to do next, or "Nothing wrong found"."""
 INPUT_TEXT = """\
 input: the text of torch_xla.debug.metrics.metrics_report() or short_metrics_report():
     Metric: CompileTime
@@ -149,12 +151,14 @@ def _read_file(path: str, source: str) -> bytes:
         os.close(fd)
 
 
-def _last_report(path: str) -> tuple[int | None, int, Snapshot, str]:
-    """(step, number of reports, Snapshot, source) of the last report in the input."""
+def _last_report(path: str, history: SyncHistory | None = None) -> tuple[int | None, int, Snapshot, str]:
+    """(step, number of reports, Snapshot, source) of the last report in the input; ``history`` follows them all."""
     text, source = _read(path)
     count, step, snapshot = 0, None, None
     for step, snapshot in parse_report_stream(text, source):
         count += 1
+        if history is not None:
+            history.add(step, snapshot)
     return step, count, snapshot, source
 
 
@@ -198,10 +202,15 @@ def run_parse(args: argparse.Namespace) -> int:
 
 
 def run_explain(args: argparse.Namespace) -> int:
+    history = SyncHistory()
     try:
-        step, count, snapshot, source = _last_report(args.report)
+        step, count, snapshot, source = _last_report(args.report, history)
     except (CommandError, ReportParseError) as error:
         return _fail(str(error))
-    which = f" (the last of {count} reports, step {step})" if count > 1 else ""
-    sys.stdout.write(f"Report: {source}{which}\n\n{explain(snapshot)}")
+    if count > 1:  # a dump: its reports, one per sync, count the steps better than its last one alone
+        text = explain(snapshot, history)
+        which = f" (the last of {count} reports, step {step})"
+    else:
+        text, which = explain(snapshot), ""
+    sys.stdout.write(f"Report: {source}{which}\n\n{text}")
     return 0

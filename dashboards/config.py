@@ -1,15 +1,19 @@
-"""Every threshold, window and `for` duration of the alert rules, in one place.
+"""The one configuration of the rules and dashboards: a flat mapping of defaults, overridden key by key.
 
-Change a default here and run ``make dashboards`` to regenerate the rule files, or keep the defaults and
-pass ``--thresholds my-thresholds.yml`` (a YAML mapping of the field names below) to
-``python -m dashboards.build``.
+It follows the ``_config`` pattern of monitoring mixins: every selector, aggregation label, severity, ``for``
+duration, window and threshold is a key of ``Config`` below, and a deployment overrides only the keys it
+changes, from Python (``config_from({"selector": 'job="training"'})``, ``dashboards.build.build(config)``) or
+from a YAML file (``python -m dashboards.build --config my-config.yml``). ``make dashboards`` writes the
+committed files from the defaults.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -17,93 +21,178 @@ REPO_URL = "https://github.com/neuron-exporter/neuron-exporter"
 RUNBOOK_PATH = "deploy/prometheus/runbook.md"
 RUNBOOK_URL = f"{REPO_URL}/blob/main/{RUNBOOK_PATH}"
 
+SEVERITIES = ("critical", "warning", "info")
 DURATION = re.compile(r"^(0|([0-9]+(ms|s|m|h|d|w|y))+)$")
+LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+# Comma-separated label matchers, without braces: job="x", namespace=~"ml-.*"
+MATCHERS = re.compile(r'^\s*([a-zA-Z_][a-zA-Z0-9_]*\s*(=~|!~|!=|=)\s*"(?:[^"\\]|\\.)*"\s*(,\s*|$))*$')
+# Labels the rules add to every per-rank aggregation themselves.
+RANK_LABELS = ("instance", "rank", "local_rank")
 
 
 @dataclasses.dataclass(frozen=True)
-class Thresholds:
-    # Scrape jobs that are neuron-exporter targets (used by the exporter-down alert only; every other rule
-    # selects by metric name).
-    exporter_job_selector: str = 'job=~".*neuron-exporter.*"'
+class Config:
+    # Label matchers (without braces) of the exporter's series, added to every metric the rules select and to
+    # the dashboards' variables; "" selects by metric name only. NeuronExporterDown uses it on `up`, so it
+    # should name the scrape jobs of neuron-exporter.
+    selector: str = 'job=~".*neuron-exporter.*"'
+    # Labels every alert keeps: one alert per value of these (one training run, by default). Per-rank
+    # recording rules keep these plus instance, rank and local_rank. Add `pod` (or a team label) here, or
+    # remove `run_id` to alert per job.
+    aggregation_labels: tuple[str, ...] = ("cluster", "namespace", "job", "run_id")
+    # Base of every alert's runbook_url; the alert adds "#<alert name in lower case>".
+    runbook_url: str = RUNBOOK_URL
 
-    # XlaCpuFallbackOp: an aten:: operator ran on the CPU at least once within the window.
+    # XlaCpuFallbackOp: an aten:: operator ran on the CPU at least once within the window, per run and operator.
     fallback_window: str = "10m"
     fallback_for: str = "1m"
+    fallback_severity: str = "warning"
 
-    # XlaRecompilationStorm: compiler runs after warm-up per step (0.1 = one step in ten recompiles).
+    # XlaRecompilationStorm: compiler runs after warm-up per training step (0.1 = one step in ten recompiles).
     recompilations_per_step: float = 0.1
     recompilation_for: str = "10m"
+    recompilation_severity: str = "warning"
 
-    # XlaGraphFragmentation: graphs run per step on average (1.0 = no fragmentation).
-    graphs_per_step: float = 1.5
+    # XlaGraphFragmentation: graphs cut off before the step marker (.item(), print, `if t:`, a CPU fallback) per
+    # training step, on some rank (0 = no fragmentation; gradient accumulation adds markers, not cuts).
+    graph_cuts_per_step: float = 0.5
     fragmentation_for: str = "15m"
+    fragmentation_severity: str = "warning"
 
-    # XlaFrequentHostReads: device-to-host reads per step on average.
+    # XlaFrequentHostReads: device-to-host reads per training step, on some rank.
     host_reads_per_step: float = 0.5
     host_reads_for: str = "15m"
+    host_reads_severity: str = "warning"
 
-    # XlaCompileTimeDominates: share of the step wall time spent compiling (0.5 = half of it).
+    # XlaCompileTimeDominates: share of the step wall time spent compiling (0.5 = half of it), on some rank.
     compile_time_share: float = 0.5
     compile_time_for: str = "15m"
+    compile_time_severity: str = "warning"
 
-    # XlaTrainingStalled: no step ended within the window on a target that is up.
+    # XlaTrainingStalled: no training step ended within the window on some rank whose endpoint answers.
     stall_window: str = "10m"
     stall_for: str = "5m"
+    stall_severity: str = "warning"
 
-    # NeuronExporterRankHung / NeuronExporterRankDead: the node endpoint reports the rank as hung or dead.
-    rank_hung_for: str = "1m"
-    rank_dead_for: str = "0m"
+    # NeuronExporterRankHung / NeuronExporterRankDead: the node endpoint reports ranks of a run hung or dead.
+    # The `for` rides out a restart (the new process takes the rank over within a few seconds).
+    rank_hung_for: str = "5m"
+    rank_hung_severity: str = "warning"
+    rank_dead_for: str = "5m"
+    rank_dead_severity: str = "warning"
 
-    # NeuronExporterDown: Prometheus cannot scrape the endpoint.
+    # NeuronExporterDown: Prometheus cannot scrape an endpoint matching `selector`.
     exporter_down_for: str = "5m"
+    exporter_down_severity: str = "warning"
 
     # NeuronExporterCollectionErrors / NeuronExporterCollectorFailing.
     collection_errors_window: str = "10m"
     collection_errors_for: str = "5m"
+    collection_errors_severity: str = "warning"
     collector_failing_for: str = "5m"
+    collector_failing_severity: str = "warning"
+
+    # NeuronExporterSpoolFileRejected / NeuronExporterSpoolDirectoryNotOk: the node endpoint refuses a rank file
+    # in the spool directory, or the whole directory.
+    spool_rejected_for: str = "5m"
+    spool_rejected_severity: str = "warning"
+    spool_directory_for: str = "15m"
+    spool_directory_severity: str = "warning"
 
     def __post_init__(self):
         for field in dataclasses.fields(self):
-            value = getattr(self, field.name)
-            if field.type == "str" and (field.name.endswith(("_for", "_window"))) and not DURATION.match(value):
-                raise ValueError(f"{field.name}: {value!r} is not a Prometheus duration such as 30s, 5m or 1h")
-            if field.type == "float" and not value >= 0:
-                raise ValueError(f"{field.name}: {value!r} must be a number >= 0")
+            name, value = field.name, getattr(self, field.name)
+            kind = _kind(field)
+            if kind is float:
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+                    raise ValueError(f"{name}: {value!r} must be a number >= 0")
+                object.__setattr__(self, name, float(value))
+            elif kind is tuple:
+                if isinstance(value, str) or not isinstance(value, (list, tuple)):
+                    raise ValueError(f"{name}: {value!r} must be a list of label names")
+                for label in value:
+                    if not isinstance(label, str) or not LABEL_NAME.match(label):
+                        raise ValueError(f"{name}: {label!r} is not a Prometheus label name")
+                    if label in ("rank", "local_rank", "le", "__name__"):
+                        raise ValueError(f"{name}: {label!r} cannot be an aggregation label (alerts are per run; "
+                                         "per-rank detail is on the dashboards)")
+                if len(set(value)) != len(value):
+                    raise ValueError(f"{name}: {list(value)!r} names a label twice")
+                object.__setattr__(self, name, tuple(value))
+            elif not isinstance(value, str):
+                raise ValueError(f"{name}: {value!r} must be a string")
+            elif name.endswith(("_for", "_window")) and not DURATION.match(value):
+                raise ValueError(f"{name}: {value!r} is not a Prometheus duration such as 30s, 5m or 1h")
+            elif name.endswith("_severity") and value not in SEVERITIES:
+                raise ValueError(f"{name}: {value!r} is not one of {', '.join(SEVERITIES)}")
+            elif name == "selector" and not MATCHERS.match(value):
+                raise ValueError(f"{name}: {value!r} is not a list of label matchers such as "
+                                 "job=\"neuron-exporter\", namespace=~\"ml-.*\" (without braces)")
+
+    def as_dict(self) -> dict[str, Any]:
+        """The configuration as a plain mapping (lists for the label tuples), the form ``config_from`` takes."""
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
+
+    # Label lists of the generated PromQL.
+    @property
+    def run_labels(self) -> tuple[str, ...]:
+        return self.aggregation_labels
+
+    @property
+    def rank_labels(self) -> tuple[str, ...]:
+        return self.aggregation_labels + tuple(label for label in RANK_LABELS if label not in self.aggregation_labels)
 
 
-DEFAULTS = Thresholds()
+def _kind(field: dataclasses.Field) -> type:
+    annotation = str(field.type)
+    return float if annotation == "float" else tuple if annotation.startswith("tuple") else str
 
 
-class ThresholdsError(Exception):
-    """A thresholds file that cannot be used; the message is one line naming the file, line and key."""
+DEFAULTS = Config()
+FIELDS = tuple(field.name for field in dataclasses.fields(Config))
 
 
-def load_thresholds(path: Path) -> Thresholds:
+class ConfigError(ValueError):
+    """A configuration that cannot be used; the message is one line naming the key (and the file and line)."""
+
+
+def config_from(overrides: Mapping[str, Any] | Config | None = None) -> Config:
+    """The defaults with ``overrides`` (a mapping of the keys of ``Config``) applied."""
+    if overrides is None:
+        return DEFAULTS
+    if isinstance(overrides, Config):
+        return overrides
+    if not isinstance(overrides, Mapping):
+        raise ConfigError(f"expected a mapping of configuration keys to values, got {type(overrides).__name__}")
+    for key in overrides:
+        if key not in FIELDS:
+            raise ConfigError(f"unknown configuration key {key!r} (known: {', '.join(FIELDS)})")
+    try:
+        return dataclasses.replace(DEFAULTS, **overrides)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+
+
+def load_config(path: Path) -> Config:
     """Defaults overridden by the YAML mapping in ``path``."""
     try:
         root = yaml.compose(path.read_text())
-    except (OSError, yaml.YAMLError) as error:
-        raise ThresholdsError(f"{path}: cannot read thresholds: {' '.join(str(error).split())}") from None
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
+        raise ConfigError(f"{path}: cannot read the configuration: {' '.join(str(error).split())}") from None
     if root is None:
         return DEFAULTS
     if not isinstance(root, yaml.MappingNode):
-        raise ThresholdsError(f"{path}:{root.start_mark.line + 1}: expected a mapping of threshold names to values")
-    types = {field.name: field.type for field in dataclasses.fields(Thresholds)}
+        raise ConfigError(f"{path}:{root.start_mark.line + 1}: expected a mapping of configuration keys to values")
     overrides = {}
     for key_node, value_node in root.value:
         where = f"{path}:{key_node.start_mark.line + 1}"
         key = key_node.value
-        if key not in types:
-            raise ThresholdsError(f"{where}: unknown threshold {key!r} (known: {', '.join(types)})")
+        if key not in FIELDS:
+            raise ConfigError(f"{where}: unknown configuration key {key!r} (known: {', '.join(FIELDS)})")
         value = yaml.safe_load(yaml.serialize(value_node))
-        if types[key] == "float":
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise ThresholdsError(f"{where}: {key} must be a number, got {value!r}")
-            value = float(value)
-        elif not isinstance(value, str):
-            raise ThresholdsError(f"{where}: {key} must be a string, got {value!r}")
+        try:
+            dataclasses.replace(DEFAULTS, **{key: value})
+        except ValueError as error:
+            raise ConfigError(f"{where}: {error}") from None
         overrides[key] = value
-    try:
-        return dataclasses.replace(DEFAULTS, **overrides)
-    except ValueError as error:
-        raise ThresholdsError(f"{path}: {error}") from None
+    return config_from(overrides)

@@ -1,5 +1,6 @@
 """Small builders shared by the dashboards: every data panel gets a unit, a description and queries that go
-through the ``$datasource`` variable."""
+through the ``$datasource`` variable; ``Queries`` holds the label matchers of the configuration's selector and
+the dashboard variables."""
 
 from __future__ import annotations
 
@@ -9,11 +10,45 @@ from grafana_foundation_sdk.models import prometheus as prom_model
 from grafana_foundation_sdk.models import common as common_model
 from grafana_foundation_sdk.models.common import DataSourceRef
 
+from .config import Config
+
 DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")
 
-# Label matchers of the dashboard variables.
-TARGET = 'job=~"$job", instance=~"$instance"'
-RANK = TARGET + ', rank=~"$rank"'
+# Per-rank panels group by run and rank; their legends name both (an empty run_id shows nothing).
+BY_RANK = "run_id, rank"
+RANK_LEGEND = "rank {{rank}} {{run_id}}"
+BY_RUN = "job, run_id"
+RUN_LEGEND = "{{job}} {{run_id}}"
+
+
+class Queries:
+    """Label matchers and query builders for one configuration: the selector, then the dashboard variables.
+
+    ``target``: series of the selected endpoints (cluster, namespace, job, instance); ``run``: also of the
+    selected runs; ``rank``: also of the selected ranks.
+    """
+
+    def __init__(self, c: Config):
+        self.selector = c.selector.strip()
+        base = [self.selector] if self.selector else []
+        self.scope = ", ".join(base + ['cluster=~"$cluster"', 'namespace=~"$namespace"', 'job=~"$job"'])
+        self.target = self.scope + ', instance=~"$instance"'
+        self.run = self.target + ', run_id=~"$run_id"'
+        self.rank = self.run + ', rank=~"$rank"'
+
+    def rate(self, metric: str, by: str = BY_RANK, matchers: str | None = None,
+             window: str = "$__rate_interval") -> str:
+        """``sum by (by) (rate(metric{matchers}[window]))``; ``by=""`` sums over everything."""
+        grouping = f" by ({by})" if by else ""
+        return f"sum{grouping} (rate({metric}{{{matchers or self.rank}}}[{window}]))"
+
+    def ratio(self, numerator: str, denominator: str, by: str = BY_RANK, matchers: str | None = None) -> str:
+        """rate(numerator) / rate(denominator), both summed by ``by``."""
+        return f"{self.rate(numerator, by, matchers)} / {self.rate(denominator, by, matchers)}"
+
+    def increase(self, metric: str, by: str, window: str = "$__range", matchers: str | None = None) -> str:
+        return f"sum by ({by}) (increase({metric}{{{matchers or self.rank}}}[{window}]))"
+
 
 REF_IDS = "ABCDEFGHIJ"
 
@@ -94,18 +129,27 @@ def note(title: str, description: str, markdown: str, width: int = 24, height: i
     return text.Panel().title(title).description(description).content(markdown.strip()).span(width).height(height)
 
 
-def variables(board: dashboard.Dashboard, with_op: bool = False) -> dashboard.Dashboard:
-    """The datasource, job, instance and rank variables (and op, for drill-down by operator)."""
+def variables(board: dashboard.Dashboard, q: Queries, with_op: bool = False) -> dashboard.Dashboard:
+    """The datasource, cluster, namespace, job, run, instance and rank variables (and op, for drill-down by
+    operator). A label the series do not have lists no value, and "All" (.*) matches its absence."""
+    base = f"{q.selector}, " if q.selector else ""
+    place = f'{base}cluster=~"$cluster", namespace=~"$namespace"'
     board = (board
              .with_variable(dashboard.DatasourceVariable("datasource").label("Data source").type("prometheus"))
-             .with_variable(label_variable("job", "Job", "label_values(neuron_exporter_build_info, job)",
+             .with_variable(label_variable("cluster", "Cluster",
+                                           f"label_values(neuron_exporter_build_info{{{q.selector}}}, cluster)"))
+             .with_variable(label_variable(
+                 "namespace", "Namespace",
+                 f'label_values(neuron_exporter_build_info{{{base}cluster=~"$cluster"}}, namespace)'))
+             .with_variable(label_variable("job", "Job", f"label_values(neuron_exporter_build_info{{{place}}}, job)",
                                            multi=False))
-             .with_variable(label_variable("instance", "Instance",
-                                           'label_values(neuron_exporter_build_info{job=~"$job"}, instance)'))
-             .with_variable(label_variable("rank", "Rank", f"label_values(xla_steps_total{{{TARGET}}}, rank)")))
+             .with_variable(label_variable("run_id", "Run", f"label_values(xla_steps_total{{{q.scope}}}, run_id)"))
+             .with_variable(label_variable(
+                 "instance", "Instance", f'label_values(xla_steps_total{{{q.scope}, run_id=~"$run_id"}}, instance)'))
+             .with_variable(label_variable("rank", "Rank", f"label_values(xla_steps_total{{{q.run}}}, rank)")))
     if with_op:
         board = board.with_variable(label_variable(
-            "op", "Operator", f"label_values(xla_cpu_fallback_ops_total{{{RANK}}}, op)"))
+            "op", "Operator", f"label_values(xla_cpu_fallback_ops_total{{{q.rank}}}, op)"))
     return board
 
 
@@ -124,17 +168,6 @@ def finish(board: dashboard.Dashboard) -> model.Dashboard:
     for number, panel in enumerate(built.panels or [], start=1):
         panel.id_val = number
     return built
-
-
-def rate(metric: str, by: str = "rank", matchers: str = RANK, window: str = "$__rate_interval") -> str:
-    """``sum by (by) (rate(metric{matchers}[window]))``; ``by=""`` sums over everything."""
-    grouping = f" by ({by})" if by else ""
-    return f"sum{grouping} (rate({metric}{{{matchers}}}[{window}]))"
-
-
-def ratio(numerator: str, denominator: str, by: str = "rank", matchers: str = RANK) -> str:
-    """rate(numerator) / rate(denominator), both summed by ``by``."""
-    return f"{rate(numerator, by, matchers)} / {rate(denominator, by, matchers)}"
 
 
 def dashboard_links() -> list[dashboard.DashboardLink]:

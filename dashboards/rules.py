@@ -1,48 +1,133 @@
-"""Prometheus recording and alert rules for neuron-exporter, generated from the thresholds in config.py.
+"""Prometheus recording and alert rules for neuron-exporter, generated from the configuration in config.py.
 
-Recording rules hold the per-rank ratios that the alerts compare (and that ad-hoc queries can reuse);
-they use a fixed 5m window so their names stay stable. Every alert carries a ``severity`` label and the
-annotations ``summary``, ``description`` and ``runbook_url`` (an anchor in deploy/prometheus/runbook.md named
-after the alert).
+Recording rules hold the per-rank ratios (per ``aggregation_labels`` + instance, rank, local_rank, over a fixed
+5m window so their names stay stable). Training alerts are per run (``aggregation_labels``, by default
+cluster, namespace, job and run_id) and, where it applies, per operator or stage: a CPU-fallback operator on
+all 2,048 ranks of a job is one alert. Its value is the number of ranks affected, and its description names the
+worst rank (a template query); the per-rank detail is on the dashboards. Every alert carries a ``severity``
+label and the annotations ``summary``, ``description`` and ``runbook_url`` (the configured base URL and an
+anchor named after the alert).
 """
 
 from __future__ import annotations
 
-from .config import DEFAULTS, RUNBOOK_URL, Thresholds
+from .config import DEFAULTS, Config
 
 ALERTS_FILE = "neuron-exporter-alerts.yml"
 RECORDING_FILE = "neuron-exporter-recording.yml"
 
-RANK = "job, instance, rank, local_rank"
 WINDOW = "5m"
 
-# name -> expression; evaluated in this order, so later rules may use earlier ones.
-RECORDING_RULES = {
-    f"rank:xla_steps:rate{WINDOW}":
-        f"sum by ({RANK}) (rate(xla_steps_total[{WINDOW}]))",
-    f"rank:xla_graphs_per_step:avg{WINDOW}":
-        f"sum by ({RANK}) (rate(xla_graphs_per_step_sum[{WINDOW}]))\n"
-        f"/\nsum by ({RANK}) (rate(xla_graphs_per_step_count[{WINDOW}]))",
-    f"rank:xla_fragmented_steps:ratio{WINDOW}":
-        f"sum by ({RANK}) (rate(xla_fragmented_steps_total[{WINDOW}]))\n/\nrank:xla_steps:rate{WINDOW}",
-    f"rank:xla_recompilations_per_step:ratio{WINDOW}":
-        f"sum by ({RANK}) (rate(xla_recompilations_total[{WINDOW}]))\n/\nrank:xla_steps:rate{WINDOW}",
-    f"rank:xla_device_to_host_transfers_per_step:ratio{WINDOW}":
-        f"sum by ({RANK}) (rate(xla_device_to_host_transfers_total[{WINDOW}]))\n/\nrank:xla_steps:rate{WINDOW}",
-    f"rank:xla_compile_time_share:ratio{WINDOW}":
-        f"sum by ({RANK}) (rate(xla_compile_seconds_total[{WINDOW}]))\n"
-        f"/\nsum by ({RANK}) (rate(xla_step_duration_seconds_sum[{WINDOW}]))",
-    f"rank:xla_execute_time_share:ratio{WINDOW}":
-        f"sum by ({RANK}) (rate(xla_execute_seconds_total[{WINDOW}]))\n"
-        f"/\nsum by ({RANK}) (rate(xla_step_duration_seconds_sum[{WINDOW}]))",
-    f"rank_op:xla_cpu_fallback_ops:rate{WINDOW}":
-        f"sum by ({RANK}, op) (rate(xla_cpu_fallback_ops_total[{WINDOW}]))",
-}
+# Recording rule names.
+STEPS = f"rank:xla_steps:rate{WINDOW}"
+GRAPHS_PER_STEP = f"rank:xla_graphs_per_step:avg{WINDOW}"
+CUTS_PER_STEP = f"rank:xla_graph_cuts_per_step:ratio{WINDOW}"
+MARKERS_PER_STEP = f"rank:xla_step_markers_per_step:ratio{WINDOW}"
+FRAGMENTED_STEPS = f"rank:xla_fragmented_steps:ratio{WINDOW}"
+RECOMPILATIONS_PER_STEP = f"rank:xla_recompilations_per_step:ratio{WINDOW}"
+HOST_READS_PER_STEP = f"rank:xla_device_to_host_transfers_per_step:ratio{WINDOW}"
+COMPILE_TIME_SHARE = f"rank:xla_compile_time_share:ratio{WINDOW}"
+EXECUTE_TIME_SHARE = f"rank:xla_execute_time_share:ratio{WINDOW}"
+FALLBACK_RATE = f"rank_op:xla_cpu_fallback_ops:rate{WINDOW}"
 
-WHERE = "rank {{ $labels.rank }} (local rank {{ $labels.local_rank }}) of {{ $labels.instance }}"
+RECORDING_RULE_NAMES = (STEPS, GRAPHS_PER_STEP, CUTS_PER_STEP, MARKERS_PER_STEP, FRAGMENTED_STEPS,
+                        RECOMPILATIONS_PER_STEP, HOST_READS_PER_STEP, COMPILE_TIME_SHARE, EXECUTE_TIME_SHARE,
+                        FALLBACK_RATE)
+
+# The rank an alert's description names, from the first sample of a template query.
+RANK_OF_SAMPLE = 'rank {{ label "rank" . }} (local rank {{ label "local_rank" . }}) of {{ label "instance" . }}'
+# The labels of the rank lookups (the per-rank labels beyond the aggregation labels).
+RANK_ONLY = "instance, rank, local_rank"
 
 
-def alert(name: str, expr: str, for_: str, severity: str, summary: str, description: str) -> dict:
+def labels(*names: str) -> str:
+    """A label list for by/on: each name once, in order."""
+    return ", ".join(dict.fromkeys(names))
+
+
+def select(c: Config, metric: str, *matchers: str) -> str:
+    """``metric{selector, matchers}`` (no braces when there is nothing to match)."""
+    inside = ", ".join(m for m in (c.selector.strip(), *matchers) if m)
+    return f"{metric}{{{inside}}}" if inside else metric
+
+
+def recording_rules(c: Config = DEFAULTS) -> dict[str, str]:
+    """{name: expression}; evaluated in this order, so later rules use earlier ones. Per-step ratios have no
+    value while a rank makes no training step (an evaluation phase, a stall): ``> 0`` on the step rate."""
+    rank = labels(*c.rank_labels)
+
+    def rate(metric: str) -> str:
+        return f"sum by ({rank}) (rate({select(c, metric)}[{WINDOW}]))"
+
+    def per_step(metric: str) -> str:
+        return f"{rate(metric)}\n/\n({STEPS} > 0)"
+
+    return {
+        STEPS: rate("xla_steps_total"),
+        GRAPHS_PER_STEP: f"{rate('xla_graphs_per_step_sum')}\n/\n({rate('xla_graphs_per_step_count')} > 0)",
+        CUTS_PER_STEP: per_step("xla_graph_cuts_total"),
+        MARKERS_PER_STEP: per_step("xla_step_markers_total"),
+        FRAGMENTED_STEPS: per_step("xla_fragmented_steps_total"),
+        RECOMPILATIONS_PER_STEP: per_step("xla_recompilations_total"),
+        HOST_READS_PER_STEP: per_step("xla_device_to_host_transfers_total"),
+        COMPILE_TIME_SHARE: f"{rate('xla_compile_seconds_total')}\n/\n({rate('xla_step_duration_seconds_sum')} > 0)",
+        EXECUTE_TIME_SHARE: f"{rate('xla_execute_seconds_total')}\n/\n({rate('xla_step_duration_seconds_sum')} > 0)",
+        FALLBACK_RATE: f"sum by ({labels(*c.rank_labels, 'op')}) (rate({select(c, 'xla_cpu_fallback_ops_total')}"
+                       f"[{WINDOW}]))",
+    }
+
+
+# -- annotation templates ------------------------------------------------------------------------------------------
+
+def go_string(text: str) -> str:
+    """``text`` as a Go template string literal."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def run_name(c: Config) -> str:
+    """Template text naming the alert's run by its aggregation labels: "cluster c1, namespace ml, job train,
+    run 42" (labels the alert does not have are left out)."""
+    parts = ['{{ $sep := "" }}']
+    for label in c.aggregation_labels:
+        word = "run" if label == "run_id" else label
+        parts.append(f'{{{{ with $labels.{label} }}}}{{{{ $sep }}}}{word} {{{{ . }}}}{{{{ $sep = ", " }}}}{{{{ end }}}}')
+    return "".join(parts)
+
+
+def rank_lookup(c: Config, query: str, body: str, *extra_labels: str, with_selector: bool = True) -> str:
+    """Template text that runs ``query`` for the alert's run and renders ``body`` with its first sample as ``.``.
+
+    ``query`` is PromQL in which ``MATCH`` stands for the matchers of the alert's run: the selector (unless
+    ``with_selector`` is false, for recorded series), every aggregation label and ``extra_labels`` equal to the
+    alert's values. A label the alert lacks matches series without it.
+    """
+    names = (*c.aggregation_labels, *extra_labels)
+    matchers = [c.selector.strip().replace("%", "%%")] if with_selector and c.selector.strip() else []
+    matchers += [f"{name}=%q" for name in names]
+    promql = query.replace("%", "%%").replace("MATCH", ", ".join(matchers))
+    arguments = " ".join(f"$labels.{name}" for _ in range(query.count("MATCH")) for name in names)
+    return (f"{{{{ with printf {go_string(promql)} {arguments} | query }}}}{{{{ with first . }}}}{body}"
+            "{{ end }}{{ end }}")
+
+
+def worst_recorded(c: Config, record: str, value_text: str) -> str:
+    """The rank with the highest value of a per-rank recording rule in the alert's run."""
+    return rank_lookup(c, f"topk(1, {record}{{MATCH}})", f"{RANK_OF_SAMPLE} with {value_text}",
+                       with_selector=False)
+
+
+def first_to_stop(c: Config, state: str) -> str:
+    """The rank in ``state`` whose last report is the oldest, in the alert's run."""
+    return rank_lookup(
+        c, f"bottomk(1, max by ({RANK_ONLY}) (neuron_exporter_rank_last_report_timestamp_seconds{{MATCH}})"
+           f" and on ({RANK_ONLY}) (max by ({RANK_ONLY}) (neuron_exporter_rank_state{{MATCH, state=\"{state}\"}})"
+           " == 1))",
+        RANK_OF_SAMPLE)
+
+
+# -- alerts --------------------------------------------------------------------------------------------------------
+
+def alert(c: Config, name: str, expr: str, for_: str, severity: str, summary: str, description: str) -> dict:
     return {
         "alert": name,
         "expr": expr,
@@ -51,115 +136,170 @@ def alert(name: str, expr: str, for_: str, severity: str, summary: str, descript
         "annotations": {
             "summary": summary,
             "description": description,
-            "runbook_url": f"{RUNBOOK_URL}#{name.lower()}",
+            "runbook_url": f"{c.runbook_url}#{name.lower()}",
         },
     }
 
 
-def alert_rules(t: Thresholds = DEFAULTS) -> list[dict]:
+def alert_rules(c: Config = DEFAULTS) -> list[dict]:
+    run = labels(*c.run_labels)
+    rank = labels(*c.rank_labels)
+    in_run = f"in {run_name(c)}"
+    affected = "Ranks affected: {{ $value }}"
+    see_dashboard = " Every rank: the Fragmentation & recompiles dashboard."
+    hung = select(c, "neuron_exporter_rank_state", 'state="hung"')
+    dead = select(c, "neuron_exporter_rank_state", 'state="dead"')
+    hung_or_dead = select(c, "neuron_exporter_rank_state", 'state=~"hung|dead"')
+
+    def over(record: str, op: str, threshold: float) -> str:
+        return f"count by ({run}) (\n  {record} {op} {threshold:g}\n)"
+
     return [
         alert(
-            "XlaCpuFallbackOp",
-            f"sum by ({RANK}, op) (increase(xla_cpu_fallback_ops_total[{t.fallback_window}])) > 0",
-            t.fallback_for, "warning",
-            "Operator {{ $labels.op }} runs on the CPU on rank {{ $labels.rank }}",
-            "{{ $labels.op }} has no XLA lowering: it ran on the CPU {{ $value | humanize }} times in the last "
-            f"{t.fallback_window} on {WHERE}. Every call cuts the graph and copies its tensors to the host and back.",
+            c, "XlaCpuFallbackOp",
+            f"count by ({labels(*c.run_labels, 'op')}) (\n"
+            f"  sum by ({labels(*c.rank_labels, 'op')}) "
+            f"(increase({select(c, 'xla_cpu_fallback_ops_total')}[{c.fallback_window}])) > 0\n)",
+            c.fallback_for, c.fallback_severity,
+            "Operator {{ $labels.op }} runs on the CPU " + in_run,
+            "{{ $labels.op }} has no XLA lowering: it ran on the CPU in the last " + c.fallback_window + " "
+            + in_run + ". " + affected + "; most calls: "
+            + rank_lookup(c, f"topk(1, sum by ({RANK_ONLY}) (increase(xla_cpu_fallback_ops_total{{MATCH}}"
+                             f"[{c.fallback_window}])))",
+                          RANK_OF_SAMPLE + ' ({{ value . | printf "%.0f" }})', "op")
+            + ". Every call cuts the graph and copies its tensors to the host and back." + see_dashboard,
         ),
         alert(
-            "XlaRecompilationStorm",
-            f"rank:xla_recompilations_per_step:ratio{WINDOW} > {t.recompilations_per_step:g}",
-            t.recompilation_for, "warning",
-            "Rank {{ $labels.rank }} recompiles its graph after warm-up",
-            "{{ $value | printf \"%.2f\" }} compiler runs per step after warm-up on " + WHERE +
-            f" (threshold {t.recompilations_per_step:g}). Input shapes or graph structure keep changing.",
+            c, "XlaRecompilationStorm", over(RECOMPILATIONS_PER_STEP, ">", c.recompilations_per_step),
+            c.recompilation_for, c.recompilation_severity,
+            "The graph keeps recompiling after warm-up " + in_run,
+            f"More than {c.recompilations_per_step:g} compiler runs per training step after warm-up " + in_run
+            + ". " + affected + "; worst: "
+            + worst_recorded(c, RECOMPILATIONS_PER_STEP, '{{ value . | printf "%.2f" }} per step')
+            + ". Input shapes or graph structure keep changing." + see_dashboard,
         ),
         alert(
-            "XlaGraphFragmentation",
-            f"rank:xla_graphs_per_step:avg{WINDOW} > {t.graphs_per_step:g}",
-            t.fragmentation_for, "warning",
-            "Rank {{ $labels.rank }} runs more than one graph per step",
-            "{{ $value | printf \"%.2f\" }} graphs per step on average on " + WHERE +
-            f" (threshold {t.graphs_per_step:g}). Something cuts the graph every step: "
-            ".item(), print, .cpu() or a CPU-fallback operator.",
+            c, "XlaGraphFragmentation", over(CUTS_PER_STEP, ">=", c.graph_cuts_per_step),
+            c.fragmentation_for, c.fragmentation_severity,
+            "Training steps are cut into several graphs " + in_run,
+            f"At least {c.graph_cuts_per_step:g} graph cuts per training step " + in_run + ". " + affected
+            + "; worst: " + worst_recorded(c, CUTS_PER_STEP, '{{ value . | printf "%.2f" }} cuts per step')
+            + ". Something needs a device value before the step ends: .item(), print, an if on a tensor, "
+              ".cpu() or a CPU-fallback operator." + see_dashboard,
         ),
         alert(
-            "XlaFrequentHostReads",
-            f"rank:xla_device_to_host_transfers_per_step:ratio{WINDOW} > {t.host_reads_per_step:g}",
-            t.host_reads_for, "warning",
-            "Rank {{ $labels.rank }} reads device data on the host every step",
-            "{{ $value | printf \"%.2f\" }} device-to-host transfers per step on " + WHERE +
-            f" (threshold {t.host_reads_per_step:g}). Each read waits for the device and may cut the graph.",
+            c, "XlaFrequentHostReads", over(HOST_READS_PER_STEP, ">", c.host_reads_per_step),
+            c.host_reads_for, c.host_reads_severity,
+            "Device data is read on the host every step " + in_run,
+            f"More than {c.host_reads_per_step:g} device-to-host transfers per training step " + in_run + ". "
+            + affected + "; worst: "
+            + worst_recorded(c, HOST_READS_PER_STEP, '{{ value . | printf "%.2f" }} per step')
+            + ". Each read waits for the device and may cut the graph." + see_dashboard,
         ),
         alert(
-            "XlaCompileTimeDominates",
-            f"rank:xla_compile_time_share:ratio{WINDOW} > {t.compile_time_share:g}",
-            t.compile_time_for, "warning",
-            "Rank {{ $labels.rank }} spends most of its step time compiling",
-            "Compilation took {{ $value | humanizePercentage }} of the step wall time on " + WHERE +
-            f" (threshold {t.compile_time_share:.0%}).",
+            c, "XlaCompileTimeDominates", over(COMPILE_TIME_SHARE, ">", c.compile_time_share),
+            c.compile_time_for, c.compile_time_severity,
+            "Compiling takes most of the step time " + in_run,
+            f"Compilation takes more than {c.compile_time_share:.0%} of the step wall time " + in_run + ". "
+            + affected + "; worst: "
+            + worst_recorded(c, COMPILE_TIME_SHARE, "{{ value . | humanizePercentage }}") + "." + see_dashboard,
         ),
         alert(
-            "XlaTrainingStalled",
-            f"sum by ({RANK}) (increase(xla_steps_total[{t.stall_window}])) == 0\n"
-            f"unless on ({RANK}) (neuron_exporter_rank_state{{state=~\"hung|dead\"}} == 1)",
-            t.stall_for, "warning",
-            "Rank {{ $labels.rank }} has ended no step for " + t.stall_window,
-            f"No training step ended in the last {t.stall_window} on " + WHERE +
-            ", while its metrics endpoint still answers.",
+            c, "XlaTrainingStalled",
+            f"count by ({run}) (\n"
+            f"  sum by ({rank}) (increase({select(c, 'xla_steps_total')}[{c.stall_window}])) == 0\n"
+            f"  unless on ({rank})\n"
+            f"  (max by ({rank}) ({hung_or_dead}) == 1)\n)",
+            c.stall_for, c.stall_severity,
+            "Training has stalled " + in_run,
+            f"No training step ended in the last {c.stall_window} " + in_run
+            + ", while the metrics endpoints still answer. " + affected + ", for example "
+            + rank_lookup(c, f"topk(1, sum by ({RANK_ONLY}) (increase(xla_steps_total{{MATCH}}"
+                             f"[{c.stall_window}])) == 0)", RANK_OF_SAMPLE) + ".",
         ),
         alert(
-            "NeuronExporterRankHung",
-            f"max by ({RANK}) (neuron_exporter_rank_state{{state=\"hung\"}}) == 1",
-            t.rank_hung_for, "critical",
-            "Rank {{ $labels.rank }} has stopped reporting",
-            "The node endpoint {{ $labels.instance }} marks rank {{ $labels.rank }} (local rank "
-            "{{ $labels.local_rank }}) as hung: its process is alive but it has not reported a step within "
-            "the configured time.",
+            c, "NeuronExporterRankHung",
+            f"count by ({run}) (\n"
+            f"  max by ({rank}) ({hung}) == 1\n)",
+            c.rank_hung_for, c.rank_hung_severity,
+            "Ranks have stopped reporting " + in_run,
+            "The node endpoints mark ranks " + in_run + " as hung: their processes are alive but have reported no "
+            "step within hung_after_seconds. " + affected + "; the first to stop: " + first_to_stop(c, "hung")
+            + ".",
         ),
         alert(
-            "NeuronExporterRankDead",
-            f"max by ({RANK}) (neuron_exporter_rank_state{{state=\"dead\"}}) == 1",
-            t.rank_dead_for, "critical",
-            "Rank {{ $labels.rank }} process is gone",
-            "The node endpoint {{ $labels.instance }} marks rank {{ $labels.rank }} (local rank "
-            "{{ $labels.local_rank }}) as dead: its process exited. Its last counters stay visible until they expire.",
+            c, "NeuronExporterRankDead",
+            f"count by ({run}) (\n"
+            f"  max by ({rank}) ({dead}) == 1\n)",
+            c.rank_dead_for, c.rank_dead_severity,
+            "Rank processes are gone " + in_run,
+            "The node endpoints mark ranks " + in_run + " as dead: their processes exited without finishing. "
+            + affected + "; the first to stop: " + first_to_stop(c, "dead")
+            + ". Their last counters stay visible until they expire.",
         ),
         alert(
-            "NeuronExporterDown",
-            f"up{{{t.exporter_job_selector}}} == 0",
-            t.exporter_down_for, "warning",
+            c, "NeuronExporterDown", f"{select(c, 'up')} == 0",
+            c.exporter_down_for, c.exporter_down_severity,
             "neuron-exporter endpoint {{ $labels.instance }} is down",
             "Prometheus cannot scrape {{ $labels.instance }} (job {{ $labels.job }}): the training process or the "
             "node daemon is not serving /metrics.",
         ),
         alert(
-            "NeuronExporterCollectionErrors",
-            f"sum by ({RANK}, stage) (increase(neuron_exporter_collection_errors_total"
-            f"[{t.collection_errors_window}])) > 0",
-            t.collection_errors_for, "warning",
-            "neuron-exporter fails to collect ({{ $labels.stage }}) on rank {{ $labels.rank }}",
-            "{{ $value | humanize }} collection errors at stage {{ $labels.stage }} in the last "
-            f"{t.collection_errors_window} on {WHERE}. The metrics of this rank may be incomplete.",
+            c, "NeuronExporterCollectionErrors",
+            f"count by ({labels(*c.run_labels, 'stage')}) (\n"
+            f"  sum by ({labels(*c.rank_labels, 'stage')}) (increase("
+            f"{select(c, 'neuron_exporter_collection_errors_total')}[{c.collection_errors_window}])) > 0\n)",
+            c.collection_errors_for, c.collection_errors_severity,
+            "neuron-exporter fails to collect ({{ $labels.stage }}) " + in_run,
+            "Collection errors at stage {{ $labels.stage }} in the last " + c.collection_errors_window + " "
+            + in_run + ". " + affected + "; most errors: "
+            + rank_lookup(c, f"topk(1, sum by ({RANK_ONLY}) (increase(neuron_exporter_collection_errors_total"
+                             f"{{MATCH}}[{c.collection_errors_window}])))",
+                          RANK_OF_SAMPLE + ' ({{ value . | printf "%.0f" }})', "stage")
+            + ". The metrics of these ranks may be incomplete.",
         ),
         alert(
-            "NeuronExporterCollectorFailing",
-            "neuron_exporter_collector_success == 0",
-            t.collector_failing_for, "warning",
-            "neuron-exporter collector {{ $labels.collector }} fails on {{ $labels.instance }}",
-            "The last run of collector {{ $labels.collector }} failed on {{ $labels.instance }}"
-            "{{ if $labels.rank }} (rank {{ $labels.rank }}){{ end }}; its series are missing or stale.",
+            c, "NeuronExporterCollectorFailing",
+            f"count by ({labels(*c.run_labels, 'collector')}) (\n"
+            f"  min by ({labels(*c.rank_labels, 'collector')}) "
+            f"({select(c, 'neuron_exporter_collector_success')}) == 0\n)",
+            c.collector_failing_for, c.collector_failing_severity,
+            "neuron-exporter collector {{ $labels.collector }} fails " + in_run,
+            "The last run of collector {{ $labels.collector }} failed " + in_run
+            + "; its series are missing or stale. " + affected + ", for example "
+            + rank_lookup(c, f"topk(1, min by ({RANK_ONLY}) (neuron_exporter_collector_success{{MATCH}}) == 0)",
+                          RANK_OF_SAMPLE, "collector") + ".",
+        ),
+        alert(
+            c, "NeuronExporterSpoolFileRejected",
+            f"max by ({labels(*c.aggregation_labels, 'instance', 'reason')}) "
+            f"({select(c, 'neuron_exporter_spool_rejected_files')}) > 0",
+            c.spool_rejected_for, c.spool_rejected_severity,
+            "The node endpoint {{ $labels.instance }} refuses files in its spool directory ({{ $labels.reason }})",
+            "Files in the spool directory of {{ $labels.instance }} that the node endpoint does not serve (reason "
+            "{{ $labels.reason }}): {{ $value }}. Something wrote a file the endpoint does not trust, or the "
+            "endpoint cannot read it; the ranks of those files are missing from the metrics. The endpoint logs "
+            "each file once.",
+        ),
+        alert(
+            c, "NeuronExporterSpoolDirectoryNotOk",
+            f"min by ({labels(*c.aggregation_labels, 'instance')}) "
+            f"({select(c, 'neuron_exporter_spool_directory_ok')}) == 0",
+            c.spool_directory_for, c.spool_directory_severity,
+            "The node endpoint {{ $labels.instance }} does not read its spool directory",
+            "The spool directory of {{ $labels.instance }} is missing, or more open than spool_mode allows, or "
+            "another user's: the node endpoint serves no rank from it. The endpoint logs the reason once.",
         ),
     ]
 
 
-def recording_rules() -> list[dict]:
-    return [{"record": name, "expr": expr} for name, expr in RECORDING_RULES.items()]
-
-
-def rule_files(t: Thresholds = DEFAULTS) -> dict[str, dict]:
+def rule_files(c: Config = DEFAULTS) -> dict[str, dict]:
     """{file name: rule file content} for the two files Prometheus loads."""
+    recording = [{"record": name, "expr": expr} for name, expr in recording_rules(c).items()]
     return {
-        RECORDING_FILE: {"groups": [{"name": "neuron-exporter.recording", "rules": recording_rules()}]},
-        ALERTS_FILE: {"groups": [{"name": "neuron-exporter.alerts", "rules": alert_rules(t)}]},
+        RECORDING_FILE: {"groups": [{"name": "neuron-exporter.recording", "rules": recording}]},
+        ALERTS_FILE: {"groups": [{"name": "neuron-exporter.alerts", "rules": alert_rules(c)}]},
     }
+
+
+RECORDING_RULES = recording_rules(DEFAULTS)  # the default expressions, by name

@@ -1,9 +1,9 @@
 """The Prometheus rules: committed YAML equals a fresh build, promtool accepts them, every alert is tested by
-`promtool test rules` and documented in the runbook, and the thresholds can be changed in one place."""
+`promtool test rules` and documented in the runbook, alerts are per run and keep the configured labels, and the
+configuration (selector, labels, severities, thresholds) is changed in one place."""
 
 from __future__ import annotations
 
-import dataclasses
 import re
 import subprocess
 import sys
@@ -15,7 +15,7 @@ from conftest import ROOT
 from test_dashboards import CONTRACT_METRICS, metric_names
 
 from dashboards import build, rules
-from dashboards.config import DEFAULTS, RUNBOOK_URL, Thresholds, ThresholdsError, load_thresholds
+from dashboards.config import DEFAULTS, RUNBOOK_URL, Config, ConfigError, config_from, load_config
 
 RULES_DIR = build.RULES_DIR
 RULE_FILES = [RULES_DIR / rules.RECORDING_FILE, RULES_DIR / rules.ALERTS_FILE]
@@ -41,7 +41,7 @@ def test_committed_rules_are_what_the_code_builds(tmp_path):
 def test_promtool_check_rules_is_clean():
     result = promtool("check", "rules", *map(str, RULE_FILES))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 11 rules found" in result.stdout and "SUCCESS: 8 rules found" in result.stdout
+    assert "SUCCESS: 13 rules found" in result.stdout and "SUCCESS: 10 rules found" in result.stdout
 
 
 @pytest.mark.parametrize("test_file", TEST_FILES, ids=lambda p: p.name)
@@ -98,16 +98,51 @@ def has_clean_series(test: dict, case: dict) -> bool:
                for series in test["input_series"])
 
 
+PER_RUN = {rule["alert"] for rule in committed_alerts() if rule["expr"].startswith("count by (")}
+
+
 @pytest.mark.parametrize("rule", committed_alerts(), ids=lambda r: r["alert"])
 def test_every_alert_has_severity_summary_description_and_runbook(rule):
     assert rule["labels"]["severity"] in ("warning", "critical")
     annotations = rule["annotations"]
     assert set(annotations) == {"summary", "description", "runbook_url"}
     assert annotations["runbook_url"] == f"{RUNBOOK_URL}#{rule['alert'].lower()}"
-    if "rank" in rule["expr"] or rule["expr"].startswith("rank"):
-        assert "$labels.rank" in annotations["description"], f"{rule['alert']} does not name the rank"
+    if rule["alert"] in PER_RUN:
+        # One alert per run: the description names the run, how many ranks are affected and the worst rank.
+        for label in DEFAULTS.aggregation_labels:
+            assert f"$labels.{label}" in annotations["summary"] and f"$labels.{label}" in annotations["description"]
+        assert "Ranks affected: {{ $value }}" in annotations["description"]
+        assert 'label "rank" .' in annotations["description"] and "| query" in annotations["description"]
     if "op)" in rule["expr"]:
         assert "$labels.op" in annotations["description"] and "$labels.op" in annotations["summary"]
+
+
+def test_training_and_rank_alerts_are_per_run():
+    assert PER_RUN >= {"XlaCpuFallbackOp", "XlaRecompilationStorm", "XlaGraphFragmentation", "XlaFrequentHostReads",
+                       "XlaCompileTimeDominates", "XlaTrainingStalled", "NeuronExporterRankHung",
+                       "NeuronExporterRankDead", "NeuronExporterCollectionErrors", "NeuronExporterCollectorFailing"}
+    by_name = {rule["alert"]: rule for rule in committed_alerts()}
+    assert by_name["XlaCpuFallbackOp"]["expr"].startswith("count by (cluster, namespace, job, run_id, op) (")
+    for name in ("NeuronExporterRankHung", "NeuronExporterRankDead"):
+        assert by_name[name]["for"] == "5m" and by_name[name]["labels"]["severity"] == "warning"
+
+
+def aggregations(expr: str) -> list[list[str]]:
+    """The label lists of every `by (...)` and `on (...)` of an expression."""
+    return [[label.strip() for label in match.split(",")]
+            for match in re.findall(r"\b(?:by|on) \(([^)]*)\)", expr)]
+
+
+@pytest.mark.parametrize("labels", [DEFAULTS.aggregation_labels, ("team", "job"),
+                                    ("cluster", "namespace", "job", "run_id", "pod")], ids=str)
+def test_every_aggregation_keeps_the_configured_labels(labels):
+    config = config_from({"aggregation_labels": list(labels)})
+    for name, content in rules.rule_files(config).items():
+        for rule in content["groups"][0]["rules"]:
+            groupings = aggregations(rule["expr"])
+            assert groupings or rule.get("alert") == "NeuronExporterDown", rule  # `up == 0` keeps every label
+            for grouping in groupings:
+                assert set(labels) <= set(grouping), f"{rule.get('alert') or rule.get('record')} drops a label"
 
 
 def test_runbook_has_one_section_per_alert_and_nothing_else():
@@ -134,45 +169,152 @@ def test_rules_use_only_contract_metrics_and_their_own_recordings():
 def test_recording_rules_are_used_by_the_alerts():
     alert_exprs = " ".join(rule["expr"] for rule in committed_alerts())
     used = {name for name in rules.RECORDING_RULES if name in alert_exprs}
-    assert used >= {"rank:xla_recompilations_per_step:ratio5m", "rank:xla_graphs_per_step:avg5m",
+    assert used >= {"rank:xla_recompilations_per_step:ratio5m", "rank:xla_graph_cuts_per_step:ratio5m",
                     "rank:xla_device_to_host_transfers_per_step:ratio5m", "rank:xla_compile_time_share:ratio5m"}
 
 
+def test_fragmentation_is_graph_cuts_per_training_step():
+    recorded = rules.RECORDING_RULES["rank:xla_graph_cuts_per_step:ratio5m"]
+    assert "rate(xla_graph_cuts_total" in recorded and "rank:xla_steps:rate5m" in recorded
+    assert "rate(xla_steps_total" in rules.RECORDING_RULES["rank:xla_steps:rate5m"]
+    (rule,) = [rule for rule in committed_alerts() if rule["alert"] == "XlaGraphFragmentation"]
+    assert "rank:xla_graph_cuts_per_step:ratio5m >= 0.5" in rule["expr"]
+
+
 def test_a_threshold_changed_in_one_place_reaches_the_rules():
-    changed = dataclasses.replace(DEFAULTS, graphs_per_step=2.5, fallback_for="0s", fallback_window="1m")
+    changed = config_from({"graph_cuts_per_step": 2.5, "fallback_for": "0s", "fallback_window": "1m"})
     by_name = {rule["alert"]: rule for rule in rules.alert_rules(changed)}
-    assert by_name["XlaGraphFragmentation"]["expr"].endswith("> 2.5")
-    assert "threshold 2.5" in by_name["XlaGraphFragmentation"]["annotations"]["description"]
+    assert "rank:xla_graph_cuts_per_step:ratio5m >= 2.5" in by_name["XlaGraphFragmentation"]["expr"]
+    assert "At least 2.5 graph cuts" in by_name["XlaGraphFragmentation"]["annotations"]["description"]
     assert by_name["XlaCpuFallbackOp"]["for"] == "0s"
     assert "[1m]" in by_name["XlaCpuFallbackOp"]["expr"]
 
 
-def test_thresholds_file_overrides_defaults(tmp_path):
-    path = tmp_path / "thresholds.yml"
-    path.write_text("graphs_per_step: 2\nfallback_for: 30s\n")
-    loaded = load_thresholds(path)
-    assert (loaded.graphs_per_step, loaded.fallback_for, loaded.host_reads_per_step) == (2.0, "30s", 0.5)
+def selected_metrics(expr: str) -> list[tuple[str, str]]:
+    """(metric, matchers) of every metric selector in an expression that is not a recorded series."""
+    return [(m.group(1), m.group(2) or "") for m in re.finditer(r"(?<![\w:])([a-z_]+)(\{[^}]*\})?(?=[\[ )\n]|$)", expr)
+            if m.group(1) in CONTRACT_METRICS]
+
+
+def test_changing_a_severity_or_the_selector_changes_the_generated_rules(tmp_path):
+    changed = config_from({"fallback_severity": "critical", "rank_dead_severity": "critical",
+                           "selector": 'job="training", container="trainer"',
+                           "runbook_url": "https://wiki.example.com/neuron-exporter"})
+    default_files = {name: build.rules_yaml(content) for name, content in rules.rule_files().items()}
+    changed_files = {name: build.rules_yaml(content) for name, content in rules.rule_files(changed).items()}
+    assert all(default_files[name] != changed_files[name] for name in default_files)
+    by_name = {rule["alert"]: rule for rule in rules.alert_rules(changed)}
+    assert by_name["XlaCpuFallbackOp"]["labels"]["severity"] == "critical"
+    assert by_name["NeuronExporterRankDead"]["labels"]["severity"] == "critical"
+    assert by_name["NeuronExporterRankHung"]["labels"]["severity"] == "warning"
+    assert by_name["XlaCpuFallbackOp"]["annotations"]["runbook_url"] == \
+        "https://wiki.example.com/neuron-exporter#xlacpufallbackop"
+    # Every metric the rules select (recorded series excepted) carries the selector, in the rules and in the
+    # description's rank lookups; and the defaults carry theirs.
+    for config, selector in ((changed, 'job="training", container="trainer"'), (DEFAULTS, DEFAULTS.selector)):
+        for content in rules.rule_files(config).values():
+            for rule in content["groups"][0]["rules"]:
+                found = selected_metrics(rule["expr"])
+                for lookup in re.findall(r'printf "((?:[^"\\]|\\.)*)"', rule.get("annotations", {}).get("description", "")):
+                    found += selected_metrics(lookup.replace('\\"', '"'))
+                assert found or rule["expr"].startswith("count by (") or rule.get("record")
+                for metric, matchers in found:
+                    assert matchers.startswith("{" + selector), (rule.get("alert") or rule.get("record"), metric)
+    # Still rules promtool accepts.
+    for name, text in changed_files.items():
+        (tmp_path / name).write_text(text)
+    result = promtool("check", "rules", *(str(tmp_path / name) for name in changed_files))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_an_empty_selector_selects_by_metric_name():
+    by_name = {rule["alert"]: rule for rule in rules.alert_rules(config_from({"selector": ""}))}
+    assert by_name["NeuronExporterDown"]["expr"] == "up == 0"
+    assert "increase(xla_cpu_fallback_ops_total[10m])" in by_name["XlaCpuFallbackOp"]["expr"]
+
+
+def test_configured_labels_survive_into_the_alert(tmp_path):
+    """With `pod` added to the aggregation labels, a 4-rank fallback over two pods is one alert per pod naming
+    it, and a custom severity reaches it: promtool runs the generated rules."""
+    config = config_from({"aggregation_labels": ["cluster", "namespace", "job", "run_id", "pod"],
+                          "fallback_severity": "critical"})
+    for name, content in rules.rule_files(config).items():
+        (tmp_path / name).write_text(build.rules_yaml(content))
+    series = [{"series": f'xla_cpu_fallback_ops_total{{cluster="c1", namespace="ml", job="neuron-exporter", '
+                         f'run_id="r1", instance="node{rank // 2}:9478", pod="train-{rank // 2}", rank="{rank}", '
+                         f'local_rank="{rank % 2}", op="aten::lgamma"}}',
+               "values": f"0+{60 * (1 + rank % 2)}x20"} for rank in range(4)]  # odd ranks call it twice as often
+    run = "cluster c1, namespace ml, job neuron-exporter, run r1, pod train-{}"
+    expected = [{"exp_labels": {"severity": "critical", "cluster": "c1", "namespace": "ml", "job": "neuron-exporter",
+                                "run_id": "r1", "pod": f"train-{pod}", "op": "aten::lgamma"},
+                 "exp_annotations": {
+                     "summary": f"Operator aten::lgamma runs on the CPU in {run.format(pod)}",
+                     "description": f"aten::lgamma has no XLA lowering: it ran on the CPU in the last 10m in "
+                                    f"{run.format(pod)}. Ranks affected: 2; most calls: rank {2 * pod + 1} (local rank 1) "
+                                    f"of node{pod}:9478 (1200). Every call cuts the graph and copies its tensors to the "
+                                    "host and back. Every rank: the Fragmentation & recompiles dashboard.",
+                     "runbook_url": f"{RUNBOOK_URL}#xlacpufallbackop"}}
+                for pod in range(2)]
+    test = {"rule_files": [rules.RECORDING_FILE, rules.ALERTS_FILE], "evaluation_interval": "1m",
+            "tests": [{"interval": "1m", "input_series": series, "alert_rule_test": [
+                {"eval_time": "15m", "alertname": "XlaCpuFallbackOp", "exp_alerts": expected}]}]}
+    (tmp_path / "test.yml").write_text(yaml.safe_dump(test))
+    result = promtool("test", "rules", str(tmp_path / "test.yml"))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_build_entry_point_writes_everything_from_a_config(tmp_path):
+    written = build.build({"selector": 'job="training"', "graph_cuts_per_step": 1}, output_dir=tmp_path)
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in written) == [
+        "dashboards/fragmentation-recompiles.json", "dashboards/training-overview.json",
+        f"rules/{rules.ALERTS_FILE}", f"rules/{rules.RECORDING_FILE}"]
+    alerts = yaml.safe_load((tmp_path / "rules" / rules.ALERTS_FILE).read_text())["groups"][0]["rules"]
+    assert next(r for r in alerts if r["alert"] == "NeuronExporterDown")["expr"] == 'up{job="training"} == 0'
+    assert 'job=\\"training\\"' in (tmp_path / "dashboards" / "training-overview.json").read_text()
+    with pytest.raises(ConfigError, match="unknown configuration key 'graphs_per_step'"):
+        build.build({"graphs_per_step": 2}, output_dir=tmp_path / "bad")
+    with pytest.raises(ValueError, match="fallback_severity: 'page' is not one of critical, warning, info"):
+        build.build({"fallback_severity": "page"}, output_dir=tmp_path / "bad")
+    assert not (tmp_path / "bad").exists(), "nothing is written when the configuration is bad"
+
+
+def test_config_file_overrides_defaults(tmp_path):
+    path = tmp_path / "config.yml"
+    path.write_text("graph_cuts_per_step: 2\nfallback_for: 30s\naggregation_labels: [cluster, job, pod]\n"
+                    "rank_dead_severity: critical\nselector: ''\n")
+    loaded = load_config(path)
+    assert (loaded.graph_cuts_per_step, loaded.fallback_for, loaded.host_reads_per_step) == (2.0, "30s", 0.5)
+    assert loaded.aggregation_labels == ("cluster", "job", "pod") and loaded.rank_dead_severity == "critical"
+    assert loaded.selector == ""
+    assert load_config(path) == config_from(loaded.as_dict())
 
 
 @pytest.mark.parametrize("content, message", [
-    ("graphs_per_step: 2\ngraph_per_step: 3\n", ":2: unknown threshold 'graph_per_step'"),
-    ("fallback_for: 5 minutes\n", "fallback_for: '5 minutes' is not a Prometheus duration"),
-    ("host_reads_per_step: lots\n", ":1: host_reads_per_step must be a number, got 'lots'"),
+    ("graph_cuts_per_step: 2\ngraph_cut_per_step: 3\n", ":2: unknown configuration key 'graph_cut_per_step'"),
+    ("fallback_for: 5 minutes\n", ":1: fallback_for: '5 minutes' is not a Prometheus duration"),
+    ("host_reads_per_step: lots\n", ":1: host_reads_per_step: 'lots' must be a number"),
+    ("stall_severity: page\n", ":1: stall_severity: 'page' is not one of critical, warning, info"),
+    ("aggregation_labels: job\n", ":1: aggregation_labels: 'job' must be a list of label names"),
+    ("aggregation_labels: [job, rank]\n", ":1: aggregation_labels: 'rank' cannot be an aggregation label"),
+    ("aggregation_labels: [job, 2x]\n", ":1: aggregation_labels: '2x' is not a Prometheus label name"),
+    ("selector: '{job=\"x\"}'\n", ":1: selector: '{job=\"x\"}' is not a list of label matchers"),
     ("- 1\n", ":1: expected a mapping"),
 ])
-def test_bad_thresholds_file_gives_one_line_naming_the_problem(tmp_path, content, message):
-    path = tmp_path / "thresholds.yml"
+def test_bad_config_file_gives_one_line_naming_the_problem(tmp_path, content, message):
+    path = tmp_path / "config.yml"
     path.write_text(content)
-    with pytest.raises(ThresholdsError) as error:
-        load_thresholds(path)
+    with pytest.raises(ConfigError) as error:
+        load_config(path)
     assert message in str(error.value) and str(path) in str(error.value) and "\n" not in str(error.value)
-    result = subprocess.run([sys.executable, "-m", "dashboards.build", "--thresholds", str(path),
+    result = subprocess.run([sys.executable, "-m", "dashboards.build", "--config", str(path),
                              "--dashboards-dir", str(tmp_path / "d"), "--rules-dir", str(tmp_path / "r")],
                             cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and result.stderr.count("\n") == 1 and message in result.stderr
-    assert not (tmp_path / "r").exists(), "nothing is written when the thresholds are bad"
+    assert not (tmp_path / "r").exists(), "nothing is written when the configuration is bad"
 
 
-def test_thresholds_reject_bad_values_in_code():
+def test_config_rejects_bad_values_in_code():
     with pytest.raises(ValueError, match="stall_window"):
-        Thresholds(stall_window="ten minutes")
+        Config(stall_window="ten minutes")
+    with pytest.raises(ConfigError, match="expected a mapping"):
+        config_from(["selector"])

@@ -1,5 +1,6 @@
 """The Grafana dashboards: committed JSON equals a fresh build, every panel says what it shows and in which
-unit, and every query uses only metric names the exporter exports."""
+unit, every query uses only metric names the exporter exports and follows the cluster, namespace, job, run,
+instance and rank variables, and the configuration's selector and thresholds reach the panels."""
 
 from __future__ import annotations
 
@@ -111,18 +112,49 @@ def test_every_query_uses_only_contract_metric_names(name):
         assert not unknown, f"{name}: panel {title!r} queries unknown metrics {sorted(unknown)}: {expr}"
 
 
+SCOPE = ('cluster=~"$cluster"', 'namespace=~"$namespace"', 'job=~"$job"', 'instance=~"$instance"')
+PER_RANK = ('run_id=~"$run_id"', 'rank=~"$rank"')
+
+
+def selectors(expr: str):
+    """(metric, matchers) of every selector of an expression."""
+    for metric in metric_names(expr):
+        for match in re.finditer(rf"(?<![\w.]){metric}(?![\w:])(\{{[^}}]*\}})?", expr):
+            yield metric, match.group(1) or ""
+
+
 @pytest.mark.parametrize("name", DASHBOARD_FILES)
-def test_every_selector_follows_the_job_instance_and_rank_variables(name):
+def test_every_selector_follows_the_selector_and_the_variables(name):
+    from dashboards.config import DEFAULTS
+
     for title, expr in all_exprs(load(name)):
         assert metric_names(expr), f"{name}: panel {title!r} selects no metric"
-        for metric in metric_names(expr):
-            for match in re.finditer(rf"(?<![\w.]){metric}(?![\w:])(\{{[^}}]*\}})?", expr):
-                matchers = match.group(1) or ""
-                assert 'job=~"$job"' in matchers and 'instance=~"$instance"' in matchers, \
-                    f"{name}: panel {title!r}: {metric} ignores the job/instance variables"
-                if metric.startswith("xla_"):
-                    assert 'rank=~"$rank"' in matchers, \
-                        f"{name}: panel {title!r}: {metric} ignores the rank variable"
+        for metric, matchers in selectors(expr):
+            assert matchers.startswith("{" + DEFAULTS.selector + ","), \
+                f"{name}: panel {title!r}: {metric} ignores the configured selector"
+            for matcher in SCOPE:
+                assert matcher in matchers, f"{name}: panel {title!r}: {metric} ignores {matcher}"
+            if metric.startswith(("xla_", "neuron_exporter_rank_")):
+                for matcher in PER_RANK:
+                    assert matcher in matchers, f"{name}: panel {title!r}: {metric} ignores {matcher}"
+
+
+def test_the_selector_reaches_every_query_and_variable():
+    from dashboards.config import config_from
+
+    config = config_from({"selector": 'job="training", container="trainer"'})
+    for name in DASHBOARD_FILES:
+        board = json.loads(build.dashboard_json(name, config))
+        for title, expr in all_exprs(board):
+            for metric, matchers in selectors(expr):
+                assert matchers.startswith('{job="training", container="trainer", '), (name, title, metric)
+        for variable in board["templating"]["list"]:
+            if variable["type"] == "query":
+                assert 'job="training", container="trainer"' in variable["query"], (name, variable["name"])
+    board = json.loads(build.dashboard_json("training-overview.json", config_from({"selector": ""})))
+    variables = {v["name"]: v["query"] for v in board["templating"]["list"] if v["type"] == "query"}
+    assert variables["cluster"] == "label_values(neuron_exporter_build_info{}, cluster)"
+    assert all("{, " not in expr for _, expr in all_exprs(board))
 
 
 @pytest.mark.parametrize("name", DASHBOARD_FILES)
@@ -152,11 +184,14 @@ def test_dashboard_follows_grafana_schema_basics(name):
         for target in panel["targets"]:
             assert target["datasource"] == variable_ds
     variables = {v["name"]: v for v in board["templating"]["list"]}
-    assert {"datasource", "job", "instance", "rank"} <= set(variables)
+    assert {"datasource", "cluster", "namespace", "job", "run_id", "instance", "rank"} <= set(variables)
+    assert list(variables)[:7] == ["datasource", "cluster", "namespace", "job", "run_id", "instance", "rank"]
     assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
     for variable in variables.values():
         if variable["type"] == "query":
             assert variable["datasource"] == variable_ds
+            assert not re.search(rf"\${variable['name']}\b", variable["query"]), \
+                f"{name}: variable {variable['name']} depends on itself"
             selector = re.fullmatch(r"label_values\((.+),\s*\w+\)", variable["query"]).group(1)
             unknown = metric_names(selector) - CONTRACT_METRICS
             assert not unknown, f"{name}: variable {variable['name']} queries {unknown}"
@@ -181,9 +216,36 @@ def test_training_overview_has_the_promised_panels():
     titles = {panel["title"] for panel in data_panels(load("training-overview.json"))}
     assert {"Steps per second by rank", "Step time percentiles", "Compile vs execute share of step time",
             "Graphs per step by rank", "Compilations per minute", "Host reads per step by rank",
-            "Top CPU-fallback operators", "Collector success", "Collection errors", "Rank state"} <= titles
+            "Top CPU-fallback operators", "Collector success", "Collection errors", "Rank state",
+            "Graph cuts per step", "Ranks by run", "Steps per second by run", "Graph cuts per training step by run",
+            "Step markers per training step by run", "Spool problems"} <= titles
     table = next(p for p in data_panels(load("training-overview.json")) if p["title"] == "Top CPU-fallback operators")
     assert table["type"] == "table" and table["targets"][0]["instant"] and "topk(" in table["targets"][0]["expr"]
+
+
+def test_cuts_and_markers_per_training_step_panels():
+    panels = {p["title"]: p for p in data_panels(load("fragmentation-recompiles.json"))}
+    cuts = panels["Graph cuts per training step by rank"]["targets"][0]["expr"]
+    markers = panels["Step markers per training step by rank"]["targets"][0]["expr"]
+    assert re.fullmatch(r"sum by \(run_id, rank\) \(rate\(xla_graph_cuts_total\{.*\}\[\$__rate_interval\]\)\) / "
+                        r"sum by \(run_id, rank\) \(rate\(xla_steps_total\{.*\}\[\$__rate_interval\]\)\)", cuts)
+    assert "rate(xla_step_markers_total{" in markers and "rate(xla_steps_total{" in markers
+    overview = {p["title"]: p for p in data_panels(load("training-overview.json"))}
+    for title in ("Graph cuts per training step by run", "Step markers per training step by run",
+                  "Steps per second by run", "Ranks by run"):
+        expr = overview[title]["targets"][0]["expr"]
+        assert "by (job, run_id)" in expr, f"{title} does not aggregate by run"
+        assert overview[title]["targets"][0]["legendFormat"] == "{{job}} {{run_id}}"
+
+
+def test_per_rank_panels_name_the_run():
+    for name in DASHBOARD_FILES:
+        for panel in data_panels(load(name)):
+            for target in panel.get("targets", []):
+                if "by (rank)" in target["expr"]:
+                    pytest.fail(f"{name}: panel {panel['title']!r} groups ranks of different runs together")
+                if "{{rank}}" in target.get("legendFormat", ""):
+                    assert "{{run_id}}" in target["legendFormat"], (name, panel["title"])
 
 
 def test_readme_lists_every_panel():
@@ -196,13 +258,14 @@ def test_readme_lists_every_panel():
 
 
 def test_threshold_lines_follow_the_alert_thresholds():
-    import dataclasses
+    from dashboards.config import config_from
 
-    from dashboards.config import DEFAULTS
-
-    changed = dataclasses.replace(DEFAULTS, graphs_per_step=2.5)
+    changed = config_from({"graph_cuts_per_step": 2.5})
     board = json.loads(build.dashboard_json("fragmentation-recompiles.json", changed))
-    panel = next(p for p in board["panels"] if p["title"] == "Graphs per step by rank")
+    panel = next(p for p in board["panels"] if p["title"] == "Graph cuts per training step by rank")
     steps = panel["fieldConfig"]["defaults"]["thresholds"]["steps"]
     assert [s["value"] for s in steps] == [None, 2.5]
     assert panel["fieldConfig"]["defaults"]["custom"]["thresholdsStyle"]["mode"] == "dashed"
+    overview = json.loads(build.dashboard_json("training-overview.json", changed))
+    stat = next(p for p in overview["panels"] if p["title"] == "Graph cuts per step")
+    assert stat["fieldConfig"]["defaults"]["thresholds"]["steps"][-1] == {"color": "red", "value": 2.5}

@@ -1,12 +1,15 @@
-"""A real Prometheus scrapes a real torch_xla training run (one CPU-fallback operator, one shape change); every
-dashboard query and every rule goes through Prometheus' HTTP API, and the fallback alert fires naming the
-operator."""
+"""A real Prometheus scrapes two real torch_xla training runs: one with a CPU-fallback operator and a shape change,
+and one shaped like a Hugging Face Trainer run (a graph cut in every step's forward pass, two step markers per
+training step, a logging .item() every 5 steps). Every dashboard query and every rule goes through Prometheus'
+HTTP API; the fallback alert fires once for the run naming the operator and the worst rank, and the
+fragmentation alert fires on the Trainer-shaped run."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import math
+import re
 import select
 import socket
 import subprocess
@@ -21,18 +24,24 @@ import yaml
 from conftest import SCRIPTS, scrape, wait_until, xla_env
 
 from dashboards import build, rules
-from dashboards.config import DEFAULTS, Thresholds
+from dashboards.config import DEFAULTS, Config
 
-JOB = "neuron-exporter"
+JOB = "neuron-exporter"  # fallback_and_shapes.py
+TRAINER_JOB = "neuron-exporter-trainer"  # trainer_shaped.py
 RATE_INTERVAL = "10s"  # ten 1s scrapes: every rate() window of the dashboards holds several samples
-VARIABLES = {"$__rate_interval": RATE_INTERVAL, "$__range": "1h", "$job": JOB, "$instance": ".*", "$rank": ".*",
-             "$op": ".*"}
-FIRING_IN_THIS_RUN = {"XlaCpuFallbackOp", "XlaGraphFragmentation", "XlaFrequentHostReads"}
+VARIABLES = {"$__rate_interval": RATE_INTERVAL, "$__range": "1h", "$cluster": ".*", "$namespace": ".*",
+             "$job": JOB, "$run_id": ".*", "$instance": ".*", "$rank": ".*", "$op": ".*"}
+# Which alerts fire on which run. The fallback run cuts its steps twice (lgamma forward, digamma backward) and
+# reads the device on the host for them. The Trainer-shaped run cuts once per step plus a logging read every 5
+# steps (1.2 cuts and host reads per training step); its two markers per step are not cuts.
+FIRING = {JOB: {"XlaCpuFallbackOp", "XlaGraphFragmentation", "XlaFrequentHostReads"},
+          TRAINER_JOB: {"XlaGraphFragmentation", "XlaFrequentHostReads"}}
 
-def short_for(thresholds: Thresholds) -> Thresholds:
+
+def short_for(config: Config) -> Config:
     """The same rules with every `for` at 0s, so alerts fire at their first evaluation."""
-    return dataclasses.replace(thresholds, **{f.name: "0s" for f in dataclasses.fields(thresholds)
-                                              if f.name.endswith("_for")})
+    return dataclasses.replace(config, **{f.name: "0s" for f in dataclasses.fields(config)
+                                          if f.name.endswith("_for")})
 
 
 def free_port() -> int:
@@ -67,20 +76,27 @@ class Prometheus:
         return self.get("/api/v1/alerts")["data"]["alerts"]
 
 
+def start_training(script: str, tmp, name: str) -> tuple[subprocess.Popen, dict]:
+    process = subprocess.Popen([sys.executable, str(SCRIPTS / script), str(tmp / "stop"), str(tmp / f"spool-{name}")],
+                               env=xla_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    ready, _, _ = select.select([process.stdout], [], [], 300)
+    line = process.stdout.readline() if ready else ""
+    assert line, f"{script} did not start: {process.stderr.read() if process.poll() is not None else ''}"
+    return process, json.loads(line)
+
+
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    """A training run scraped every second by a Prometheus that evaluates the rules every second."""
+    """Two training runs scraped every second, as two jobs, by a Prometheus that evaluates the rules every
+    second."""
     tmp = tmp_path_factory.mktemp("e2e")
-    stop_file = tmp / "stop"
-    training = subprocess.Popen([sys.executable, str(SCRIPTS / "fallback_and_shapes.py"), str(stop_file),
-                                 str(tmp / "spool")], env=xla_env(), stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
+    trainings = []
     prometheus = None
     try:
-        ready, _, _ = select.select([training.stdout], [], [], 300)
-        line = training.stdout.readline() if ready else ""
-        assert line, f"the training script did not start: {training.stderr.read() if training.poll() else ''}"
-        exporter = json.loads(line)
+        exporters = {}
+        for job, script in ((JOB, "fallback_and_shapes.py"), (TRAINER_JOB, "trainer_shaped.py")):
+            process, exporters[job] = start_training(script, tmp, job)
+            trainings.append(process)
 
         rules_dir = tmp / "rules"
         rules_dir.mkdir()
@@ -89,8 +105,8 @@ def run(tmp_path_factory):
         config = {
             "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
             "rule_files": [str(rules_dir / name) for name in (rules.RECORDING_FILE, rules.ALERTS_FILE)],
-            "scrape_configs": [{"job_name": JOB, "static_configs": [
-                {"targets": [f"127.0.0.1:{exporter['port']}"]}]}],
+            "scrape_configs": [{"job_name": job, "static_configs": [{"targets": [f"127.0.0.1:{exporter['port']}"]}]}
+                               for job, exporter in exporters.items()],
         }
         (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
         port = free_port()
@@ -99,6 +115,7 @@ def run(tmp_path_factory):
              f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
             stdout=subprocess.DEVNULL, stderr=(tmp / "prometheus.log").open("w"))
         api = Prometheus(f"http://127.0.0.1:{port}")
+        api.instances = {job: f"127.0.0.1:{exporter['port']}" for job, exporter in exporters.items()}
 
         def ready_prometheus():
             assert prometheus.poll() is None, (tmp / "prometheus.log").read_text()
@@ -110,45 +127,87 @@ def run(tmp_path_factory):
         wait_until(ready_prometheus, timeout=60, what="Prometheus to be ready")
         api.start = time.time()
         # Enough scrapes for every rate window, and the recording rules evaluated on them.
-        wait_until(lambda: (api.scalar(f'count_over_time(xla_steps_total{{job="{JOB}"}}[1m])') or 0) >= 15,
-                   timeout=120, interval=0.5, what="15 scrapes of the training run")
-        wait_until(lambda: api.query("rank:xla_graphs_per_step:avg5m")["data"]["result"], timeout=30,
-                   interval=0.5, what="the recording rules")
+        for job in exporters:
+            wait_until(lambda: (api.scalar(f'count_over_time(xla_steps_total{{job="{job}"}}[1m])') or 0) >= 15,
+                       timeout=120, interval=0.5, what=f"15 scrapes of {job}")
+        wait_until(lambda: len(api.query("rank:xla_graph_cuts_per_step:ratio5m")["data"]["result"]) == 2,
+                   timeout=30, interval=0.5, what="the recording rules")
         yield api
     finally:
-        stop_file.touch()
-        try:
-            code = training.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            training.kill()
-            code = training.wait()
+        (tmp / "stop").touch()
+        codes = []
+        for training in trainings:
+            try:
+                codes.append((training.wait(timeout=120), training))
+            except subprocess.TimeoutExpired:
+                training.kill()
+                codes.append((training.wait(), training))
         if prometheus is not None:
             prometheus.terminate()
             prometheus.wait(timeout=30)
-        assert code == 0, training.stderr.read()[-4000:]
+        for code, training in codes:
+            assert code == 0, training.stderr.read()[-4000:]
 
 
-def fallback_alerts(api: Prometheus) -> list[dict]:
-    return [a for a in api.alerts() if a["labels"]["alertname"] == "XlaCpuFallbackOp" and a["state"] == "firing"]
+def firing(api: Prometheus, alertname: str, job: str = JOB) -> list[dict]:
+    return [a for a in api.alerts() if a["labels"]["alertname"] == alertname and a["labels"].get("job") == job
+            and a["state"] == "firing"]
 
 
-def test_fallback_alert_fires_naming_the_operator_and_rank(run):
-    firing = wait_until(lambda: fallback_alerts(run), timeout=60, interval=0.5, what="XlaCpuFallbackOp to fire")
-    by_op = {alert["labels"]["op"]: alert for alert in firing}
+def without_run_id(labels: dict) -> dict:
+    """The labels, checking that ``run_id`` (once the ranks carry it) is one non-empty value."""
+    labels = dict(labels)
+    assert labels.pop("run_id", "run") != ""
+    return labels
+
+
+def test_fallback_alert_fires_once_per_operator_naming_the_run_and_worst_rank(run):
+    alerts = wait_until(lambda: firing(run, "XlaCpuFallbackOp"), timeout=60, interval=0.5,
+                        what="XlaCpuFallbackOp to fire")
+    by_op = {alert["labels"]["op"]: alert for alert in alerts}
     assert "aten::lgamma" in by_op, f"firing for {sorted(by_op)}"
     lgamma = by_op["aten::lgamma"]
-    assert lgamma["labels"] | {"instance": "any"} == {
-        "alertname": "XlaCpuFallbackOp", "severity": "warning", "job": JOB, "instance": "any",
-        "rank": "0", "local_rank": "0", "op": "aten::lgamma"}
-    assert lgamma["annotations"]["summary"] == "Operator aten::lgamma runs on the CPU on rank 0"
-    assert lgamma["annotations"]["description"].startswith("aten::lgamma has no XLA lowering: it ran on the CPU ")
+    assert without_run_id(lgamma["labels"]) == {
+        "alertname": "XlaCpuFallbackOp", "severity": "warning", "job": JOB, "op": "aten::lgamma"}
+    run_name = f"job {JOB}" + (f", run {lgamma['labels']['run_id']}" if "run_id" in lgamma["labels"] else "")
+    assert lgamma["annotations"]["summary"] == f"Operator aten::lgamma runs on the CPU in {run_name}"
+    description = lgamma["annotations"]["description"]
+    assert description.startswith(f"aten::lgamma has no XLA lowering: it ran on the CPU in the last 10m in {run_name}. "
+                                  f"Ranks affected: 1; most calls: rank 0 (local rank 0) of {run.instances[JOB]} ("), \
+        description
     assert lgamma["annotations"]["runbook_url"].endswith("runbook.md#xlacpufallbackop")
-    # lgamma's backward pass, digamma, has no lowering either.
+    # lgamma's backward pass, digamma, has no lowering either; the Trainer-shaped run has no fallback.
     assert set(by_op) == {"aten::lgamma", "aten::digamma"}
+    assert not firing(run, "XlaCpuFallbackOp", TRAINER_JOB)
+
+
+def test_fragmentation_fires_on_a_trainer_shaped_run(run):
+    """One cut per training step (an `if` on a device tensor in the forward pass) and a logging .item() every 5
+    steps: about 1.2 cuts per training step, at or above the 0.5 threshold. Its two step markers per training
+    step are not counted as cuts."""
+    (alert,) = wait_until(lambda: firing(run, "XlaGraphFragmentation", TRAINER_JOB), timeout=60, interval=0.5,
+                          what="XlaGraphFragmentation to fire on the Trainer-shaped run")
+    assert without_run_id(alert["labels"]) == {
+        "alertname": "XlaGraphFragmentation", "severity": "warning", "job": TRAINER_JOB}
+    description = alert["annotations"]["description"]
+    worst = re.search(r"Ranks affected: 1; worst: rank 0 \(local rank 0\) of (\S+) with ([0-9.]+) cuts per step\.",
+                      description)
+    assert worst, description
+    assert worst.group(1) == run.instances[TRAINER_JOB] and 1.0 <= float(worst.group(2)) <= 1.4, description
+
+    def per_step(record: str) -> float:
+        return run.scalar(f'{record}{{job="{TRAINER_JOB}"}}')
+
+    assert 1.0 <= per_step("rank:xla_graph_cuts_per_step:ratio5m") <= 1.4
+    assert 1.9 <= per_step("rank:xla_step_markers_per_step:ratio5m") <= 2.1
+    assert 3.0 <= per_step("rank:xla_graphs_per_step:avg5m") <= 3.4
+    assert 0.9 <= per_step("rank:xla_fragmented_steps:ratio5m") <= 1.0
 
 
 def test_every_rule_evaluates_and_only_the_expected_alerts_fire(run):
-    wait_until(lambda: fallback_alerts(run), timeout=60, interval=0.5, what="XlaCpuFallbackOp to fire")
+    wait_until(lambda: firing(run, "XlaCpuFallbackOp"), timeout=60, interval=0.5, what="XlaCpuFallbackOp to fire")
+    wait_until(lambda: firing(run, "XlaGraphFragmentation", TRAINER_JOB), timeout=60, interval=0.5,
+               what="XlaGraphFragmentation to fire on the Trainer-shaped run")
 
     def rule_groups():
         groups = run.get("/api/v1/rules")["data"]["groups"]
@@ -165,9 +224,12 @@ def test_every_rule_evaluates_and_only_the_expected_alerts_fire(run):
             assert parsed["status"] == "success", f"{name}: {parsed.get('error')}"
             seen[name] = rule.get("state", "recorded") if rule["type"] == "alerting" else len(
                 parsed["data"]["result"])
+            for alert in rule.get("alerts", []):  # the descriptions' rank lookups ran without a template error
+                for text in alert["annotations"].values():
+                    assert "error expanding template" not in text and "<no value>" not in text, f"{name}: {text}"
     print("\nrules (alert state, or series recorded):", *(f"  {n}: {v}" for n, v in seen.items()), sep="\n")
-    firing = {name for name, state in seen.items() if state == "firing"}
-    assert firing == FIRING_IN_THIS_RUN
+    alerts = {(a["labels"].get("job"), a["labels"]["alertname"]) for a in run.alerts() if a["state"] == "firing"}
+    assert alerts == {(job, name) for job, names in FIRING.items() for name in names}
     recorded = {name: count for name, count in seen.items() if name in rules.RECORDING_RULES}
     assert all(count >= 1 for count in recorded.values()), f"recording rules without data: {recorded}"
 
@@ -221,10 +283,12 @@ def test_dashboard_variables_list_the_run(run):
     for name, query in variables.items():
         selector, label = query.removeprefix("label_values(").removesuffix(")").rsplit(",", 1)
         found[name] = label_values(selector, label.strip())
-    assert found["job"] == [JOB]
+    assert sorted(found["job"]) == sorted(FIRING)
     assert found["rank"] == ["0"]
     assert set(found["op"]) == {"aten::lgamma", "aten::digamma"}
-    assert len(found["instance"]) == 1
+    assert found["instance"] == [run.instances[JOB]]
+    assert found["cluster"] == found["namespace"] == []  # labels Prometheus adds in Kubernetes, not here
+    assert len(found["run_id"]) <= 1  # one run, once the ranks carry run_id
 
 
 def test_the_metric_contract_is_what_the_exporter_serves(run):

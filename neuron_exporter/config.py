@@ -90,6 +90,8 @@ class Options:
     warmup_steps: int = _option(2, "Steps whose compilations are not counted as recompilations.")
     max_op_series: int = _option(
         100, "At most this many `op` label values per operator family; the rest are counted as `op=\"other\"`.")
+    max_site_series: int = _option(
+        50, "At most this many `location` label values per family; the rest are counted as `location=\"other\"`.")
     web_config_file: str | None = _option(
         None, "Web config file for TLS and basic auth (format of Prometheus exporters' `--web.config.file`).")
     node_view: bool = _option(
@@ -151,6 +153,7 @@ _CHECKS: dict[str, Callable] = {
     "expire_after_seconds": _check_positive,
     "warmup_steps": _check_not_negative,
     "max_op_series": _check_positive,
+    "max_site_series": _check_positive,
     "web_config_file": _check_no_nul,
     "log_level": _check_log_level,
 }

@@ -48,6 +48,11 @@ def value(exposition: str, name: str, **labels: str) -> float | None:
     return found[0] if found else None
 
 
+def total(exposition: str, name: str, **labels: str) -> float:
+    """The sum of every sample called ``name`` whose labels include ``labels`` (0 if there is none)."""
+    return sum(v for (n, ls), v in samples(exposition).items() if n == name and set(labels.items()) <= ls)
+
+
 def xla_env(**extra: str) -> dict[str, str]:
     """The environment for a child process that runs torch_xla on the CPU device."""
     env = {k: v for k, v in os.environ.items()

@@ -34,8 +34,11 @@ from ..web.http_server import MetricsServer
 from ..web.web_config import load_web_config
 from .rank import rank_labels
 from .rank_collector import RankCollector
+from .attribution import Attribution
+from .host_reads import HostReadHook
 from .optimizer_hook import OptimizerHook
 from .self_metrics import SelfStats
+from .sites import SiteFinder
 from .step_hook import StepHook
 from .step_tracker import StepTracker
 from .xla_reader import XlaReader
@@ -59,7 +62,10 @@ class ExporterHandle:
         self.stats = SelfStats()
         self.reader = XlaReader()
         self.tracker = StepTracker(options.warmup_steps, *self.reader.compile_counters())
-        self.collector = RankCollector(self.reader, self.tracker, self.stats, options.max_op_series)
+        self.sites = SiteFinder()
+        self.attribution = Attribution()
+        self.collector = RankCollector(self.reader, self.tracker, self.stats, options.max_op_series,
+                                       self.attribution, options.max_site_series)
         self._rank_registry = CollectorRegistry(auto_describe=False)
         self._rank_registry.register(self.collector)
         self._user_registry = registry
@@ -68,7 +74,9 @@ class ExporterHandle:
         self._node_view = NodeView(options) if options.node_view else None
         self._hook = StepHook(self._before_sync, self._on_sync)
         self._optimizer_hook = OptimizerHook(self._on_optimizer_created, self._on_optimizer_step)
-        self._graphs_before = 0
+        self._host_reads = HostReadHook(self._on_host_read, self._on_upload, self.reader.compile_counters)
+        self._counters_before = (0, 0)
+        self._fallbacks_seen = 0
         self._server: MetricsServer | None = None
         self._stop = threading.Event()
         self._spool_thread: threading.Thread | None = None
@@ -81,7 +89,7 @@ class ExporterHandle:
     def _before_sync(self) -> None:
         start = time.perf_counter()
         try:
-            self._graphs_before = self.reader.graphs()
+            self._counters_before = self.reader.compile_counters()
         except Exception as error:  # noqa: BLE001 (never into the training loop)
             self.stats.record_error("step", error)
         self.stats.hook_seconds += time.perf_counter() - start
@@ -89,11 +97,34 @@ class ExporterHandle:
     def _on_sync(self) -> None:
         start = time.perf_counter()
         try:
-            graphs, compiles = self.reader.compile_counters()
-            self.tracker.on_sync(self._graphs_before, graphs, compiles, start)
+            counts = self.tracker.on_sync(*self._counters_before, *self.reader.compile_counters(), start)
+            frame = sys._getframe(2)  # the step marker's caller (past the hook's wrapper)
+            self.attribution.step_marker(counts.cuts, counts.compiles_before, counts.compiles_at_marker,
+                                         lambda: (self.sites.site(frame), self.sites.frames(frame)),
+                                         self._fallback_ran, counts.in_warmup)
         except Exception as error:  # noqa: BLE001 (never into the training loop)
             self.stats.record_error("step", error)
         self.stats.hook_seconds += time.perf_counter() - start
+
+    def _fallback_ran(self) -> bool:
+        seen, self._fallbacks_seen = self._fallbacks_seen, self.reader.fallback_executions()
+        return self._fallbacks_seen > seen
+
+    def _on_host_read(self, cause: str, frame, graphs: int, compiles: int) -> None:
+        start = time.perf_counter()
+        try:
+            location = self.sites.site(frame)
+            frames = None if location in self.attribution.sites else self.sites.frames(frame)
+            self.attribution.host_read(cause, location, frames, graphs, compiles, self.tracker.in_warmup)
+        except Exception as error:  # noqa: BLE001
+            self.stats.record_error("step", error)
+        self.stats.hook_seconds += time.perf_counter() - start
+
+    def _on_upload(self, frame, shapes: tuple) -> None:
+        try:
+            self.attribution.upload(self.sites.site(frame), shapes)
+        except Exception as error:  # noqa: BLE001
+            self.stats.record_error("step", error)
 
     def _on_optimizer_created(self) -> None:
         try:
@@ -125,6 +156,7 @@ class ExporterHandle:
         log.setLevel(self.options.log_level.upper())
         self._hook.install()
         self._optimizer_hook.install()
+        self._host_reads.install()
         if not self.auto:  # a child attached by autostart binds the port once it trains (in the spool thread)
             self._serve(first_try=True)
         self._start_spool_thread()
@@ -183,6 +215,7 @@ class ExporterHandle:
             self._detached = True
             self._hook.uninstall()
             self._optimizer_hook.uninstall()
+            self._host_reads.uninstall()
             self._stop.set()
             if self._spool_thread is not None:
                 self._spool_thread.join()
@@ -209,6 +242,8 @@ class ExporterHandle:
         self.collector.stats = self.stats
         self.tracker = StepTracker(self.options.warmup_steps, *self.reader.compile_counters())
         self.collector.tracker = self.tracker
+        self.attribution = Attribution()
+        self.collector.attribution = self.attribution
         self._process_start = psutil.Process().create_time()
         self.auto = True  # like a child started afresh: bind the port only once it trains, and quietly
         self._start_spool_thread()

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from .dynamo_skip import never_compiled
+
 
 class OptimizerHook:
     def __init__(self, on_created: Callable[[], None], on_step: Callable[[], None]):
@@ -24,7 +26,11 @@ class OptimizerHook:
     def install(self) -> None:
         from torch.optim.optimizer import Optimizer, register_optimizer_step_post_hook
 
-        self._handle = register_optimizer_step_post_hook(lambda optimizer, args, kwargs: self._on_step())
+        def optimizer_stepped(optimizer, args, kwargs):
+            self._on_step()
+
+        never_compiled(optimizer_stepped)
+        self._handle = register_optimizer_step_post_hook(optimizer_stepped)
         original = getattr(Optimizer, "_patch_step_function", None)
         if original is None:
             return
@@ -34,6 +40,7 @@ class OptimizerHook:
             hook._on_created()
             return original(optimizer, *args, **kwargs)
 
+        never_compiled(patch_step_function)
         self._original_patch = original
         Optimizer._patch_step_function = patch_step_function
 

@@ -16,6 +16,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 
 from ..metric_family import single_series
 from ..snapshot_metrics import LabelBudget, snapshot_families
+from .attribution import Attribution, SiteRecord
 from .rank import rank_labels
 from .self_metrics import STAGES, SelfStats, build_labels
 from .step_tracker import Histogram, StepTracker
@@ -23,15 +24,19 @@ from .xla_reader import MonotonicSnapshots, XlaReader
 
 
 class RankCollector:
-    def __init__(self, reader: XlaReader, tracker: StepTracker, stats: SelfStats, max_op_series: int):
+    def __init__(self, reader: XlaReader, tracker: StepTracker, stats: SelfStats, max_op_series: int,
+                 attribution: Attribution | None = None, max_site_series: int = 50):
         self.reader = reader
         self.tracker = tracker
         self.stats = stats
+        self.attribution = attribution or Attribution()
+        self._site_budgets = {family: LabelBudget(max_site_series) for family in SITE_FAMILIES}
         self._totals = MonotonicSnapshots()
         self._fallback_budget = LabelBudget(max_op_series)
         self._lowered_budget = LabelBudget(max_op_series)
         self._parts: dict[str, Callable[[dict[str, str]], Iterator[Metric]]] = {
             "steps": self._step_families,
+            "sites": self._site_families,
             "xla": self._xla_families,
             "process": self._process_families,
         }
@@ -74,13 +79,24 @@ class RankCollector:
                          labels, state.step_duration)
         yield _histogram("xla_graphs_per_step", "Graphs run in a step, at step markers and cut off before them",
                          labels, state.graphs_per_step)
-        yield counter("xla_graph_cuts", "Graphs run before a step marker: a host read (.item(), print) or a CPU "
-                                        "fallback needed a value before the step ended", state.graph_cuts)
         yield counter("xla_fragmented_steps", "Steps in which a graph was cut", state.fragmented_steps)
         yield counter("xla_step_markers", "Step markers that ran a graph (mark_step, sync, loaders)", state.markers)
-        yield counter("xla_recompilations", "Compiler runs in steps after warm-up", state.recompilations)
         yield counter("neuron_exporter_syncs", "Step markers seen, including empty syncs that are not steps",
                       state.syncs)
+
+    def _site_families(self, labels: dict[str, str]) -> Iterator[Metric]:
+        records = self.attribution.records()
+        for name, (documentation, extra) in SITE_FAMILIES.items():
+            family = CounterMetricFamily(name, documentation, labels=list(labels) + extra)
+            budget = self._site_budgets[name]
+            values: dict[tuple[str, ...], float] = {}
+            for record in records:
+                location = budget.label_for(record.location)
+                for key, value in _site_values(name, record):
+                    values[(*key, location)] = values.get((*key, location), 0) + value
+            for key, value in sorted(values.items()):
+                family.add_metric(list(labels.values()) + list(key), value)
+            yield family
 
     def _xla_families(self, labels: dict[str, str]) -> Iterator[Metric]:
         snapshot = self._totals.read(self.reader.snapshot)
@@ -114,6 +130,28 @@ class RankCollector:
         yield single_series(GaugeMetricFamily, "neuron_exporter_warmup_steps",
                             "Steps treated as warm-up: their compiles are not recompilations", labels,
                             self.tracker.warmup_steps)
+
+
+SITE_FAMILIES = {
+    "xla_graph_cuts": ("Graphs run before a step marker, by cause (the host read: item, bool, print, ...; "
+                       "cpu_fallback; unattributed) and source line", ["cause", "location"]),
+    "xla_host_reads": ("Reads of device data by the host, by cause and source line, whether or not they ran a graph",
+                       ["cause", "location"]),
+    "xla_new_graphs": ("First compilations of a graph (a new code path: an eval loop, a logging step), by the "
+                       "source line that ran it", ["location"]),
+    "xla_recompilations": ("Compilations of a graph that compiled before, after warm-up (shapes or Python values "
+                           "changed), by the source line that ran it", ["location"]),
+}
+
+
+def _site_values(family: str, record: SiteRecord):
+    """((label values but location), value) of one site's record for one family."""
+    if family == "xla_graph_cuts":
+        return [((cause,), count) for cause, count in record.cuts.items()]
+    if family == "xla_host_reads":
+        return [((cause,), count) for cause, count in record.causes.items()]
+    count = record.new_graphs if family == "xla_new_graphs" else record.recompilations
+    return [((), count)] if count else []
 
 
 def _histogram(name: str, documentation: str, labels: dict[str, str], histogram: Histogram) -> HistogramMetricFamily:

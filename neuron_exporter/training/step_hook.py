@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from .dynamo_skip import never_compiled
+
 MARK = "__neuron_exporter_original__"
 
 
@@ -45,6 +47,7 @@ class StepHook:
             hook._on_sync()
             return result
 
+        never_compiled(step_marker)
         setattr(step_marker, MARK, original)
         self._original, self._wrapper = original, step_marker
         xlac._xla_step_marker = step_marker

@@ -50,11 +50,18 @@ class StepState:
     steps: int = 0
     graph_cuts: int = 0  # graphs run between step markers: a host read or a CPU fallback cut the graph
     fragmented_steps: int = 0
-    recompilations: int = 0
     optimizer_steps: bool = False  # steps are training steps (optimizer steps), not step markers
     last_step_end: float | None = None  # time.perf_counter() at the last step end
     step_duration: Histogram = field(default_factory=lambda: Histogram(STEP_DURATION_BUCKETS))
     graphs_per_step: Histogram = field(default_factory=lambda: Histogram(GRAPHS_PER_STEP_BUCKETS))
+
+
+@dataclass(frozen=True)
+class MarkerCounts:
+    cuts: int  # graphs run since the previous marker, before this one
+    compiles_before: int  # compilations among them
+    compiles_at_marker: int
+    in_warmup: bool
 
 
 def _delta(now: int, before: int) -> int:
@@ -103,25 +110,24 @@ class StepTracker:
             self._steps_of_kind = 0  # warm-up counts training steps
             self._step_graphs = self._step_cuts = 0  # what ran before belongs to no training step
 
-    def on_sync(self, graphs_before: int, graphs_total: int, compiles_total: int, now: float) -> None:
-        """Account one step marker, given CachedCompile+UncachedCompile before it and after it, and UncachedCompile
-        after it."""
+    def on_sync(self, graphs_before: int, compiles_before: int, graphs_total: int, compiles_total: int,
+                now: float) -> MarkerCounts:
+        """Account one step marker, given CachedCompile+UncachedCompile and UncachedCompile before it and after it;
+        returns what ran since the previous marker and at this one."""
         with self._lock:
             state = self._state
             state.syncs += 1
-            cuts = _delta(graphs_before, self._graphs)
-            at_marker = _delta(graphs_total, graphs_before)
-            compiles = _delta(compiles_total, self._compiles)
+            counts = MarkerCounts(_delta(graphs_before, self._graphs), _delta(compiles_before, self._compiles),
+                                  _delta(compiles_total, compiles_before), self.in_warmup)
+            cuts, at_marker = counts.cuts, _delta(graphs_total, graphs_before)
             self._graphs, self._compiles = graphs_total, compiles_total
             state.graph_cuts += cuts
             state.markers += at_marker > 0
             self._step_graphs += cuts + at_marker
             self._step_cuts += cuts
-            if self._steps_of_kind >= self.warmup_steps:
-                state.recompilations += compiles
             ran_graphs = cuts + at_marker > 0
             if not ran_graphs or (state.optimizer_steps and not self._optimizer_stepped):
-                return  # an empty sync, or a marker inside a training step (micro-batch, eval, closure)
+                return counts  # an empty sync, or a marker inside a training step (micro-batch, eval, closure)
             state.steps += 1
             self._steps_of_kind += 1
             state.graphs_per_step.observe(self._step_graphs)
@@ -132,6 +138,12 @@ class StepTracker:
             state.last_step_end = now
             self._step_graphs = self._step_cuts = 0
             self._optimizer_stepped = False
+            return counts
+
+    @property
+    def in_warmup(self) -> bool:
+        """Whether the current step is one of the first ``warmup_steps`` (of the current kind)."""
+        return self._steps_of_kind < self.warmup_steps
 
     @property
     def last_step_end(self) -> float | None:
@@ -143,7 +155,7 @@ class StepTracker:
             state = self._state
             return StepState(
                 syncs=state.syncs, markers=state.markers, steps=state.steps, graph_cuts=state.graph_cuts,
-                fragmented_steps=state.fragmented_steps, recompilations=state.recompilations,
+                fragmented_steps=state.fragmented_steps,
                 optimizer_steps=state.optimizer_steps, last_step_end=state.last_step_end,
                 step_duration=_copy(state.step_duration), graphs_per_step=_copy(state.graphs_per_step),
             )

@@ -12,6 +12,7 @@ import threading
 from collections.abc import Callable
 
 from ..snapshot import SECONDS, MetricValue, Snapshot, unit_of
+from ..snapshot_metrics import HOST_SCALAR_READ_OP
 
 NANOSECONDS_PER_SECOND = 1e9
 
@@ -25,6 +26,7 @@ class XlaReader:
         self._counter_names = xlac._xla_counter_names
         self._metric_names = xlac._xla_metric_names
         self._metric_data = xlac._xla_metric_data
+        self._fallback_ops = xlac._get_executed_fallback_ops
 
     def counter(self, name: str) -> int:
         return self._counter_value(name) or 0  # None for a counter that is unknown or at 0
@@ -32,6 +34,10 @@ class XlaReader:
     def graphs(self) -> int:
         """Graphs run so far: CachedCompile + UncachedCompile (every graph goes through the cache lookup)."""
         return self.counter("CachedCompile") + self.counter("UncachedCompile")
+
+    def fallback_executions(self) -> int:
+        """Executions of CPU-fallback operators so far (every namespace; a few counter reads)."""
+        return sum(self.counter(name) for name in self._fallback_ops() if name != HOST_SCALAR_READ_OP)
 
     def compile_counters(self) -> tuple[int, int]:
         """(graphs run = CachedCompile + UncachedCompile, UncachedCompile): what the step hook needs."""

@@ -1,0 +1,149 @@
+"""Where and why: host reads, graph cuts and compilations by site, and what changed at a recompilation.
+
+Fed by the host-read and upload wrappers (``host_reads``) and by the step hook at every step marker. Pure
+bookkeeping under one lock; every table is bounded, so user code cannot grow it without end.
+
+A *graph* is named by its site and the sites of the graphs that ran before it since the last step marker: the
+graph a marker runs after a logging ``.item()`` cut is another graph than the one it runs in other steps. A
+compilation of a graph never compiled before is a *new graph* (an eval loop, a logging step); a compilation of a
+graph that compiled before, after warm-up, is a *recompilation*, and the uploads whose shapes differ from the
+last compilation of that graph are named, old -> new; if none differs, the graph itself changed (a Python value
+baked into it, another code path).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+
+from .sites import UNKNOWN
+
+log = logging.getLogger("neuron_exporter")
+
+MAX_SITES = 1000  # distinct sites remembered (the metrics' label budget is separate and smaller)
+MAX_GRAPHS = 4000  # distinct graphs remembered
+MAX_UPLOAD_SITES = 200
+MAX_PRIOR = 8  # earlier graph sites in one step that name a graph
+MAX_CHANGES = 5  # shape changes kept per site for the detailed view
+UNATTRIBUTED = "unattributed"
+CPU_FALLBACK = "cpu_fallback"
+
+
+@dataclass
+class SiteRecord:
+    """What happened at one site (one source line), for the metrics and the detailed view."""
+
+    location: str
+    causes: dict[str, int] = field(default_factory=dict)  # host reads by cause
+    cuts: dict[str, int] = field(default_factory=dict)  # graphs cut, by cause
+    new_graphs: int = 0
+    recompilations: int = 0
+    frames: list[str] = field(default_factory=list)  # the last user frames seen here, innermost first
+    changes: deque = field(default_factory=lambda: deque(maxlen=MAX_CHANGES))  # recent recompilations' causes
+
+    def as_dict(self) -> dict:
+        return {"location": self.location, "host_reads": dict(self.causes), "graph_cuts": dict(self.cuts),
+                "new_graphs": self.new_graphs, "recompilations": self.recompilations, "frames": list(self.frames),
+                "recompilation_causes": list(self.changes)}
+
+
+class Attribution:
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.sites: dict[str, SiteRecord] = {}
+        self._compiled: dict[tuple, dict[str, tuple]] = {}  # graph -> upload shapes at its last compilation
+        self._uploads: dict[str, tuple] = {}  # upload site -> the shapes it sent last
+        self._prior: list[str] = []  # sites of the graphs run since the last step marker
+        self._attributed_cuts = 0  # graphs run by host reads since the last step marker
+        self._attributed_compiles = 0
+
+    def _site(self, location: str, frames=None) -> SiteRecord:
+        record = self.sites.get(location)
+        if record is None:
+            if len(self.sites) >= MAX_SITES:
+                location = "other"
+                record = self.sites.setdefault(location, SiteRecord(location))
+            else:
+                record = self.sites[location] = SiteRecord(location)
+                log.info("neuron-exporter: new site %s", location)
+        if frames:
+            record.frames = frames
+        return record
+
+    # -- events ---------------------------------------------------------------------------------------------
+    def host_read(self, cause: str, location: str, frames, graphs: int, compiles: int, in_warmup: bool) -> None:
+        """A host read of device data at ``location``, which ran ``graphs`` graphs and ``compiles`` compilations."""
+        with self._lock:
+            record = self._site(location, frames)
+            record.causes[cause] = record.causes.get(cause, 0) + 1
+            if graphs:
+                record.cuts[cause] = record.cuts.get(cause, 0) + graphs
+                self._attributed_cuts += graphs
+                self._compile(location, compiles, in_warmup)
+                self._attributed_compiles += compiles
+                if len(self._prior) < MAX_PRIOR:
+                    self._prior.append(location)
+
+    def upload(self, location: str, shapes: tuple) -> None:
+        """Host data sent to the device from ``location``, with these shapes."""
+        with self._lock:
+            if location in self._uploads or len(self._uploads) < MAX_UPLOAD_SITES:
+                self._uploads[location] = shapes
+
+    def step_marker(self, cuts: int, compiles_before: int, compiles_at_marker: int, location_of_marker,
+                    fallback_ran, in_warmup: bool) -> None:
+        """A step marker that found ``cuts`` graphs and ``compiles_before`` compilations since the previous one and
+        ran ``compiles_at_marker`` itself. ``location_of_marker()`` and ``fallback_ran()`` are called only when
+        needed (they cost a frame walk and a counter read)."""
+        with self._lock:
+            unattributed = cuts - self._attributed_cuts
+            if unattributed > 0:
+                cause = CPU_FALLBACK if fallback_ran() else UNATTRIBUTED
+                record = self._site(UNKNOWN)
+                record.cuts[cause] = record.cuts.get(cause, 0) + unattributed
+                self._compile(UNKNOWN, max(0, compiles_before - self._attributed_compiles), in_warmup)
+                if len(self._prior) < MAX_PRIOR:
+                    self._prior.append(UNKNOWN)
+            if compiles_at_marker:
+                location, frames = location_of_marker()
+                self._site(location, frames)
+                self._compile(location, compiles_at_marker, in_warmup)
+            self._prior = []
+            self._attributed_cuts = self._attributed_compiles = 0
+
+    def _compile(self, location: str, compiles: int, in_warmup: bool) -> None:
+        if not compiles:
+            return
+        graph = (location, *self._prior)
+        record = self._site(location)
+        before = self._compiled.get(graph)
+        if before is None or in_warmup:
+            record.new_graphs += compiles
+        else:
+            record.recompilations += compiles
+            record.changes.append(self._what_changed(before))
+        if before is not None or len(self._compiled) < MAX_GRAPHS:
+            self._compiled[graph] = dict(self._uploads)
+
+    def _what_changed(self, before: dict[str, tuple]) -> dict:
+        changed = {site: {"before": _shown(before.get(site)), "now": _shown(shapes)}
+                   for site, shapes in self._uploads.items() if site in before and before[site] != shapes}
+        if not changed:
+            return {"uploads": {}, "cause": "the graph changed without any upload changing shape: a Python value "
+                                            "baked into the graph (x[:, :n]), or another code path"}
+        return {"uploads": changed, "cause": "uploads changed shape"}
+
+    # -- reading --------------------------------------------------------------------------------------------
+    def records(self) -> list[SiteRecord]:
+        """A copy of every site's record, for a scrape or the detailed view."""
+        with self._lock:
+            return [SiteRecord(r.location, dict(r.causes), dict(r.cuts), r.new_graphs, r.recompilations,
+                               list(r.frames), deque(r.changes, maxlen=MAX_CHANGES)) for r in self.sites.values()]
+
+
+def _shown(shapes: tuple | None) -> str | None:
+    if shapes is None:
+        return None
+    return ", ".join("(" + ", ".join(str(d) for d in shape) + ")" for shape in shapes)

@@ -1,0 +1,24 @@
+"""Keep torch.compile (dynamo) out of the exporter's own code.
+
+While a compiled function runs, dynamo compiles every Python frame it enters. A host read or a step marker in
+the eager part of a compiled function (at a graph break) enters the exporter's wrappers; dynamo would then try to
+compile them, fail on torch_xla's bindings and break more graphs. Marking the wrappers' code objects "skip, and
+skip everything they call" costs nothing per call (unlike ``torch._dynamo.disable``, which wraps every call).
+The API is private (``torch._C._dynamo.eval_frame.set_code_exec_strategy``, torch 2.6 and later): without it,
+nothing is marked and the wrappers are still taken off while dynamo traces (see ``host_reads``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+
+def never_compiled(*functions: Callable) -> None:
+    try:
+        from torch._C._dynamo.eval_frame import set_code_exec_strategy
+        from torch._dynamo.types import FrameAction, FrameExecStrategy
+    except ImportError:
+        return
+    strategy = FrameExecStrategy(FrameAction.SKIP, FrameAction.SKIP)
+    for function in functions:
+        set_code_exec_strategy(function.__code__, strategy)

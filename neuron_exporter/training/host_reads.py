@@ -1,0 +1,182 @@
+"""Wrappers on the Python paths by which device data reaches the host, and by which host data reaches the device.
+
+A host read (``.item()``, ``if t:``, ``int(t)``, ``.tolist()``, ``.cpu()``, ``.to("cpu")``, ``.numpy()``, printing or
+formatting a tensor) needs the tensor's value, so the pending graph runs there: a graph cut. Each wrapper takes a
+fast path for anything but an XLA tensor; for an XLA tensor it reads the compile counters around the call and
+reports the read, its site, and whether it ran a graph and a compilation. A read inside another (``print(t)``
+calls several) counts once. Results and exceptions are the original method's.
+
+Uploads (``Tensor.to(device)`` of a CPU tensor, and ``_xla_tensors_from_aten``, which the parallel loaders use)
+are recorded with their shapes, to name the input whose shape changed at a recompilation.
+
+While ``torch.compile`` (dynamo) compiles, the wrappers are taken off, so that it traces the methods as they are
+and breaks its graphs exactly where it would without the exporter. ``uninstall()`` puts every method back.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Callable
+
+import torch
+
+from .dynamo_skip import never_compiled
+
+# Tensor method -> cause, the label value of xla_host_reads_total{cause}
+READS = {
+    "item": "item",
+    "__bool__": "bool",
+    "__int__": "int",
+    "__float__": "float",
+    "__index__": "index",
+    "tolist": "tolist",
+    "numpy": "numpy",
+    "cpu": "cpu",
+    "__repr__": "print",
+    "__format__": "print",
+}
+MISSING = object()
+
+
+class HostReadHook:
+    def __init__(self, on_read: Callable, on_upload: Callable, graph_counters: Callable[[], tuple[int, int]]):
+        """``on_read(cause, frame, graphs, compiles)`` and ``on_upload(frame, shapes)`` are called on the thread
+        of the read or upload and must not raise; ``graph_counters()`` gives (graphs run, compilations)."""
+        self._on_read = on_read
+        self._on_upload = on_upload
+        self._counters = graph_counters
+        self._local = threading.local()
+        self._originals: dict[str, object] = {}  # method -> the class attribute it replaced, MISSING if inherited
+        self._from_aten = None
+        self._compiling = 0
+        self._dynamo_callbacks = None
+
+    # -- wrappers -------------------------------------------------------------------------------------------
+    def _read(self, original, cause: str, tensor, args, kwargs):
+        local = self._local
+        if getattr(local, "depth", 0):
+            return original(tensor, *args, **kwargs)
+        local.depth = 1
+        graphs, compiles = self._counters()
+        try:
+            return original(tensor, *args, **kwargs)
+        finally:
+            local.depth = 0
+            graphs_after, compiles_after = self._counters()
+            self._on_read(cause, sys._getframe(2), graphs_after - graphs, compiles_after - compiles)
+
+    def _wrap_read(self, name: str, cause: str):
+        original = getattr(torch.Tensor, name)
+        hook = self
+
+        def read(tensor, *args, **kwargs):
+            if not tensor.is_xla:
+                return original(tensor, *args, **kwargs)
+            return hook._read(original, cause, tensor, args, kwargs)
+
+        read.__name__, read.__qualname__, read.__doc__ = name, f"Tensor.{name}", original.__doc__
+        never_compiled(read)
+        return read
+
+    def _wrap_to(self):
+        original = torch.Tensor.to
+        hook = self
+
+        def to(tensor, *args, **kwargs):
+            if tensor.is_xla:
+                if _target_type(args, kwargs) == "cpu":
+                    return hook._read(original, "cpu", tensor, args, kwargs)
+            elif _target_type(args, kwargs) == "xla":
+                hook._on_upload(sys._getframe(1), (tuple(tensor.shape),))
+            return original(tensor, *args, **kwargs)
+
+        to.__name__, to.__qualname__, to.__doc__ = "to", "Tensor.to", original.__doc__
+        never_compiled(to)
+        return to
+
+    def _wrap_from_aten(self, original):
+        hook = self
+
+        def _xla_tensors_from_aten(tensors, *args, **kwargs):
+            try:
+                hook._on_upload(sys._getframe(1), tuple(tuple(t.shape) for t in tensors))
+            except Exception:  # noqa: BLE001 (the upload goes on whatever the bookkeeping thinks of its arguments)
+                pass
+            return original(tensors, *args, **kwargs)
+
+        never_compiled(_xla_tensors_from_aten)
+        return _xla_tensors_from_aten
+
+    # -- life cycle -----------------------------------------------------------------------------------------
+    def install(self) -> None:
+        self._put_on()
+        import torch_xla
+
+        xlac = torch_xla._XLAC
+        self._from_aten = xlac._xla_tensors_from_aten
+        xlac._xla_tensors_from_aten = self._wrap_from_aten(self._from_aten)
+        self._watch_dynamo()
+
+    def uninstall(self) -> None:
+        self._take_off()
+        if self._from_aten is not None:
+            import torch_xla
+
+            torch_xla._XLAC._xla_tensors_from_aten = self._from_aten
+            self._from_aten = None
+        if self._dynamo_callbacks is not None:
+            from torch._dynamo.callback import callback_handler
+
+            start, end = self._dynamo_callbacks
+            callback_handler.remove_start_callback(start)
+            callback_handler.remove_end_callback(end)
+            self._dynamo_callbacks = None
+
+    def _put_on(self) -> None:
+        if self._originals:
+            return
+        wrappers = {name: self._wrap_read(name, cause) for name, cause in READS.items()}
+        wrappers["to"] = self._wrap_to()
+        for name, wrapper in wrappers.items():
+            self._originals[name] = torch.Tensor.__dict__.get(name, MISSING)
+            setattr(torch.Tensor, name, wrapper)
+
+    def _take_off(self) -> None:
+        for name, original in self._originals.items():
+            if original is MISSING:
+                delattr(torch.Tensor, name)  # it was inherited from torch._C.TensorBase
+            else:
+                setattr(torch.Tensor, name, original)
+        self._originals = {}
+
+    def _watch_dynamo(self) -> None:
+        try:
+            from torch._dynamo.callback import callback_handler
+        except ImportError:
+            return
+
+        def start(*_):
+            self._compiling += 1
+            self._take_off()
+
+        def end(*_):
+            self._compiling = max(0, self._compiling - 1)
+            if not self._compiling:
+                self._put_on()
+
+        callback_handler.register_start_callback(start)
+        callback_handler.register_end_callback(end)
+        self._dynamo_callbacks = (start, end)
+
+
+def _target_type(args, kwargs) -> str | None:
+    """The device type a ``Tensor.to(...)`` call sends to, or None for a dtype-only conversion."""
+    target = kwargs.get("device", args[0] if args else None)
+    if isinstance(target, torch.device):
+        return target.type
+    if isinstance(target, str):
+        return target.split(":", 1)[0]
+    if isinstance(target, torch.Tensor):  # t.to(other): other's device
+        return target.device.type
+    return None

@@ -1,0 +1,97 @@
+"""Sites: the source line that made a graph run, found by a cheap walk up the Python stack.
+
+A site is the innermost frame that is not in torch, torch_xla, this package or the standard library. Library code
+such as transformers counts (a cut inside ``transformers/masking_utils.py`` is reported there). Whether a code
+object is skipped, and how its file is written, is decided once per code object and cached, so a walk costs well
+under a microsecond for a short stack; no traceback is ever built.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import site
+import sysconfig
+from types import CodeType, FrameType
+
+import torch
+
+UNKNOWN = "unknown"
+MAX_FRAMES = 4  # user frames kept for the detailed view: the site and the callers above it
+
+
+def _directory(module) -> str:
+    return os.path.dirname(os.path.abspath(module.__file__)) + os.sep
+
+
+def _skipped_packages() -> tuple[str, ...]:
+    import neuron_exporter
+
+    directories = [_directory(torch), _directory(neuron_exporter)]
+    if "torch_xla" in sys.modules:
+        directories.append(_directory(sys.modules["torch_xla"]))
+    return tuple(directories)
+
+
+def _site_packages() -> tuple[str, ...]:
+    paths = sysconfig.get_paths()
+    directories = {paths["purelib"], paths["platlib"], *site.getsitepackages()}
+    return tuple(os.path.abspath(d) + os.sep for d in directories)
+
+
+class SiteFinder:
+    def __init__(self, cwd: str | None = None):
+        self._packages = _skipped_packages()
+        self._site_packages = _site_packages()
+        paths = sysconfig.get_paths()
+        self._stdlib = tuple({os.path.abspath(paths[key]) + os.sep for key in ("stdlib", "platstdlib")})
+        self._roots = sorted({os.path.abspath(p) + os.sep for p in sys.path if p and os.path.isdir(p)},
+                             key=len, reverse=True)
+        self._cwd = os.path.abspath(cwd or os.getcwd()) + os.sep
+        self._names: dict[CodeType, str | None] = {}  # code object -> its file as shown, None if skipped
+
+    def _skipped(self, path: str) -> bool:
+        if path.startswith(self._packages):
+            return True
+        return path.startswith(self._stdlib) and not path.startswith(self._site_packages)
+
+    def _name(self, code: CodeType) -> str | None:
+        name = self._names.get(code, "")
+        if name != "":
+            return name
+        path = code.co_filename
+        if path.startswith("<"):  # <string>, <stdin> are the user's; <frozen importlib._bootstrap> is not
+            name = None if path.startswith("<frozen") else path
+        else:
+            path = os.path.abspath(path)
+            name = None if self._skipped(path) else self._shown(path)
+        if len(self._names) < 100_000:
+            self._names[code] = name
+        return name
+
+    def _shown(self, path: str) -> str:
+        if path.startswith(self._cwd):
+            return path[len(self._cwd):]
+        for directory in self._roots:  # the longest sys.path entry holding it: the package's root
+            if path.startswith(directory):
+                return path[len(directory):]
+        return path
+
+    def site(self, frame: FrameType | None) -> str:
+        """``path:line`` of the innermost frame outside the skipped code, or ``unknown``."""
+        while frame is not None:
+            name = self._name(frame.f_code)
+            if name is not None:
+                return f"{name}:{frame.f_lineno}"
+            frame = frame.f_back
+        return UNKNOWN
+
+    def frames(self, frame: FrameType | None, limit: int = MAX_FRAMES) -> list[str]:
+        """The site and up to ``limit - 1`` user frames above it, innermost first (for the detailed view)."""
+        found = []
+        while frame is not None and len(found) < limit:
+            name = self._name(frame.f_code)
+            if name is not None:
+                found.append(f"{frame.f_code.co_name} ({name}:{frame.f_lineno})")
+            frame = frame.f_back
+        return found

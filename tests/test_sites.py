@@ -1,0 +1,96 @@
+"""Where and why: every graph cut, host read, CPU fallback and compilation named with its cause and source line.
+
+Each case runs tests/scripts/where.py in its own process with real torch_xla, and scrapes it over HTTP.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from conftest import SCRIPTS, TrainingRun, samples, scrape, total
+
+STEPS = 6
+WARMUP = 2
+SCRIPT = SCRIPTS / "where.py"
+
+
+def line_of(site: str) -> str:
+    """``tests/scripts/where.py:N`` of the line marked ``# site: <site>``."""
+    for number, line in enumerate(SCRIPT.read_text().splitlines(), start=1):
+        if re.search(rf"# site: {site}$", line):
+            return f"tests/scripts/where.py:{number}"
+    raise AssertionError(f"no line marked {site}")
+
+
+def series(exposition: str, name: str) -> dict[tuple, float]:
+    """{(label values but rank and local_rank, sorted by label name): value} of one family."""
+    found = {}
+    for (sample, labels), v in samples(exposition).items():
+        if sample == name:
+            found[tuple(value for key, value in sorted(labels) if key not in ("rank", "local_rank"))] = v
+    return found
+
+
+def run(scenario: str, *args: str) -> tuple[str, dict]:
+    with TrainingRun("where.py", scenario, str(STEPS), *args) as process:
+        result = process.result()
+        exposition = scrape(result["url"]) if result["url"] else ""
+        code, stderr = process.finish()
+    assert code == 0 and "Traceback" not in stderr, stderr[-3000:]
+    return exposition, result
+
+
+@pytest.mark.parametrize("scenario, cause", [("item", "item"), ("bool", "bool"), ("print", "print"),
+                                             ("tolist", "tolist")])
+def test_a_host_read_in_the_step_is_a_cut_named_by_cause_and_line(scenario, cause):
+    exposition, xla = run(scenario)
+    site = line_of(scenario)
+    # labels sorted by name: (cause, location)
+    assert series(exposition, "xla_host_reads_total") == {(cause, site): STEPS}
+    assert series(exposition, "xla_graph_cuts_total") == {(cause, site): STEPS}
+    assert series(exposition, "xla_new_graphs_total") == {(site,): 1, (line_of("sync"),): 1}
+    assert total(exposition, "xla_recompilations_total") == 0
+    assert total(exposition, "xla_new_graphs_total") == xla["xla"]["UncachedCompile"]
+
+
+@pytest.mark.parametrize("scenario, ops", [("lgamma", {"aten::lgamma", "aten::digamma"}),
+                                           ("roi_align", {"torchvision::roi_align",
+                                                          "torchvision::_roi_align_backward"})])
+def test_cpu_fallbacks_of_every_namespace_are_counted_and_their_cuts_named(scenario, ops):
+    pytest.importorskip("torchvision") if scenario == "roi_align" else None
+    exposition, _ = run(scenario)
+    assert series(exposition, "xla_cpu_fallback_ops_total") == {(op,): STEPS for op in ops}
+    # one cut per fallback operator per step (forward and backward), both from the C++ fallback: no Python line
+    assert series(exposition, "xla_graph_cuts_total") == {("cpu_fallback", "unknown"): 2 * STEPS}
+    assert total(exposition, "xla_recompilations_total") == 0
+
+
+def test_a_shape_that_changes_every_step_is_a_recompilation_at_the_step_marker():
+    exposition, xla = run("shapes")
+    assert series(exposition, "xla_recompilations_total") == {(line_of("sync"),): STEPS - WARMUP}
+    assert series(exposition, "xla_new_graphs_total") == {(line_of("sync"),): WARMUP}
+    assert xla["xla"]["UncachedCompile"] == STEPS
+
+
+def test_an_eval_loop_and_logging_steps_are_new_graphs_never_recompilations():
+    exposition, xla = run("eval_logging")
+    assert total(exposition, "xla_recompilations_total") == 0
+    new = series(exposition, "xla_new_graphs_total")
+    assert new[(line_of("logging"),)] >= 1 and new[(line_of("eval"),)] >= 1
+    assert sum(new.values()) == xla["xla"]["UncachedCompile"]
+    assert series(exposition, "xla_graph_cuts_total") == {("item", line_of("logging")): STEPS // 3}
+
+
+@pytest.mark.parametrize("scenario", ["item", "print", "lgamma", "shapes", "eval_logging"])
+def test_torch_xla_compiles_and_executes_the_same_with_and_without_the_exporter(scenario):
+    _, attached = run(scenario)
+    _, bare = run(scenario, "--no-attach")
+    keys = ("UncachedCompile", "CachedCompile", "ExecuteComputation", "MarkStep")
+    assert {k: attached["xla"].get(k) for k in keys} == {k: bare["xla"].get(k) for k in keys}
+
+
+def test_a_compiled_function_breaks_its_graph_the_same_with_and_without_the_exporter():
+    _, attached = run("compile")
+    _, bare = run("compile", "--no-attach")
+    assert attached["graph_breaks"] == bare["graph_breaks"] == 1

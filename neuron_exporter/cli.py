@@ -9,7 +9,7 @@ import sys
 
 from . import __version__
 from .node import run_command, serve_command
-from .reports import report_commands
+from .reports import diagnose_command, report_commands
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -22,6 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     report_commands.register(commands)
     serve_command.register(commands)
     run_command.register(commands)
+    diagnose_command.register(commands)
     args = parser.parse_args(argv)
     try:
         code = args.run(args)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -52,6 +53,37 @@ def test_every_torchrun_rank_of_a_plain_script_is_on_one_endpoint(tmp_path):
     assert "Traceback" not in stderr and "cannot listen" not in stderr, stderr[-3000:]
     for rank in ("0", "1"):
         assert read_rank_file(tmp_path / "spool" / f"rank-{rank}.prom").meta.finished
+
+
+@pytest.mark.skipif(not TORCHRUN.exists(), reason="torchrun is not installed next to this Python")
+def test_diagnose_lists_the_sites_of_both_ranks_of_a_live_torchrun_job(tmp_path):
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/metrics"
+    command = [str(TORCHRUN), "--standalone", "--nproc-per-node", "2", str(SCRIPTS / "plain_train.py"),
+               str(tmp_path), "4", "item"]
+    process = start(tmp_path, command, port)
+    try:
+        wait_until(lambda: steps_by_rank(url) == {"0": 4, "1": 4}, timeout=240, what="both ranks' steps")
+        site = f"tests/scripts/plain_train.py:{line_of_item()}"  # relative to the job's working directory
+        result = subprocess.run(CLI + ["diagnose", f"127.0.0.1:{port}"], capture_output=True, text=True,
+                                timeout=60, cwd=ROOT)
+        assert result.returncode == 0, result.stderr
+        first = result.stdout.splitlines()[2]
+        assert first == f"1. {site}: 8 graph cuts by .item() (ranks 0, 1): 1.00 per step", result.stdout
+        as_json = subprocess.run(CLI + ["diagnose", url, "--format", "json"], capture_output=True, text=True,
+                                 timeout=60, cwd=ROOT)
+        ranks = json.loads(as_json.stdout)["ranks"]
+        assert [(r["rank"], [s["location"] for s in r["sites"] if s["graph_cuts"]]) for r in ranks] == [
+            ("0", [site]), ("1", [site])]
+        (tmp_path / "release").write_text("")
+        process.communicate(timeout=120)
+    finally:
+        process.kill()
+
+
+def line_of_item() -> int:
+    lines = (SCRIPTS / "plain_train.py").read_text().splitlines()
+    return next(number for number, line in enumerate(lines, start=1) if line.endswith("# site: item"))
 
 
 def test_the_exit_code_and_signals_of_the_command_pass_through(tmp_path):

@@ -5,6 +5,7 @@ Each case runs tests/scripts/where.py in its own process with real torch_xla, an
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -33,9 +34,12 @@ def series(exposition: str, name: str) -> dict[tuple, float]:
 
 
 def run(scenario: str, *args: str) -> tuple[str, dict]:
+    """The scrape of one scenario and what its script printed, with its /diagnosis document under "diagnosis"."""
     with TrainingRun("where.py", scenario, str(STEPS), *args) as process:
         result = process.result()
         exposition = scrape(result["url"]) if result["url"] else ""
+        if result["url"]:
+            result["diagnosis"] = json.loads(scrape(result["url"].replace("/metrics", "/diagnosis?format=json")))
         code, stderr = process.finish()
     assert code == 0 and "Traceback" not in stderr, stderr[-3000:]
     return exposition, result
@@ -48,6 +52,8 @@ def test_a_host_read_in_the_step_is_a_cut_named_by_cause_and_line(scenario, caus
     site = line_of(scenario)
     # labels sorted by name: (cause, location)
     assert series(exposition, "xla_host_reads_total") == {(cause, site): STEPS}
+    (rank,) = xla["diagnosis"]["ranks"]
+    assert {s["location"]: s["graph_cuts"] for s in rank["sites"] if s["graph_cuts"]} == {site: {cause: STEPS}}
     assert series(exposition, "xla_graph_cuts_total") == {(cause, site): STEPS}
     assert series(exposition, "xla_new_graphs_total") == {(site,): 1, (line_of("sync"),): 1}
     assert total(exposition, "xla_recompilations_total") == 0
@@ -67,10 +73,16 @@ def test_cpu_fallbacks_of_every_namespace_are_counted_and_their_cuts_named(scena
 
 
 def test_a_shape_that_changes_every_step_is_a_recompilation_at_the_step_marker():
-    exposition, xla = run("shapes")
+    exposition, result = run("shapes")
     assert series(exposition, "xla_recompilations_total") == {(line_of("sync"),): STEPS - WARMUP}
     assert series(exposition, "xla_new_graphs_total") == {(line_of("sync"),): WARMUP}
-    assert xla["xla"]["UncachedCompile"] == STEPS
+    assert result["xla"]["UncachedCompile"] == STEPS
+    # the detail: which upload changed shape, old -> new, at the last recompilation (batch size 8 + step)
+    (rank,) = result["diagnosis"]["ranks"]
+    (site,) = [s for s in rank["sites"] if s["location"] == line_of("sync")]
+    last = site["recompilation_causes"][-1]["uploads"][line_of("upload")]
+    assert last == {"before": f"({8 + STEPS - 2}, 16)", "now": f"({8 + STEPS - 1}, 16)"}
+    assert site["frames"][0] == f"train_step ({line_of('sync')})"
 
 
 def test_an_eval_loop_and_logging_steps_are_new_graphs_never_recompilations():

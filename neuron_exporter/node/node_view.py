@@ -10,18 +10,22 @@ from __future__ import annotations
 
 import errno
 import logging
+import platform
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
+from prometheus_client import ProcessCollector
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
 
+from .. import __version__
+from .. import diagnosis
 from ..config import Options
 from .host_metrics import HostCollector
 from .spool import (
-    RankMeta, RejectedFile, SpoolDirError, check_spool_dir, is_expired, rank_order, read_rank_files, remove_rank_files,
-    remove_stale_temp_files, writer_alive)
+    RankMeta, RejectedFile, SpoolDirError, check_spool_dir, is_expired, rank_order, read_diagnosis, read_rank_files,
+    remove_rank_files, remove_stale_temp_files, writer_alive)
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +78,7 @@ class NodeView:
     def __init__(self, options: Options):
         self.options = options
         self._host = HostCollector()
+        self._process = ProcessCollector(registry=None)
         self._logged: set[tuple[str, str]] = set()
         self.rejected: list[tuple[str, RejectedFile]] = []  # of the last statuses(): files left out, and why
         self.spool_dir_ok = True
@@ -108,8 +113,8 @@ class NodeView:
         try:
             check_spool_dir(directory, self.options.spool_mode, writer=False)
         except SpoolDirError as error:
-            self.spool_dir_ok = False
-            if error.errno != errno.ENOENT:  # no directory yet: no job has started
+            self.spool_dir_ok = error.errno == errno.ENOENT  # no directory yet (no job has started) is no problem
+            if not self.spool_dir_ok:
                 self._log_once("", "spool_dir", str(error))
             return []
         self.spool_dir_ok = True
@@ -137,10 +142,34 @@ class NodeView:
             state = "running"
         return RankStatus(meta, state, progress, exposition)
 
+    def diagnosis(self, own: dict | None = None) -> dict:
+        """The diagnosis document of every rank the endpoint serves (``own``: the serving process's, if it trains).
+        A rank file's diagnosis that is not a diagnosis is left out, like a bad rank file."""
+        documents = [own] if own is not None else []
+        own_ranks = {str(rank.get("rank")) for rank in own.get("ranks", [])} if own else set()
+        now = time.time()
+        for report in read_rank_files(self.options.spool_dir, self.options.spool_max_file_bytes):
+            if report.meta.rank in own_ranks or is_expired(report, self.options.expire_after_seconds, now):
+                continue
+            data = read_diagnosis(report, diagnosis.MAX_BYTES)
+            if data is None:
+                continue
+            try:
+                document = diagnosis.loads(data, report.path.name)
+            except diagnosis.DiagnosisError as error:
+                self._log_once(report.path.name, "bad_diagnosis", str(error))
+                continue
+            # A rank file speaks only for its own rank.
+            documents.append({"ranks": [r for r in document["ranks"] if str(r.get("rank")) == report.meta.rank]})
+        return diagnosis.merge(documents)
+
     def render(self, own: tuple[RankMeta | Mapping, bytes] | None = None, own_idle: bool = False) -> bytes:
         """The node endpoint's exposition. ``own`` is ``(meta, exposition)`` of the process serving it."""
         statuses = self.statuses(own, own_idle=own_idle)
-        node = generate_latest(_NodeMetrics(statuses, self._host, self.rejected, self.spool_dir_ok))
+        # Without a rank of its own, the serving process is a daemon (serve, run): it shows its own version and
+        # process_* metrics (a rank's are xla_process_*, and a rank file may hold no process_* family).
+        daemon = self._process if own is None else None
+        node = generate_latest(_NodeMetrics(statuses, self._host, self.rejected, self.spool_dir_ok, daemon))
         return merge_expositions([s.exposition for s in statuses] + [node])
 
 
@@ -148,11 +177,12 @@ class _NodeMetrics:
     """The endpoint's own families, as a collector for ``generate_latest``."""
 
     def __init__(self, statuses: list[RankStatus], host: HostCollector, rejected: list[tuple[str, RejectedFile]],
-                 spool_dir_ok: bool):
+                 spool_dir_ok: bool, daemon: ProcessCollector | None = None):
         self.statuses = statuses
         self.host = host
         self.rejected = rejected
         self.spool_dir_ok = spool_dir_ok
+        self.daemon = daemon
 
     def collect(self) -> Iterator[Metric]:
         labels = ["rank", "local_rank"]
@@ -183,6 +213,13 @@ class _NodeMetrics:
             bad.add_metric([reason], sum(1 for _, error in self.rejected if error.reason == reason))
         yield bad
         yield GaugeMetricFamily("neuron_exporter_spool_directory_ok",
-                                "1 if the spool directory exists and is safe to read (see the log otherwise)",
+                                "0 if the spool directory is unsafe to read (see the log), else 1 (also before it "
+                                "exists)",
                                 value=1.0 if self.spool_dir_ok else 0.0)
         yield from self.host.collect()
+        if self.daemon is not None:  # no rank labels: the ranks' build_info series carry theirs
+            info = GaugeMetricFamily("neuron_exporter_build_info", "Versions of the exporter and of what it runs with",
+                                     labels=["version", "python_version"])
+            info.add_metric([__version__, platform.python_version()], 1)
+            yield info
+            yield from self.daemon.collect()

@@ -14,6 +14,7 @@ import signal
 import sys
 import threading
 
+from .. import diagnosis
 from ..config import ConfigError, Options, resolve_options
 from ..web.http_server import MetricsServer
 from . import spool
@@ -101,7 +102,8 @@ def prepare_spool_dir(options: Options) -> str | None:
 
 def node_server(view: NodeView, options: Options, web_config) -> MetricsServer:
     """The node endpoint's server, bound (``OSError`` if the port is taken) but not yet serving."""
-    return MetricsServer(view.render, options.addr, options.port, web_config)
+    return MetricsServer(view.render, options.addr, options.port, web_config,
+                         pages={"/diagnosis": diagnosis.page(view.diagnosis)})
 
 
 def serve(options: Options, web_config=None) -> int:

@@ -39,6 +39,7 @@ FORMAT_VERSION = 1
 PREFIX = "rank-"
 DATA_SUFFIX = ".prom"
 LOCK_SUFFIX = ".lock"
+DIAGNOSIS_SUFFIX = ".diagnosis.json"
 TEMP_SUFFIX = ".tmp"
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 RANK_LABEL = re.compile(r"[A-Za-z0-9_.-]{1,64}")
@@ -194,7 +195,7 @@ _held_guard = threading.Lock()
 
 
 def write_rank_file(spool_dir, meta: RankMeta | Mapping, exposition: bytes,
-                    spool_mode: str = DEFAULT_SPOOL_MODE) -> Path:
+                    spool_mode: str = DEFAULT_SPOOL_MODE, diagnosis: bytes | None = None) -> Path:
     """Atomically replace this rank's file with ``meta`` and ``exposition``; returns its path.
 
     The directory is created (again) and checked at every write. The first write of a process takes the rank's
@@ -210,20 +211,36 @@ def write_rank_file(spool_dir, meta: RankMeta | Mapping, exposition: bytes,
     if _hold_lock(lock_path, meta.rank, file_mode(spool_mode)):
         remove_stale_temp_files(directory)  # a killed writer's leftovers
     path = directory / (stem + DATA_SUFFIX)
+    if diagnosis is not None:
+        _replace(directory / (stem + DIAGNOSIS_SUFFIX), diagnosis, spool_mode)
     header = json.dumps({"format": FORMAT_VERSION, **asdict(meta)}, separators=(",", ":")).encode()
+    _replace(path, header + b"\n" + exposition, spool_mode)
+    if meta.finished:
+        release_rank_lock(spool_dir, meta.rank)
+    return path
+
+
+def _replace(path: Path, data: bytes, spool_mode: str) -> None:
     # A fresh, unpredictable name, created exclusively: nothing another user laid in the directory is followed.
-    fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TEMP_SUFFIX, dir=directory)
+    fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TEMP_SUFFIX, dir=path.parent)
     try:
         os.fchmod(fd, file_mode(spool_mode))
         with os.fdopen(fd, "wb") as f:
-            f.write(header + b"\n" + exposition)
+            f.write(data)
         os.replace(temp, path)
     except BaseException:
         os.unlink(temp)
         raise
-    if meta.finished:
-        release_rank_lock(spool_dir, meta.rank)
-    return path
+
+
+def read_diagnosis(report: RankReport, max_bytes: int) -> bytes | None:
+    """The diagnosis file written with ``report`` (its bytes, unchecked), or None if there is none to read."""
+    try:
+        fd, _ = _open_regular(report.path.with_name(file_stem(report.meta.rank) + DIAGNOSIS_SUFFIX), max_bytes)
+    except (OSError, RejectedFile):
+        return None
+    with os.fdopen(fd, "rb") as f:
+        return f.read(max_bytes + 1)
 
 
 def _same_file(fd: int, path: Path) -> bool:
@@ -402,7 +419,8 @@ def _pid_alive(meta: RankMeta) -> bool | None:
 
 def remove_rank_files(report: RankReport) -> None:
     """Delete a rank's files (best effort: a reader without write access to the directory leaves them)."""
-    for path in (report.path, report.lock_path):
+    diagnosis = report.path.with_name(file_stem(report.meta.rank) + DIAGNOSIS_SUFFIX)
+    for path in (report.path, report.lock_path, diagnosis):
         try:
             path.unlink(missing_ok=True)
         except OSError as exc:

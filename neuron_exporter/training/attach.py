@@ -17,6 +17,7 @@ afresh (spawn, torchrun) attach when they import torch_xla, through ``autostart`
 from __future__ import annotations
 
 import atexit
+import json
 import logging
 import multiprocessing.util
 import os
@@ -28,6 +29,7 @@ import psutil
 from prometheus_client import CollectorRegistry, generate_latest
 
 from ..config import AUTO_ENV, ENV_PREFIX, Options, resolve_options
+from .. import diagnosis
 from ..node.node_view import NodeView
 from ..node.spool import write_rank_file
 from ..web.http_server import MetricsServer
@@ -165,13 +167,25 @@ class ExporterHandle:
         options = self.options
         try:
             source = self._rank_registry if self._node_view is None else self._render  # registry: OpenMetrics too
-            self._server = MetricsServer(source, options.addr, options.port, self._web_config).start()
+            self._server = MetricsServer(source, options.addr, options.port, self._web_config,
+                                         pages={"/diagnosis": diagnosis.page(self._render_diagnosis)}).start()
         except OSError as error:
             if first_try and not self.auto:
                 log.warning(
                     "neuron-exporter: cannot listen on %s:%s (%s); training goes on, and this rank's metrics reach "
                     "the node endpoint that holds that port through the spool directory",
                     options.addr, options.port, error.strerror or error)
+
+    def diagnosis(self) -> dict:
+        """This process's diagnosis document: its own rank only (``neuron_exporter.diagnosis``)."""
+        rank = self.attribution.diagnosis(rank_labels(), self.tracker.state().steps, self.reader.fallback_counts())
+        return {"format": diagnosis.FORMAT, "ranks": [rank]}
+
+    def _render_diagnosis(self) -> dict:
+        own = self.diagnosis()
+        if self._node_view is None:
+            return own
+        return self._node_view.diagnosis(own=own if self.claimed else None)
 
     def _render(self) -> bytes:
         own = generate_latest(self._rank_registry)
@@ -191,7 +205,7 @@ class ExporterHandle:
             return  # a process that has not trained (a launcher, a DataLoader worker) reports no rank
         try:
             write_rank_file(self.options.spool_dir, self._meta(finished), generate_latest(self._rank_registry),
-                            self.options.spool_mode)
+                            self.options.spool_mode, json.dumps(self.diagnosis()).encode())
         except Exception as error:  # noqa: BLE001
             self.stats.record_error("spool", error)
 

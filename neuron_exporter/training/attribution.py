@@ -14,6 +14,7 @@ baked into it, another code path).
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections import deque
 from dataclasses import dataclass, field
@@ -136,6 +137,16 @@ class Attribution:
         return {"uploads": changed, "cause": "uploads changed shape"}
 
     # -- reading --------------------------------------------------------------------------------------------
+    def diagnosis(self, labels: dict[str, str], steps: int, fallback_ops: dict[str, int]) -> dict:
+        """This rank's part of the diagnosis document (see ``neuron_exporter.diagnosis``)."""
+        records = self.records()
+        return {**labels, "pid": os.getpid(), "steps": steps,
+                "graph_cuts": sum(sum(r.cuts.values()) for r in records),
+                "new_graphs": sum(r.new_graphs for r in records),
+                "recompilations": sum(r.recompilations for r in records),
+                "cpu_fallback_ops": dict(fallback_ops),
+                "sites": [r.as_dict() for r in records]}
+
     def records(self) -> list[SiteRecord]:
         """A copy of every site's record, for a scrape or the detailed view."""
         with self._lock:
@@ -146,4 +157,4 @@ class Attribution:
 def _shown(shapes: tuple | None) -> str | None:
     if shapes is None:
         return None
-    return ", ".join("(" + ", ".join(str(d) for d in shape) + ")" for shape in shapes)
+    return ", ".join(str(tuple(shape)) for shape in shapes)

@@ -35,9 +35,12 @@ class XlaReader:
         """Graphs run so far: CachedCompile + UncachedCompile (every graph goes through the cache lookup)."""
         return self.counter("CachedCompile") + self.counter("UncachedCompile")
 
+    def fallback_counts(self) -> dict[str, int]:
+        """Executions of each CPU-fallback operator so far (every namespace; a few counter reads)."""
+        return {name: self.counter(name) for name in self._fallback_ops() if name != HOST_SCALAR_READ_OP}
+
     def fallback_executions(self) -> int:
-        """Executions of CPU-fallback operators so far (every namespace; a few counter reads)."""
-        return sum(self.counter(name) for name in self._fallback_ops() if name != HOST_SCALAR_READ_OP)
+        return sum(self.fallback_counts().values())
 
     def compile_counters(self) -> tuple[int, int]:
         """(graphs run = CachedCompile + UncachedCompile, UncachedCompile): what the step hook needs."""

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from email.utils import formatdate
 from http import HTTPStatus
 from os import PathLike
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from prometheus_client.exposition import choose_encoder
 
@@ -57,6 +57,7 @@ LANDING_PAGE = """<!DOCTYPE html>
 <body><h1>neuron-exporter</h1>
 <p>Prometheus metrics for PyTorch/XLA training.</p>
 <p><a href="/metrics">/metrics</a></p>
+<p><a href="/diagnosis">/diagnosis</a>: where graphs are cut and recompiled, and what to fix first</p>
 <p>version {version}</p>
 </body></html>
 """
@@ -75,10 +76,12 @@ class MetricsServer:
     """
 
     def __init__(self, source: Callable[[], bytes] | object, addr: str = "0.0.0.0", port: int = 9478,
-                 web_config: WebConfig | str | PathLike | None = None):
+                 web_config: WebConfig | str | PathLike | None = None,
+                 pages: dict[str, Callable[[dict[str, list[str]]], tuple[bytes, str]]] | None = None):
         if isinstance(web_config, (str, PathLike)):
             web_config = load_web_config(web_config)
         self._source = source
+        self._pages = dict(pages or {})  # path -> page(query parameters) -> (body, content type)
         self._configs = WebConfigReloader(web_config)
         self._config = web_config
         self._auth = BasicAuth()
@@ -394,16 +397,27 @@ class MetricsServer:
         if method not in ("GET", "HEAD"):
             return 405, b"Method Not Allowed: use GET or HEAD\n", TEXT, {"Allow": "GET, HEAD"}
         try:
-            path = urlsplit(target).path
+            parts = urlsplit(target)
+            path, query = parts.path, parse_qs(parts.query, max_num_fields=10)
         except ValueError:
-            path = ""
+            path, query = "", {}
         if path == "/metrics":
             return self._metrics(headers)
+        if path in self._pages:
+            return self._page(path, query)
         if path in HEALTH:
             return 200, HEALTH[path], TEXT, {}
         if path == "/":
             return 200, LANDING_PAGE.format(version=html.escape(__version__)).encode(), "text/html; charset=utf-8", {}
         return 404, b"Not Found: see /metrics\n", TEXT, {}
+
+    def _page(self, path: str, query: dict[str, list[str]]) -> tuple[int, bytes, str, dict[str, str]]:
+        try:
+            body, content_type = self._pages[path](query)
+        except Exception as error:  # noqa: BLE001 (the server must survive a failing page)
+            self._log_once(f"rendering {path} failed: {type(error).__name__}: {error}")
+            return 500, f"error: rendering {path} failed, see the exporter's log\n".encode(), TEXT, {}
+        return 200, body, content_type, {}
 
     def _metrics(self, headers: dict[str, str]) -> tuple[int, bytes, str, dict[str, str]]:
         try:

@@ -133,12 +133,11 @@ def main() -> None:
     parser.add_argument("--no-keep-alive", dest="keep_alive", action="store_false")
     args = parser.parse_args()
 
-    checks = []
-    real_checkpw = bcrypt.checkpw
-    bcrypt.checkpw = lambda password, hashed: checks.append(1) or real_checkpw(password, hashed)
-
     server = MetricsServer(lambda: b"# TYPE demo counter\ndemo 1\n", "127.0.0.1", 0,
                            web_config(Path(tempfile.mkdtemp()), args.tls)).start()
+    checks = []  # from now on: loading the config checked each hash once too
+    real_checkpw = bcrypt.checkpw
+    bcrypt.checkpw = lambda password, hashed: checks.append(1) or real_checkpw(password, hashed)
     context = multiprocessing.get_context("spawn")
     flooding, stop, results = context.Event(), context.Event(), context.Queue()
     flood_args = (server.port, args.tls, args.keep_alive, args.connections, args.nice, flooding, stop, results)

@@ -51,6 +51,9 @@ def test_500_stalled_connections_leave_threads_bounded_and_a_scrape_answered(ser
     # A partial request line, or for TLS the first bytes of a ClientHello: then nothing, for as long as it takes.
     partial = b"\x16\x03\x01\x02\x00\x01" if tls else b"GET /metrics HTTP/1.1\r\nHost: loc"
     stalled, most_threads = [], 0
+    scraper = connection_to(s, tls_files if tls else None)  # kept alive: connected before the attack
+    scraper.request("GET", "/metrics", headers=AUTH if tls else {})
+    assert scraper.getresponse().read() == BODY
     try:
         for n in range(500):
             sock = socket.create_connection(("127.0.0.1", s.port), timeout=10)
@@ -59,12 +62,15 @@ def test_500_stalled_connections_leave_threads_bounded_and_a_scrape_answered(ser
             if n % 20 == 0:
                 most_threads = max(most_threads, threading.active_count())
         assert scrape(s, tls_files if tls else None, timeout=5) == (200, BODY)  # answered within a few seconds
+        scraper.request("GET", "/metrics", headers=AUTH if tls else {})  # its connection was spared
+        assert scraper.getresponse().read() == BODY
         most_threads = max(most_threads, threading.active_count())
         assert most_threads - before <= 1 + WORKERS  # the loop thread and the workers, whatever the clients do
         # The server closed the connections that waited longest, to keep at most MAX_CONNECTIONS open.
         wait_until(lambda: sum(map(closed_by_server, stalled)) >= len(stalled) - MAX_CONNECTIONS,
                    what="the oldest stalled connections to be closed")
     finally:
+        scraper.close()
         for sock in stalled:
             sock.close()
 

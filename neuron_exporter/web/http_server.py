@@ -3,10 +3,10 @@ behind TLS and basic auth. ``GET`` and ``HEAD``; any other method is 405.
 
 Used both by ``attach()`` inside a training process and by the node daemon, so no client may make it cost the
 training job much. One thread waits on every open connection (a selector) and reads request heads: a client that
-connects and stalls, or trickles bytes, costs a socket until its deadline, never a thread, and past
-``MAX_CONNECTIONS`` the connection that has waited longest is closed. At most ``WORKERS`` threads answer complete
-requests. A client refused (4xx) faster than ``REFUSAL_REFILL_SECONDS`` allows, past a burst, is not read until it
-may be refused again: its flood costs an accept per connection. It serves nothing else: no file paths, no
+connects and stalls, or trickles bytes, costs a socket until its deadline, never a thread; past
+``MAX_CONNECTIONS``, one that waits is closed (see ``_connection_to_close``). At most ``WORKERS`` threads answer
+complete requests. A client refused (4xx) faster than ``REFUSAL_REFILL_SECONDS`` allows, past a burst, is not read
+until it may be refused again: its flood costs an accept per connection. It serves nothing else: no file paths, no
 environment, no request log on stderr.
 """
 
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import gzip
 import html
+import itertools
 import logging
 import queue
 import re
@@ -200,8 +201,7 @@ class MetricsServer:
                 continue
             del self._paused[connection]
             connection.paused_until = 0.0
-            waiting_for_request = connection.buffer or not connection.answered
-            connection.deadline = now + (HEAD_TIMEOUT_SECONDS if waiting_for_request else IDLE_TIMEOUT_SECONDS)
+            connection.deadline = now + HEAD_TIMEOUT_SECONDS  # a refused client gets no long idle time
             self._waiting[connection] = None
             if HEAD_END.search(connection.buffer):  # it sent its next request during the pause
                 self._hand_over(connection)
@@ -221,12 +221,11 @@ class MetricsServer:
                 time.sleep(0.05)
                 return
             if len(self._waiting) + len(self._paused) + len(self._busy) >= MAX_CONNECTIONS:
-                # Paused ones first (their clients were refused too often), then the one that has waited longest.
-                oldest = next(iter(self._paused or self._waiting), None)
-                if oldest is None:
+                victim = self._connection_to_close()
+                if victim is None:
                     sock.close()
                     continue
-                self._close(oldest)
+                self._close(victim)
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             connection = _Connection(sock, client_key(address[0]), time.monotonic() + HEAD_TIMEOUT_SECONDS)
@@ -244,6 +243,16 @@ class MetricsServer:
                 continue
             self._waiting[connection] = None
             self._selector.register(connection.sock, selectors.EVENT_READ, connection)
+
+    def _connection_to_close(self) -> _Connection | None:
+        """To make room: a paused one (its client was refused too often), else the one that has waited longest,
+        sparing a kept-alive connection that was served (a scraper that proved itself) if one of the next is not."""
+        if self._paused:
+            return next(iter(self._paused))
+        for connection in itertools.islice(self._waiting, 16):
+            if not connection.served:
+                return connection
+        return next(iter(self._waiting), None)
 
     def _read(self, connection: _Connection) -> None:
         sock = connection.sock
@@ -294,7 +303,6 @@ class MetricsServer:
                 connection.sock.close()
                 continue
             connection.sock.setblocking(False)
-            connection.answered = True
             if connection.paused_until:  # out of the selector: nothing it sends is read until then
                 self._paused[connection] = None
                 continue
@@ -445,6 +453,7 @@ class MetricsServer:
             lines.append("Connection: close")
         data = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (b"" if method == "HEAD" else body)
         _send_all(connection.sock, data, time.monotonic() + WRITE_TIMEOUT_SECONDS)
+        connection.served = connection.served or 200 <= status < 300
         if 400 <= status < 500 and not self._refusals.take(connection.client):
             # A client refused as fast as it asks (guessing passwords, say) would cost the process a request each
             # time: its next request waits, unread, where closing would make it reconnect (a TLS handshake each).
@@ -460,7 +469,7 @@ _WAKE = object()
 
 
 class _Connection:
-    __slots__ = ("sock", "client", "deadline", "handshaking", "buffer", "paused_until", "answered")
+    __slots__ = ("sock", "client", "deadline", "handshaking", "buffer", "paused_until", "served")
 
     def __init__(self, sock: socket.socket, client: str, deadline: float):
         self.sock: socket.socket | None = sock
@@ -469,7 +478,7 @@ class _Connection:
         self.handshaking = False
         self.buffer = bytearray()  # received and not yet answered
         self.paused_until = 0.0  # while its client is refused too often: monotonic time until it is read again
-        self.answered = False  # a request of it was answered: it is kept alive
+        self.served = False  # a request of it got a 2xx answer
 
 
 def _parse_head(head: bytes) -> tuple[str, str, str, dict[str, str]] | None:

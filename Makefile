@@ -1,19 +1,36 @@
-# Every target sets up what it needs: a virtual environment in .venv (reinstalled only when
-# pyproject.toml or this file changes) and, for the tests, Prometheus.
+# Every target sets up what it needs: a virtual environment (reinstalled only when pyproject.toml or this file
+# changes) and, for the tests, Prometheus. PYTHON picks the interpreter: python3 gets .venv, any other Python a
+# virtual environment of its own, e.g. `make test PYTHON=python3.10` uses .venv-3.10 (a Python installed with
+# pyenv is found even when it is not the active version).
 PYTHON ?= python3
-VENV := .venv
+PYTHON_EXE := $(shell { $(PYTHON) -c 'import sys; print(sys.executable)' || \
+  PYENV_VERSION="$$(pyenv versions --bare | paste -sd: -)" pyenv exec $(PYTHON) -c 'import sys; print(sys.executable)'; } 2>/dev/null)
+PYTHON_VERSION := $(shell $(PYTHON_EXE) -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)
+VENV ?= $(if $(filter python3,$(PYTHON)),.venv,.venv-$(PYTHON_VERSION))
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export PJRT_DEVICE ?= CPU
+# grafana-foundation-sdk (the dashboards extra) needs Python 3.11: an older Python goes without it, and without
+# the tests that build dashboards.
+comma := ,
+EXTRAS := xla,auth,test$(if $(filter 3.10,$(PYTHON_VERSION)),,$(comma)dashboards)
+SDK_TESTS = $(shell $(PY) -c 'import grafana_foundation_sdk' 2>/dev/null || echo alert_rules dashboards end_to_end_prometheus)
+# The tests that train with torch_xla (most of the suite's time); `make test-fast` runs every other one.
+XLA_TESTS := attach_lifecycle attach_scenarios concurrent_scrapes end_to_end_prometheus launchers multirank \
+  run_command sites training_steps
 
-.PHONY: venv demo test fuzz dashboards prometheus bench clean
+.PHONY: venv demo test test-fast fuzz dashboards prometheus bench clean
 
 venv: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@test -n "$(PYTHON_EXE)" || { echo "make: $(PYTHON) not found (e.g. pyenv install 3.10)" >&2; exit 2; }
+	test -x $(PY) || { $(PYTHON_EXE) -m venv $(VENV) && echo '*' > $(VENV)/.gitignore; }
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[xla,auth,dashboards,test]'
+	$(PY) -m pip install --quiet -e '.[$(EXTRAS)]'
+	@# A wheel puts this file in site-packages (setup.py); an editable install does not.
+	cp neuron_exporter/training/autostart_path/neuron_exporter_autostart.pth \
+	  "$$($(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/"
 	touch $@
 
 prometheus:
@@ -25,7 +42,10 @@ demo: venv prometheus
 	$(PY) examples/demo.py
 
 test: venv prometheus
-	$(PY) -m pytest
+	$(PY) -m pytest $(patsubst %,--ignore=tests/test_%.py,$(SDK_TESTS))
+
+test-fast: venv prometheus
+	$(PY) -m pytest $(patsubst %,--ignore=tests/test_%.py,$(sort $(XLA_TESTS) $(SDK_TESTS)))
 
 fuzz: venv
 	NEURON_EXPORTER_FUZZ_CASES=20000 $(PY) -m pytest -q -k fuzz

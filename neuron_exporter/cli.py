@@ -7,7 +7,7 @@ import argparse
 import os
 import sys
 
-from . import __version__
+from . import __version__, assets_command
 from .node import run_command, serve_command
 from .reports import diagnose_command, report_commands
 
@@ -23,6 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     serve_command.register(commands)
     run_command.register(commands)
     diagnose_command.register(commands)
+    assets_command.register(commands)
     args = parser.parse_args(argv)
     try:
         code = args.run(args)

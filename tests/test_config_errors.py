@@ -75,7 +75,7 @@ def test_a_file_name_with_control_characters(tmp_path):
 @pytest.mark.parametrize("text, expected", [
     ("port: !!int 12x\n", ":1: port: cannot read the value: invalid literal for int() with base 10: '12x'"),
     ("port: !!timestamp 2020-13-45\n", ":1: port: cannot read the value: month must be in 1..12"),
-    ("port: " + "9" * 5000 + "\n", ":1: port: cannot read the value: Exceeds the limit (4300 digits)"),
+    ("port: " + "9" * 5000 + "\n", ":1: port: cannot read the value: Exceeds the limit (4300"),  # 3.10: no "digits"
     ("port: 0x" + "f" * 5000 + "\n", ":1: port: an integer of more than 80 digits is too large (a 64-bit integer "
                                     "is expected)"),
     ("warmup_steps: " + "9" * 20 + "\n", ':1: warmup_steps: 99999999999999999999 is too large'),

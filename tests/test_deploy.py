@@ -9,12 +9,16 @@ import re
 import shlex
 import shutil
 import subprocess
-import tomllib
 from pathlib import Path
 
 import pytest
 import yaml
 from conftest import ROOT
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
 
 from neuron_exporter import __version__
 from neuron_exporter.node import serve_command
@@ -25,7 +29,7 @@ DEPLOY = ROOT / "deploy"
 KUBERNETES = DEPLOY / "kubernetes"
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 COMMAND = next(iter(PYPROJECT["project"]["scripts"]))  # neuron-exporter
-IMAGE = f"ghcr.io/neuron-exporter/neuron-exporter:{PYPROJECT['project']['version']}"
+IMAGE = f"ghcr.io/neuron-exporter/neuron-exporter:{__version__}"  # the version pyproject.toml reads
 
 
 def serve_options(args: list[str], config_files: dict[str, Path] | None = None) -> Options:

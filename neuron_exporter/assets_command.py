@@ -1,0 +1,209 @@
+"""``neuron-exporter assets --output DIR``: the Grafana dashboards, the Prometheus rules and their runbook, and the
+deployment files (systemd unit, Kubernetes manifests, scrape config) that come with the package, written out as
+plain files or in the form a monitoring stack loads:
+
+- ``plain``: the files as the repository keeps them: ``dashboards/*.json``, ``prometheus/rules/*.yml``,
+  ``prometheus/runbook.md``, ``prometheus/prometheus.yml``, ``systemd/``, ``kubernetes/``, ``web-config.example.yml``;
+- ``prometheus-operator``: ``prometheus-rule.yaml``, one ``PrometheusRule`` (monitoring.coreos.com/v1) holding every
+  rule group;
+- ``grafana-configmaps``: ``grafana-dashboard-<name>.yaml``, one ``ConfigMap`` per dashboard labelled
+  ``grafana_dashboard: "1"``, which Grafana's dashboard sidecar (kube-prometheus-stack) loads;
+- ``mixin``: ``prometheus_alerts.yaml``, ``prometheus_rules.yaml`` and ``dashboards_out/*.json``, the layout of a
+  built monitoring mixin.
+
+``--config FILE`` builds the dashboards and rules anew from the mixin configuration in FILE (a YAML mapping of the
+keys of dashboards/config.py: selectors, labels, severities, thresholds); that needs the ``dashboards`` extra.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+from . import __version__
+
+PACKAGE = Path(__file__).resolve().parent
+FORMATS = ("plain", "prometheus-operator", "grafana-configmaps", "mixin")
+# What the package ships of deploy/ (pyproject.toml lists the same files as package data).
+DEPLOY_FILES = ("prometheus/prometheus.yml", "prometheus/rules/*.yml", "prometheus/runbook.md", "systemd/*",
+                "kubernetes/*/*.yaml", "web-config.example.yml")
+DASHBOARDS_DIR = "dashboards"
+RULES_DIR = "prometheus/rules"
+NAME = "neuron-exporter"
+EXIT_USAGE = 2
+EXTRA_MISSING = ("--config needs the dashboards extra: pip install 'neuron-exporter[dashboards]' "
+                 "(grafana-foundation-sdk, Python 3.11 or later)")
+
+
+class AssetsError(Exception):
+    """A mistake of the user's, told in one line; ``code`` is the exit code."""
+
+    def __init__(self, message: str, code: int = EXIT_USAGE):
+        super().__init__(message)
+        self.code = code
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "assets", help="write out the Grafana dashboards, Prometheus rules and deployment files",
+        description="Write the Grafana dashboards, the Prometheus rules and their runbook, the systemd unit and the "
+                    "Kubernetes manifests that come with neuron-exporter into DIR, as plain files or as Kubernetes "
+                    "objects for the Prometheus Operator and Grafana's dashboard sidecar.")
+    parser.add_argument("--output", "-o", metavar="DIR", required=True, type=Path,
+                        help="directory to write to (made if missing; files of the same name are replaced)")
+    parser.add_argument("--format", choices=FORMATS, default="plain",
+                        help="plain files (default); a PrometheusRule; ConfigMaps labelled grafana_dashboard=1; or "
+                             "the layout of a monitoring mixin (prometheus_alerts.yaml, prometheus_rules.yaml, "
+                             "dashboards_out/)")
+    parser.add_argument("--config", metavar="FILE", type=Path,
+                        help="rebuild the dashboards and rules with this mixin configuration (YAML: selector, "
+                             "aggregation_labels, severities, thresholds; see dashboards/config.py); needs the "
+                             "dashboards extra")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        files = render(args.format, args.config)
+        written = write(args.output, files)
+    except AssetsError as error:
+        print(f"neuron-exporter assets: {error}", file=sys.stderr)
+        return error.code
+    for path in written:
+        print(path)
+    return 0
+
+
+def source_dir(name: str) -> Path:
+    """``dashboards`` or ``deploy``: inside the installed package, or beside it in a source checkout."""
+    installed = PACKAGE / name
+    return installed if installed.is_dir() else PACKAGE.parent / name
+
+
+def shipped_files() -> dict[str, str]:
+    """Every file the package ships, by its path in the plain layout."""
+    dashboards, deploy = source_dir("dashboards"), source_dir("deploy")
+    paths = {f"{DASHBOARDS_DIR}/{path.name}": path for path in sorted(dashboards.glob("*.json"))}
+    for pattern in DEPLOY_FILES:
+        paths.update((path.relative_to(deploy).as_posix(), path) for path in sorted(deploy.glob(pattern)))
+    if not any(name.startswith(f"{DASHBOARDS_DIR}/") for name in paths) or not any(
+            name.startswith(f"{RULES_DIR}/") for name in paths):
+        raise AssetsError(f"the dashboards or rules are missing from {PACKAGE}: reinstall neuron-exporter", code=1)
+    return {name: path.read_text(encoding="utf-8") for name, path in paths.items()}
+
+
+def load_config(path: Path) -> Mapping:
+    """The mapping in a YAML file; what its keys may be is the generator's business."""
+    import yaml
+
+    try:
+        config = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as error:
+        raise AssetsError(f"{path}: cannot read the configuration: {error.strerror or error}") from None
+    except (UnicodeDecodeError, yaml.YAMLError) as error:
+        raise AssetsError(f"{path}: not a YAML file: {' '.join(str(error).split())}") from None
+    if config is None:
+        return {}
+    if not isinstance(config, dict):
+        raise AssetsError(f"{path}: expected a mapping of configuration keys to values, got {type(config).__name__}")
+    return config
+
+
+def generated_files(config: Mapping) -> dict[str, str]:
+    """The dashboards and rule files built with ``config``, by their paths in the plain layout."""
+    try:
+        from .dashboards import build
+    except ModuleNotFoundError as error:
+        if (error.name or "").partition(".")[0] != "grafana_foundation_sdk":
+            raise
+        raise AssetsError(EXTRA_MISSING) from None
+    with tempfile.TemporaryDirectory(prefix="neuron-exporter-assets-") as directory:
+        # output_dir/dashboards/*.json and output_dir/rules/*.yml
+        paths = [Path(path) for path in build.build(config, output_dir=directory)]
+        layout = {"dashboards": DASHBOARDS_DIR, "rules": RULES_DIR}
+        return {f"{layout[path.parent.name]}/{path.name}": path.read_text(encoding="utf-8") for path in paths}
+
+
+def render(format_: str, config_path: Path | None = None) -> dict[str, str]:
+    """The files of ``format_`` (one of FORMATS) by their paths relative to the output directory."""
+    files = shipped_files()
+    if config_path is not None:
+        config = load_config(config_path)
+        try:
+            generated = generated_files(config)
+        except ValueError as error:  # the generator's one-line errors about keys and values
+            raise AssetsError(f"{config_path}: {error}") from None
+        files = {name: text for name, text in files.items()
+                 if not name.startswith((f"{DASHBOARDS_DIR}/", f"{RULES_DIR}/"))}
+        files.update(generated)
+    if format_ == "plain":
+        return files
+    dashboards = {name.rpartition("/")[2]: text for name, text in files.items()
+                  if name.startswith(f"{DASHBOARDS_DIR}/") and name.endswith(".json")}
+    groups = [group for name, text in sorted(files.items()) if name.startswith(f"{RULES_DIR}/")
+              for group in _yaml_load(text).get("groups", [])]
+    if format_ == "prometheus-operator":
+        return {"prometheus-rule.yaml": prometheus_rule(groups)}
+    if format_ == "grafana-configmaps":
+        return {f"grafana-dashboard-{Path(name).stem}.yaml": dashboard_configmap(name, text)
+                for name, text in dashboards.items()}
+    if format_ == "mixin":
+        alerts = [g for g in groups if any("alert" in rule for rule in g.get("rules", []))]
+        recording = [g for g in groups if g not in alerts]
+        return {"prometheus_alerts.yaml": _yaml_dump({"groups": alerts}),
+                "prometheus_rules.yaml": _yaml_dump({"groups": recording}),
+                **{f"dashboards_out/{name}": text for name, text in dashboards.items()}}
+    raise AssetsError(f"unknown format {format_!r} (known: {', '.join(FORMATS)})")
+
+
+def prometheus_rule(groups: list) -> str:
+    return _yaml_dump({
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PrometheusRule",
+        "metadata": {"name": NAME, "labels": {"app.kubernetes.io/name": NAME}},
+        "spec": {"groups": groups},
+    })
+
+
+def dashboard_configmap(name: str, text: str) -> str:
+    return _yaml_dump({
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": f"{NAME}-dashboard-{Path(name).stem}",
+                     "labels": {"grafana_dashboard": "1", "app.kubernetes.io/name": NAME}},
+        "data": {name: text},
+    })
+
+
+def write(directory: Path, files: Mapping[str, str]) -> list[Path]:
+    written = []
+    for name, text in files.items():
+        path = directory / name
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text, encoding="utf-8")
+        except OSError as error:
+            raise AssetsError(f"cannot write {path}: {error.strerror or error}", code=1) from None
+        written.append(path)
+    return written
+
+
+def _yaml_load(text: str):
+    import yaml
+
+    return yaml.safe_load(text) or {}
+
+
+def _yaml_dump(content: dict) -> str:
+    import yaml
+
+    class Dumper(yaml.SafeDumper):
+        """Multi-line strings (rule expressions, dashboard JSON) as literal blocks."""
+
+    Dumper.add_representer(str, lambda dumper, data: dumper.represent_scalar(
+        "tag:yaml.org,2002:str", data, style="|" if "\n" in data else None))
+    header = f"# Written by `neuron-exporter assets` {__version__}; regenerate it rather than edit it.\n"
+    return header + yaml.dump(content, Dumper=Dumper, sort_keys=False, width=120, allow_unicode=True)

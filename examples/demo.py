@@ -2,7 +2,9 @@
 
 Starts Prometheus (Debian's `prometheus`) on a free loopback port with the alert and recording rules (their `for`
 durations shortened so the demo does not wait minutes), runs examples/train.py, waits until the CPU-fallback
-alert fires, and prints what fired and the URLs. `--keep` leaves everything running until Ctrl-C.
+alert fires, and prints what fired and the URLs. Run from a terminal, it then keeps Prometheus and the training
+run going, so the URLs keep working, until Ctrl-C; otherwise (CI, a pipe) it stops them and ends. `--keep` and
+`--no-keep` choose either way.
 """
 
 from __future__ import annotations
@@ -11,10 +13,12 @@ import argparse
 import dataclasses
 import json
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -50,11 +54,32 @@ def firing_alerts(prometheus: str) -> list[dict]:
     return [a for a in alerts if a["state"] == "firing"]
 
 
+def ui_prefix(prometheus: str) -> str:
+    """Where Prometheus' web pages are: "/classic" for Debian's build, which has only the classic pages (its
+    front page redirects there), "" for upstream builds."""
+
+    class Keep(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *args, **kwargs):
+            return None  # the redirect itself is the answer
+
+    try:
+        urllib.request.build_opener(Keep).open(f"{prometheus}/", timeout=5).close()
+    except urllib.error.HTTPError as error:
+        return "/classic" if error.headers.get("Location", "").startswith("/classic/") else ""
+    except OSError:
+        pass
+    return ""
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--keep", action="store_true", help="keep Prometheus and the exporter running until Ctrl-C")
+    parser.add_argument("--keep", action=argparse.BooleanOptionalAction, default=None,
+                        help="keep Prometheus and the training run going until Ctrl-C (default: when standard input "
+                             "is a terminal)")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for the alerts")
     args = parser.parse_args()
+    keep = sys.stdin.isatty() if args.keep is None else args.keep
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the children too (the finally below)
     if shutil.which("prometheus") is None:
         print("demo: the `prometheus` command is missing (make demo installs Debian's package)", file=sys.stderr)
         return 2
@@ -75,9 +100,11 @@ def main() -> int:
     prometheus = subprocess.Popen(
         ["prometheus", f"--config.file={work / 'prometheus.yml'}", f"--storage.tsdb.path={work / 'data'}",
          f"--web.listen-address=127.0.0.1:{prometheus_port}"],
-        stdout=subprocess.DEVNULL, stderr=open(work / "prometheus.log", "w"))
+        stdout=subprocess.DEVNULL, stderr=open(work / "prometheus.log", "w"), start_new_session=True)
+    # Sessions of their own: Ctrl-C reaches only this script, which stops them in order.
     training = subprocess.Popen(
-        [sys.executable, str(ROOT / "examples" / "train.py"), "--port", str(exporter_port), "--continue-for", "3600"])
+        [sys.executable, str(ROOT / "examples" / "train.py"), "--port", str(exporter_port),
+         "--continue-for", "inf" if keep else "3600"], start_new_session=True)
     try:
         print(f"demo: Prometheus at {prometheus_url} (log: {work / 'prometheus.log'})", flush=True)
         deadline = time.monotonic() + args.timeout
@@ -95,16 +122,26 @@ def main() -> int:
             print(f"  {alert['labels']['alertname']} {{{labels}}}\n      {alert['annotations'].get('summary', '')}")
         if not firing:
             print("  none yet (see the Prometheus log)")
-        print(f"\n  exporter metrics:  http://127.0.0.1:{exporter_port}/metrics\n"
-              f"  Prometheus alerts: {prometheus_url}/alerts\n"
-              f"  a query:           {prometheus_url}/graph?g0.expr="
+        print("\ndemo: Prometheus and the training run keep going until Ctrl-C:" if keep else
+              "\ndemo: these answer until the demo ends, which is now (from a terminal, or with --keep, "
+              "they stay until Ctrl-C):")
+        pages = prometheus_url + ui_prefix(prometheus_url)
+        print(f"  exporter metrics:  http://127.0.0.1:{exporter_port}/metrics\n"
+              f"  Prometheus alerts: {pages}/alerts\n"
+              f"  a query:           {pages}/graph?g0.expr="
               f"{urllib.parse.quote('topk(5, rate(xla_cpu_fallback_ops_total[1m]))')}\n"
               f"  dashboards:        import dashboards/*.json into Grafana (see dashboards/README.md)")
-        if args.keep:
-            print("\ndemo: running until Ctrl-C")
-            training.wait()
-        return 0 if firing else 1
+        sys.stdout.flush()
+        if not keep:
+            return 0 if firing else 1
+        while training.poll() is None and prometheus.poll() is None:
+            time.sleep(1)
+        ended = "the training run" if training.poll() is not None else "Prometheus"
+        print(f"demo: {ended} ended by itself, so the URLs above no longer answer (Prometheus log: "
+              f"{work / 'prometheus.log'})", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
+        print("\ndemo: stopped", flush=True)
         return 0
     finally:
         for process in (training, prometheus):

@@ -63,9 +63,10 @@ class ExporterHandle:
         self.auto = auto  # started by the import of torch_xla in a child process, not by a call in the script
         self.stats = SelfStats()
         self.reader = XlaReader()
-        self.tracker = StepTracker(options.warmup_steps, *self.reader.compile_counters())
         self.sites = SiteFinder()
         self.attribution = Attribution()
+        self.tracker = StepTracker(options.warmup_steps, *self.reader.compile_counters(),
+                                   on_marker=self.attribution.step_marker)
         self.collector = RankCollector(self.reader, self.tracker, self.stats, options.max_op_series,
                                        self.attribution, options.max_site_series)
         self._rank_registry = CollectorRegistry(auto_describe=False)
@@ -78,7 +79,7 @@ class ExporterHandle:
         self._optimizer_hook = OptimizerHook(self._on_optimizer_created, self._on_optimizer_step)
         self._host_reads = HostReadHook(self._on_host_read, self._on_upload, self.reader.compile_counters)
         self._counters_before = (0, 0)
-        self._fallbacks_seen = 0
+        self._graphs_after = self.reader.compile_counters()[0]
         self._server: MetricsServer | None = None
         self._stop = threading.Event()
         self._spool_thread: threading.Thread | None = None
@@ -93,28 +94,33 @@ class ExporterHandle:
         try:
             self._counters_before = self.reader.compile_counters()
         except Exception as error:  # noqa: BLE001 (never into the training loop)
+            self._counters_before = None  # this marker is not accounted; one failure is counted for it
             self.stats.record_error("step", error)
         self.stats.hook_seconds += time.perf_counter() - start
 
     def _on_sync(self) -> None:
         start = time.perf_counter()
+        if self._counters_before is None:
+            return
         try:
-            counts = self.tracker.on_sync(*self._counters_before, *self.reader.compile_counters(), start)
-            frame = sys._getframe(2)  # the step marker's caller (past the hook's wrapper)
-            self.attribution.step_marker(counts.cuts, counts.compiles_before, counts.compiles_at_marker,
-                                         lambda: (self.sites.site(frame), self.sites.frames(frame)),
-                                         self._fallback_ran, counts.in_warmup)
+            graphs, compiles = self.reader.compile_counters()
+            graphs_before, compiles_before = self._counters_before
+            extra = None
+            if compiles != compiles_before or graphs_before != self._graphs_after:  # rare: name what it needs now
+                frame = sys._getframe(2)  # the step marker's caller (past the hook's wrapper)
+                site = (self.sites.site(frame), self.sites.frames(frame)) if compiles != compiles_before else None
+                cut = graphs_before != self._graphs_after
+                extra = (site, self.reader.fallback_executions() if cut else None)
+            self._graphs_after = graphs
+            self.tracker.on_sync(graphs_before, compiles_before, graphs, compiles, start, extra)
         except Exception as error:  # noqa: BLE001 (never into the training loop)
             self.stats.record_error("step", error)
         self.stats.hook_seconds += time.perf_counter() - start
 
-    def _fallback_ran(self) -> bool:
-        seen, self._fallbacks_seen = self._fallbacks_seen, self.reader.fallback_executions()
-        return self._fallbacks_seen > seen
-
     def _on_host_read(self, cause: str, frame, graphs: int, compiles: int) -> None:
         start = time.perf_counter()
         try:
+            self.tracker.flush()  # the markers before this read are accounted before it
             location = self.sites.site(frame)
             frames = None if location in self.attribution.sites else self.sites.frames(frame)
             self.attribution.host_read(cause, location, frames, graphs, compiles, self.tracker.in_warmup)
@@ -123,10 +129,13 @@ class ExporterHandle:
         self.stats.hook_seconds += time.perf_counter() - start
 
     def _on_upload(self, frame, shapes: tuple) -> None:
+        start = time.perf_counter()
         try:
+            self.tracker.flush()  # a recompilation compares the uploads before it with those of earlier compiles
             self.attribution.upload(self.sites.site(frame), shapes)
         except Exception as error:  # noqa: BLE001
             self.stats.record_error("step", error)
+        self.stats.hook_seconds += time.perf_counter() - start
 
     def _on_optimizer_created(self) -> None:
         try:
@@ -254,10 +263,11 @@ class ExporterHandle:
             self._server = None
         self.stats = SelfStats()
         self.collector.stats = self.stats
-        self.tracker = StepTracker(self.options.warmup_steps, *self.reader.compile_counters())
-        self.collector.tracker = self.tracker
         self.attribution = Attribution()
         self.collector.attribution = self.attribution
+        self.tracker = StepTracker(self.options.warmup_steps, *self.reader.compile_counters(),
+                                   on_marker=self.attribution.step_marker)
+        self.collector.tracker = self.tracker
         self._process_start = psutil.Process().create_time()
         self.auto = True  # like a child started afresh: bind the port only once it trains, and quietly
         self._start_spool_thread()

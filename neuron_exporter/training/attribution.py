@@ -59,6 +59,7 @@ class Attribution:
         self._prior: list[str] = []  # sites of the graphs run since the last step marker
         self._attributed_cuts = 0  # graphs run by host reads since the last step marker
         self._attributed_compiles = 0
+        self._fallbacks_seen = 0  # CPU-fallback executions at the last marker that cut graphs
 
     def _site(self, location: str, frames=None) -> SiteRecord:
         record = self.sites.get(location)
@@ -93,22 +94,26 @@ class Attribution:
             if location in self._uploads or len(self._uploads) < MAX_UPLOAD_SITES:
                 self._uploads[location] = shapes
 
-    def step_marker(self, cuts: int, compiles_before: int, compiles_at_marker: int, location_of_marker,
-                    fallback_ran, in_warmup: bool) -> None:
+    def step_marker(self, cuts: int, compiles_before: int, compiles_at_marker: int, in_warmup: bool,
+                    extra: tuple | None) -> None:
         """A step marker that found ``cuts`` graphs and ``compiles_before`` compilations since the previous one and
-        ran ``compiles_at_marker`` itself. ``location_of_marker()`` and ``fallback_ran()`` are called only when
-        needed (they cost a frame walk and a counter read)."""
+        ran ``compiles_at_marker`` itself. ``extra`` is what the marker's hook saw: ((site, frames) of the marker if
+        it compiled, else None; CPU-fallback executions so far if graphs were cut, else None)."""
+        marker_site, fallbacks = extra or (None, None)
         with self._lock:
             unattributed = cuts - self._attributed_cuts
             if unattributed > 0:
-                cause = CPU_FALLBACK if fallback_ran() else UNATTRIBUTED
+                fallback_ran = fallbacks is not None and fallbacks > self._fallbacks_seen
+                cause = CPU_FALLBACK if fallback_ran else UNATTRIBUTED
                 record = self._site(UNKNOWN)
                 record.cuts[cause] = record.cuts.get(cause, 0) + unattributed
                 self._compile(UNKNOWN, max(0, compiles_before - self._attributed_compiles), in_warmup)
                 if len(self._prior) < MAX_PRIOR:
                     self._prior.append(UNKNOWN)
+            if fallbacks is not None:
+                self._fallbacks_seen = max(self._fallbacks_seen, fallbacks)
             if compiles_at_marker:
-                location, frames = location_of_marker()
+                location, frames = marker_site or (UNKNOWN, [])
                 self._site(location, frames)
                 self._compile(location, compiles_at_marker, in_warmup)
             self._prior = []

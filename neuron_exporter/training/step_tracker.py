@@ -9,12 +9,17 @@ from __future__ import annotations
 
 import bisect
 import threading
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 # Up to 30 minutes: the steps of large models on many devices take minutes.
 STEP_DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
                          120.0, 300.0, 600.0, 1800.0, float("inf"))
 GRAPHS_PER_STEP_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, float("inf"))
+FLUSH_EVERY = 64  # markers recorded before the training thread accounts them itself
+OPTIMIZER_CREATED = "optimizer created"
+OPTIMIZER_STEPPED = "optimizer stepped"
 
 
 @dataclass
@@ -56,14 +61,6 @@ class StepState:
     graphs_per_step: Histogram = field(default_factory=lambda: Histogram(GRAPHS_PER_STEP_BUCKETS))
 
 
-@dataclass(frozen=True)
-class MarkerCounts:
-    cuts: int  # graphs run since the previous marker, before this one
-    compiles_before: int  # compilations among them
-    compiles_at_marker: int
-    in_warmup: bool
-
-
 def _delta(now: int, before: int) -> int:
     # The counters only go down when someone calls met.clear_counters(); count from zero again then.
     return now - before if now >= before else now
@@ -81,28 +78,57 @@ class StepTracker:
     fallback) needed a value before the step ended. A step with a cut is fragmented.
     """
 
-    def __init__(self, warmup_steps: int, graphs_seen: int, compiles_seen: int):
-        """``graphs_seen``/``compiles_seen``: the counters at attach time, so earlier work is not a step."""
+    def __init__(self, warmup_steps: int, graphs_seen: int, compiles_seen: int,
+                 on_marker: Callable[..., None] | None = None):
+        """``graphs_seen``/``compiles_seen``: the counters at attach time, so earlier work is not a step.
+        ``on_marker(cuts, compiles_before, compiles_at_marker, in_warmup, extra)`` is told of every marker that ran
+        or found graphs (for attribution), in order, when the marker is accounted."""
         self.warmup_steps = warmup_steps
+        self.on_marker = on_marker
         self._graphs = graphs_seen
         self._compiles = compiles_seen
         self._state = StepState()
         self._lock = threading.Lock()
+        # Markers and optimizer events as they happen, accounted later in a batch: right after a step marker the
+        # CPU caches are cold (the graph just ran), and every line there costs the training thread several times
+        # what it costs a few markers later. Appending to a deque is atomic, so readers on other threads can flush.
+        self._pending: deque = deque()
         self._optimizer_stepped = False  # since the last step end
         self._steps_of_kind = 0  # steps since the step kind was last chosen: warm-up counts these
         self._step_graphs = 0
         self._step_cuts = 0
 
+    # -- the training thread: record only --------------------------------------------------------------------
     def on_optimizer_created(self) -> None:
         """A ``torch.optim`` optimizer was made: from now on, steps are training steps."""
-        with self._lock:
-            self._count_training_steps()
+        self._pending.append(OPTIMIZER_CREATED)
 
     def on_optimizer_step(self) -> None:
-        """An optimizer finished ``step()`` (any ``torch.optim`` optimizer, on the training thread)."""
+        """An optimizer finished ``step()`` (any ``torch.optim`` optimizer, on the thread that stepped it)."""
+        self._pending.append(OPTIMIZER_STEPPED)
+
+    def on_sync(self, graphs_before: int, compiles_before: int, graphs_total: int, compiles_total: int,
+                now: float, extra=None) -> None:
+        """One step marker, given CachedCompile+UncachedCompile and UncachedCompile before it and after it."""
+        pending = self._pending
+        pending.append((graphs_before, compiles_before, graphs_total, compiles_total, now, extra))
+        if len(pending) >= FLUSH_EVERY:
+            self.flush()
+
+    # -- accounting -------------------------------------------------------------------------------------------
+    def flush(self) -> None:
+        """Account every event recorded so far, in order."""
         with self._lock:
-            self._count_training_steps()
-            self._optimizer_stepped = True
+            pending = self._pending
+            while pending:
+                event = pending.popleft()
+                if event is OPTIMIZER_CREATED:
+                    self._count_training_steps()
+                elif event is OPTIMIZER_STEPPED:
+                    self._count_training_steps()
+                    self._optimizer_stepped = True
+                else:
+                    self._account_sync(*event)
 
     def _count_training_steps(self) -> None:
         if not self._state.optimizer_steps:
@@ -110,47 +136,47 @@ class StepTracker:
             self._steps_of_kind = 0  # warm-up counts training steps
             self._step_graphs = self._step_cuts = 0  # what ran before belongs to no training step
 
-    def on_sync(self, graphs_before: int, compiles_before: int, graphs_total: int, compiles_total: int,
-                now: float) -> MarkerCounts:
-        """Account one step marker, given CachedCompile+UncachedCompile and UncachedCompile before it and after it;
-        returns what ran since the previous marker and at this one."""
-        with self._lock:
-            state = self._state
-            state.syncs += 1
-            counts = MarkerCounts(_delta(graphs_before, self._graphs), _delta(compiles_before, self._compiles),
-                                  _delta(compiles_total, compiles_before), self.in_warmup)
-            cuts, at_marker = counts.cuts, _delta(graphs_total, graphs_before)
-            self._graphs, self._compiles = graphs_total, compiles_total
-            state.graph_cuts += cuts
-            state.markers += at_marker > 0
-            self._step_graphs += cuts + at_marker
-            self._step_cuts += cuts
-            ran_graphs = cuts + at_marker > 0
-            if not ran_graphs or (state.optimizer_steps and not self._optimizer_stepped):
-                return counts  # an empty sync, or a marker inside a training step (micro-batch, eval, closure)
-            state.steps += 1
-            self._steps_of_kind += 1
-            state.graphs_per_step.observe(self._step_graphs)
-            if self._step_cuts:
-                state.fragmented_steps += 1
-            if state.last_step_end is not None:
-                state.step_duration.observe(now - state.last_step_end)
-            state.last_step_end = now
-            self._step_graphs = self._step_cuts = 0
-            self._optimizer_stepped = False
-            return counts
+    def _account_sync(self, graphs_before: int, compiles_before: int, graphs_total: int, compiles_total: int,
+                      now: float, extra) -> None:
+        state = self._state
+        state.syncs += 1
+        cuts, at_marker = _delta(graphs_before, self._graphs), _delta(graphs_total, graphs_before)
+        compiled_before, compiled_at_marker = _delta(compiles_before, self._compiles), _delta(compiles_total,
+                                                                                             compiles_before)
+        self._graphs, self._compiles = graphs_total, compiles_total
+        if self.on_marker is not None and (cuts or compiled_before or compiled_at_marker or extra is not None):
+            self.on_marker(cuts, compiled_before, compiled_at_marker, self.in_warmup, extra)
+        state.graph_cuts += cuts
+        state.markers += at_marker > 0
+        self._step_graphs += cuts + at_marker
+        self._step_cuts += cuts
+        if cuts + at_marker == 0 or (state.optimizer_steps and not self._optimizer_stepped):
+            return  # an empty sync, or a marker inside a training step (micro-batch, eval, closure)
+        state.steps += 1
+        self._steps_of_kind += 1
+        state.graphs_per_step.observe(self._step_graphs)
+        if self._step_cuts:
+            state.fragmented_steps += 1
+        if state.last_step_end is not None:
+            state.step_duration.observe(now - state.last_step_end)
+        state.last_step_end = now
+        self._step_graphs = self._step_cuts = 0
+        self._optimizer_stepped = False
 
     @property
     def in_warmup(self) -> bool:
-        """Whether the current step is one of the first ``warmup_steps`` (of the current kind)."""
+        """Whether the current step is one of the first ``warmup_steps`` (of the current kind); call after
+        ``flush()`` for an answer up to date."""
         return self._steps_of_kind < self.warmup_steps
 
     @property
     def last_step_end(self) -> float | None:
-        """time.perf_counter() at the last step end (a plain read: no copy of the histograms)."""
+        """time.perf_counter() at the last step end (no copy of the histograms)."""
+        self.flush()
         return self._state.last_step_end
 
     def state(self) -> StepState:
+        self.flush()
         with self._lock:
             state = self._state
             return StepState(

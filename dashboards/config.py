@@ -43,12 +43,14 @@ class Config:
     # Base of every alert's runbook_url; the alert adds "#<alert name in lower case>".
     runbook_url: str = RUNBOOK_URL
 
-    # XlaCpuFallbackOp: an aten:: operator ran on the CPU at least once within the window, per run and operator.
+    # XlaCpuFallbackOp: an operator without an XLA lowering (aten::, torchvision::, a custom op) ran on the CPU at
+    # least once within the window, per run and operator.
     fallback_window: str = "10m"
     fallback_for: str = "1m"
     fallback_severity: str = "warning"
 
-    # XlaRecompilationStorm: compiler runs after warm-up per training step (0.1 = one step in ten recompiles).
+    # XlaRecompilationStorm: recompilations (compilations of a graph that compiled before; new graphs do not count)
+    # after warm-up per training step, on some rank (0.1 = one step in ten recompiles).
     recompilations_per_step: float = 0.1
     recompilation_for: str = "10m"
     recompilation_severity: str = "warning"

@@ -1,5 +1,6 @@
 """The "Fragmentation & recompiles" dashboard: one row per problem, each opening with what it means and what to
-do, then the evidence by run, rank and operator."""
+do, then where it happens (by site: the source line, and cause; or by operator), then the evidence by run and
+rank."""
 
 from __future__ import annotations
 
@@ -7,23 +8,31 @@ from grafana_foundation_sdk.builders.dashboard import Dashboard, Row
 from grafana_foundation_sdk.models import dashboard as model
 
 from .config import DEFAULTS, Config
-from .panels import RANK_LEGEND, Queries, dashboard_links, finish, graph, instant_table, note, variables
+from .panels import (RANK_LEGEND, Queries, dashboard_links, finish, graph, instant_table, merged_table, note,
+                     variables)
 
 UID = "neuron-exporter-fragmentation"
 
 OP_LEGEND = "{{op}}, " + RANK_LEGEND
+SITE_LEGEND = "{{location}} {{run_id}}"
+SITE_COLUMNS = {"run_id": "Run", "location": "Site"}
+CAUSE_SITE_COLUMNS = {"run_id": "Run", "cause": "Cause", "location": "Site"}
+SITES = ("A site is the source line that made the graph run: the innermost line outside torch, torch_xla and "
+         "the standard library (yours, or a library's such as transformers/...); unknown when there is no Python "
+         "line (a CPU fallback inside C++, the autograd thread), other when the exporter's label budget is full. "
+         "neuron-exporter diagnose URL (or the endpoint's /diagnosis page) lists each site's call stack.")
 
 FALLBACK_TEXT = """
-**What it means.** These operators have no XLA lowering (the `aten::` counters of `met.metrics_report()`), so
-PyTorch/XLA runs them on the host CPU. Every call executes the graph built so far, copies the operator's inputs
-to the host, runs it there and copies the result back: the step is cut into several graphs (fragmentation) and
-the device sits idle while the host works.
+**What it means.** These operators have no XLA lowering (the `aten::`, `torchvision::` or custom operator
+counters of `met.metrics_report()`), so PyTorch/XLA runs them on the host CPU. Every call executes the graph
+built so far, copies the operator's inputs to the host, runs it there and copies the result back: the step is
+cut into several graphs (fragmentation) and the device sits idle while the host works.
 
-**What to do.** Find the operator in the model code (the table names it and the rank). Rewrite it with supported
-operations, move it out of the training step (for example into data preparation on the CPU), or ask for a
-lowering of the operator. `neuron_parallel_compile --command analyze python train.py` lists unsupported
-operators before a long run. `.item()` (`aten::_local_scalar_dense`) is not counted here: it is a host read,
-shown in the next row.
+**What to do.** Find the operator in the model code (*Fallback operators* names it, how often it runs per step
+and on how many ranks; the table beside it names the ranks). Rewrite it with supported operations, move it out
+of the training step (for example into data preparation on the CPU), or ask for a lowering of the operator.
+`neuron_parallel_compile --command analyze python train.py` lists unsupported operators before a long run.
+`.item()` (`aten::_local_scalar_dense`) is not counted here: it is a host read, shown in the next row.
 """
 
 GRAPH_CUT_TEXT = """
@@ -35,9 +44,12 @@ watches; one cut every step (a check inside the forward pass) is enough to fire 
 step (gradient accumulation with a marker per micro-batch, a marker after backward and one after the optimizer)
 run several graphs without any cut: that is not fragmentation.
 
-**What to do.** Read values after `torch_xla.sync()` / `xm.mark_step()` instead of before it, log every N steps
-rather than every step, or pass the tensors to `xm.add_step_closure()` so they are read once the step's graph
-has run. Keep data-dependent Python branches out of the step (`torch.where` instead of `if t:`).
+**What to do.** Start with *Graph cuts by site*: the source line and cause of each cut (`item`, `bool` for an
+`if t:`, `print`, `cpu_fallback`, ...), its cuts per step and its ranks; `neuron-exporter diagnose URL` (or the
+endpoint's `/diagnosis` page) shows the call stack above each line. Read values after `torch_xla.sync()` /
+`xm.mark_step()` instead of before it, log every N steps rather than every step, or pass the tensors to
+`xm.add_step_closure()` so they are read once the step's graph has run. Keep data-dependent Python branches out
+of the step (`torch.where` instead of `if t:`).
 """
 
 RECOMPILE_TEXT = """
@@ -46,9 +58,14 @@ the compile cache. A compiler run after warm-up means the graph changed: usually
 or sequence length, a last partial batch) or a Python value baked into the graph (a scalar, a step counter, a
 loop bound). Compiling takes seconds to minutes on Neuron, so recompiling can dominate the step time.
 
-**What to do.** Pad inputs to a few fixed sizes (bucketing), drop or pad the last batch (`drop_last=True`), pass
-changing scalars as device tensors, and keep control flow independent of the data. Compile the graphs ahead of
-time with `neuron_parallel_compile` and keep the persistent compile cache between runs.
+A *new graph* (the first compilation of a code path: an eval loop, a logging step) is not a recompilation.
+
+**What to do.** *Recompilations by site* names the line that ran each recompiled graph (usually the step marker,
+or a host read that cut the graph); `neuron-exporter diagnose URL` (or the endpoint's `/diagnosis` page) names
+the upload whose shape changed, old -> new. Pad inputs to a few fixed sizes (bucketing), drop or pad the last
+batch (`drop_last=True`), pass changing scalars as device tensors, and keep control flow independent of the
+data. Compile the graphs ahead of time with `neuron_parallel_compile` and keep the persistent compile cache
+between runs.
 """
 
 
@@ -57,6 +74,13 @@ def fallback_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
     return (board.with_row(Row("CPU-fallback operators"))
             .with_panel(note("CPU-fallback operators: what they mean, what to do",
                              "How to read and fix the CPU-fallback operator panels of this row.", FALLBACK_TEXT))
+            .with_panel(merged_table(
+                "Fallback operators", "Each operator without an XLA lowering that ran in the selected time range, "
+                "per run: its calls per training step (summed over the run's selected ranks and divided by their "
+                "steps: 1 = once in every step of every rank) and how many ranks called it.",
+                "suffix:calls/step", {"run_id": "Run", "op": "Operator"},
+                (q.per_run_step("xla_cpu_fallback_ops_total", "op", matchers=op), "Calls per step", None),
+                (q.ranks_with("xla_cpu_fallback_ops_total", "op", matchers=op), "Ranks", "short")))
             .with_panel(instant_table(
                 "Fallback calls by rank and operator", "Calls of each operator without an XLA lowering in the "
                 "selected time range, per run, rank and operator.",
@@ -71,14 +95,30 @@ def fallback_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
             .with_panel(graph(
                 "Fallback calls per second", "Calls per second of each CPU-fallback operator, per rank.",
                 "suffix:calls/s",
-                (q.rate("xla_cpu_fallback_ops_total", by="run_id, rank, op", matchers=op), OP_LEGEND),
-                width=24)))
+                (q.rate("xla_cpu_fallback_ops_total", by="run_id, rank, op", matchers=op), OP_LEGEND))))
 
 
 def graph_cut_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
     return (board.with_row(Row("Graph cuts: .item(), print and host reads"))
             .with_panel(note("Graph cuts: what they mean, what to do",
-                             "How to read and fix the graph-cut panels of this row.", GRAPH_CUT_TEXT, height=9))
+                             "How to read and fix the graph-cut panels of this row.", GRAPH_CUT_TEXT, height=10))
+            .with_panel(merged_table(
+                "Graph cuts by site", "Where the graphs are cut, per run: each site and cause (the host read: item, "
+                "bool for an if on a tensor, print, ...; cpu_fallback; unattributed when neither was seen) with its "
+                "graph cuts per training step in the selected time range (summed over the run's selected ranks and "
+                "divided by their steps, so the sites add up to the run's cuts per step) and how many ranks cut "
+                "there. " + SITES,
+                "suffix:cuts/step", CAUSE_SITE_COLUMNS,
+                (q.per_run_step("xla_graph_cuts_total", "cause, location"), "Cuts per step", None),
+                (q.ranks_with("xla_graph_cuts_total", "cause, location"), "Ranks", "short")))
+            .with_panel(merged_table(
+                "Host reads by site", "Every read of device data by the host from Python, per run, site and cause, "
+                "whether or not it cut the graph (a read after the step marker does not): reads per training step "
+                "in the selected time range (over the run's selected ranks) and how many ranks read there. "
+                + SITES,
+                "suffix:reads/step", CAUSE_SITE_COLUMNS,
+                (q.per_run_step("xla_host_reads_total", "cause, location"), "Reads per step", None),
+                (q.ranks_with("xla_host_reads_total", "cause, location"), "Ranks", "short")))
             .with_panel(graph(
                 "Graph cuts per training step by rank", "Graphs run before the step marker (cut off by .item(), "
                 "print, an if on a tensor or a CPU fallback) per training step, per rank. The dashed line is the "
@@ -124,10 +164,27 @@ def graph_cut_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
 def recompile_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
     return (board.with_row(Row("Recompilations"))
             .with_panel(note("Recompilations: what they mean, what to do",
-                             "How to read and fix the recompilation panels of this row.", RECOMPILE_TEXT))
+                             "How to read and fix the recompilation panels of this row.", RECOMPILE_TEXT,
+                             height=9))
+            .with_panel(merged_table(
+                "Recompilations by site", "Compilations after warm-up of a graph that compiled before, per run and "
+                "site (the line that ran the graph: a step marker, or the host read that cut it): how many in the "
+                "selected time range, per training step (over the run's selected ranks) and on how many ranks. The "
+                "upload whose shape changed, old -> new: neuron-exporter diagnose URL or the endpoint's /diagnosis "
+                "page. " + SITES,
+                "short", SITE_COLUMNS,
+                (f"{q.increase('xla_recompilations_total', 'run_id, location')} > 0", "Recompilations in range",
+                 None),
+                (q.per_run_step("xla_recompilations_total", "location"), "Per step", "suffix:/step"),
+                (q.ranks_with("xla_recompilations_total", "location"), "Ranks", None)))
             .with_panel(graph(
-                "Recompilations per step", "Compiler runs after warm-up per training step, per rank. The dashed "
-                "line is the recompilation-storm alert threshold.",
+                "Recompilations per minute by site", "Recompilations per minute of the 10 busiest sites, per run "
+                "(summed over the selected ranks).",
+                "suffix:compiles/min",
+                (f"topk(10, 60 * {q.rate('xla_recompilations_total', by='run_id, location')})", SITE_LEGEND)))
+            .with_panel(graph(
+                "Recompilations per step", "Recompilations after warm-up (compilations of a graph that compiled "
+                "before) per training step, per rank. The dashed line is the recompilation-storm alert threshold.",
                 "suffix:compiles/step", (q.ratio("xla_recompilations_total", "xla_steps_total"), RANK_LEGEND),
                 width=8, threshold=c.recompilations_per_step))
             .with_panel(graph(
@@ -141,16 +198,29 @@ def recompile_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                 "per rank: what each recompilation costs.",
                 "s", (f"sum by (run_id, rank) (xla_compile_seconds_total{{{q.rank}}})"
                       f" / sum by (run_id, rank) (xla_compilations_total{{{q.rank}}})", RANK_LEGEND), width=8))
+            .with_panel(merged_table(
+                "New graphs by site", "First compilations of a graph, per run and site (a new code path: the first "
+                "steps, an eval loop, a logging step): per rank since the process started (the mean over the ranks "
+                "that compiled there), in the selected time range (all selected ranks) and on how many ranks. New "
+                "graphs are expected once each and are not recompilations: the recompilation alert does not count "
+                "them.",
+                "short", SITE_COLUMNS,
+                (f"avg by (run_id, location) (sum by (run_id, rank, location) (xla_new_graphs_total{{{q.rank}}}))",
+                 "Per rank", None),
+                (q.increase("xla_new_graphs_total", "run_id, location"), "In range", None),
+                (f"count by (run_id, location) (sum by (run_id, rank, location) (xla_new_graphs_total{{{q.rank}}}))",
+                 "Ranks", None)))
+            .with_panel(instant_table(
+                "Recompilations by rank", "Recompilations after warm-up (compilations of a graph that compiled "
+                "before) in the selected time range, per run and rank, summed over their sites.",
+                "short", q.increase("xla_recompilations_total", "run_id, rank"),
+                {"run_id": "Run", "rank": "Rank"}, "Recompilations in range"))
             .with_panel(graph(
-                "Compile cache", "Graphs served from the compile cache and graphs compiled, per second, per rank.",
+                "Compile cache", "Graphs served from the compile cache and graphs compiled (new graphs and "
+                "recompilations), per second, per rank.",
                 "suffix:graphs/s",
                 (q.rate("xla_graph_cache_hits_total"), "cache hits, " + RANK_LEGEND),
-                (q.rate("xla_compilations_total"), "compiled, " + RANK_LEGEND)))
-            .with_panel(instant_table(
-                "Recompilations by rank", "Compiler runs after warm-up in the selected time range, per run and "
-                "rank.",
-                "short", q.increase("xla_recompilations_total", "run_id, rank"),
-                {"run_id": "Run", "rank": "Rank"}, "Recompilations in range")))
+                (q.rate("xla_compilations_total"), "compiled, " + RANK_LEGEND), width=24)))
 
 
 def build(c: Config = DEFAULTS) -> model.Dashboard:

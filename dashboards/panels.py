@@ -49,6 +49,18 @@ class Queries:
     def increase(self, metric: str, by: str, window: str = "$__range", matchers: str | None = None) -> str:
         return f"sum by ({by}) (increase({metric}{{{matchers or self.rank}}}[{window}]))"
 
+    # Per site (or operator) of each run, over the time range: ``by`` is "cause, location", "location" or "op".
+    def per_run_step(self, metric: str, by: str, matchers: str | None = None) -> str:
+        """A site's events per training step of its run in the time range, where it had any: summed over the
+        selected ranks and divided by the run's training steps summed over the same ranks, so the sites of a run
+        add up to the run's own ratio."""
+        return (f"{self.increase(metric, f'run_id, {by}', matchers=matchers)} / on (run_id) group_left "
+                f"sum by (run_id) (increase(xla_steps_total{{{self.rank}}}[$__range]) > 0) > 0")
+
+    def ranks_with(self, metric: str, by: str, matchers: str | None = None) -> str:
+        """How many of the selected ranks of each run counted a site's events in the time range."""
+        return f"count by (run_id, {by}) ({self.increase(metric, f'run_id, rank, {by}', matchers=matchers)} > 0)"
+
 
 REF_IDS = "ABCDEFGHIJ"
 
@@ -118,6 +130,35 @@ def instant_table(title: str, description: str, unit: str, expr: str, columns: d
             .span(width).height(height).with_target(instant_table_query(expr))
             .with_transformation(keep).with_transformation(organize)
             .sort_by([table_sort(value_header)]))
+
+
+def merged_table(title: str, description: str, unit: str, columns: dict[str, str],
+                 *values: tuple[str, str, str | None], width: int = 12, height: int = 8,
+                 limit: int | None = None) -> table.Panel:
+    """A table of several instant queries joined on their labels, one row per label set: ``columns`` maps the
+    labels to show, in order, to their headers; ``values`` are (expr, header, unit) triples, one column each (unit
+    None: the panel's ``unit``). Sorted by the first value column, descending; ``limit`` keeps the first rows."""
+    names = {f"Value #{ref}": header for ref, (_, header, _) in zip(REF_IDS, values)}
+    order = [*columns, *names]
+    first = values[0][1]
+    panel = (table.Panel().title(title).description(description).unit(unit).datasource(DATASOURCE)
+             .span(width).height(height)
+             .with_transformation(model.DataTransformerConfig(id_val="merge", options={}))
+             .with_transformation(model.DataTransformerConfig(id_val="filterFieldsByName",
+                                                              options={"include": {"names": order}}))
+             .with_transformation(model.DataTransformerConfig(id_val="organize", options={
+                 "indexByName": {name: i for i, name in enumerate(order)},
+                 "renameByName": {**columns, **names}}))
+             .sort_by([table_sort(first)]))
+    if limit is not None:
+        panel = (panel.with_transformation(model.DataTransformerConfig(
+                     id_val="sortBy", options={"sort": [{"field": first, "desc": True}]}))
+                 .with_transformation(model.DataTransformerConfig(id_val="limit", options={"limitField": limit})))
+    for ref, (expr, header, column_unit) in zip(REF_IDS, values):
+        panel = panel.with_target(instant_table_query(expr, ref))
+        if column_unit is not None:
+            panel = panel.override_by_name(header, [model.DynamicConfigValue(id_val="unit", value=column_unit)])
+    return panel
 
 
 def table_sort(field: str) -> common.TableSortByFieldState:

@@ -1,12 +1,13 @@
 """Prometheus recording and alert rules for neuron-exporter, generated from the configuration in config.py.
 
 Recording rules hold the per-rank ratios (per ``aggregation_labels`` + instance, rank, local_rank, over a fixed
-5m window so their names stay stable). Training alerts are per run (``aggregation_labels``, by default
-cluster, namespace, job and run_id) and, where it applies, per operator or stage: a CPU-fallback operator on
-all 2,048 ranks of a job is one alert. Its value is the number of ranks affected, and its description names the
-worst rank (a template query); the per-rank detail is on the dashboards. Every alert carries a ``severity``
-label and the annotations ``summary``, ``description`` and ``runbook_url`` (the configured base URL and an
-anchor named after the alert).
+5m window so their names stay stable) and the per-run ratios by site (per ``aggregation_labels`` + location, and
+cause for graph cuts). Training alerts are per run (``aggregation_labels``, by default cluster, namespace, job
+and run_id) and, where it applies, per operator or stage: a CPU-fallback operator on all 2,048 ranks of a job is
+one alert. Its value is the number of ranks affected, and its description names the worst rank and, for graph
+cuts and recompilations, the top site (template queries); the per-rank and per-site detail is on the
+dashboards. Every alert carries a ``severity`` label and the annotations ``summary``, ``description`` and
+``runbook_url`` (the configured base URL and an anchor named after the alert).
 """
 
 from __future__ import annotations
@@ -29,10 +30,14 @@ HOST_READS_PER_STEP = f"rank:xla_device_to_host_transfers_per_step:ratio{WINDOW}
 COMPILE_TIME_SHARE = f"rank:xla_compile_time_share:ratio{WINDOW}"
 EXECUTE_TIME_SHARE = f"rank:xla_execute_time_share:ratio{WINDOW}"
 FALLBACK_RATE = f"rank_op:xla_cpu_fallback_ops:rate{WINDOW}"
+# Per run and site: a site's events per training step of the run (its rate summed over the run's ranks, over the
+# run's steps summed over its ranks), so the sites of a run add up to the run's own ratio.
+SITE_CUTS_PER_STEP = f"run_location:xla_graph_cuts_per_step:ratio{WINDOW}"
+SITE_RECOMPILATIONS_PER_STEP = f"run_location:xla_recompilations_per_step:ratio{WINDOW}"
 
 RECORDING_RULE_NAMES = (STEPS, GRAPHS_PER_STEP, CUTS_PER_STEP, MARKERS_PER_STEP, FRAGMENTED_STEPS,
                         RECOMPILATIONS_PER_STEP, HOST_READS_PER_STEP, COMPILE_TIME_SHARE, EXECUTE_TIME_SHARE,
-                        FALLBACK_RATE)
+                        FALLBACK_RATE, SITE_CUTS_PER_STEP, SITE_RECOMPILATIONS_PER_STEP)
 
 # The rank an alert's description names, from the first sample of a template query.
 RANK_OF_SAMPLE = 'rank {{ label "rank" . }} (local rank {{ label "local_rank" . }}) of {{ label "instance" . }}'
@@ -53,14 +58,25 @@ def select(c: Config, metric: str, *matchers: str) -> str:
 
 def recording_rules(c: Config = DEFAULTS) -> dict[str, str]:
     """{name: expression}; evaluated in this order, so later rules use earlier ones. Per-step ratios have no
-    value while a rank makes no training step (an evaluation phase, a stall): ``> 0`` on the step rate."""
+    value while a rank (or run) makes no training step (an evaluation phase, a stall): ``> 0`` on the step rate.
+
+    The per-rank ratios sum over the sites of the labelled counters: ``xla_recompilations_total{location}``
+    counts recompilations only (a graph that compiled before, after warm-up), never new graphs.
+    """
     rank = labels(*c.rank_labels)
+    run = labels(*c.run_labels)
 
     def rate(metric: str) -> str:
         return f"sum by ({rank}) (rate({select(c, metric)}[{WINDOW}]))"
 
     def per_step(metric: str) -> str:
         return f"{rate(metric)}\n/\n({STEPS} > 0)"
+
+    def per_run_step(metric: str, *site: str) -> str:
+        # Series without a location (an exporter from before sites) have no site to name.
+        sited = select(c, metric, 'location!=""')
+        return (f"sum by ({labels(*c.run_labels, *site)}) (rate({sited}[{WINDOW}]))\n"
+                f"/ on ({run}) group_left\nsum by ({run}) ({STEPS} > 0)")
 
     return {
         STEPS: rate("xla_steps_total"),
@@ -74,6 +90,8 @@ def recording_rules(c: Config = DEFAULTS) -> dict[str, str]:
         EXECUTE_TIME_SHARE: f"{rate('xla_execute_seconds_total')}\n/\n({rate('xla_step_duration_seconds_sum')} > 0)",
         FALLBACK_RATE: f"sum by ({labels(*c.rank_labels, 'op')}) (rate({select(c, 'xla_cpu_fallback_ops_total')}"
                        f"[{WINDOW}]))",
+        SITE_CUTS_PER_STEP: per_run_step("xla_graph_cuts_total", "cause", "location"),
+        SITE_RECOMPILATIONS_PER_STEP: per_run_step("xla_recompilations_total", "location"),
     }
 
 
@@ -116,6 +134,15 @@ def worst_recorded(c: Config, record: str, value_text: str) -> str:
                        with_selector=False)
 
 
+def top_site(c: Config, record: str, what: str) -> str:
+    """A sentence naming the site (source line, and cause where the record has one) with the highest value of a
+    per-run, per-site recording rule in the alert's run; nothing when the run has no site."""
+    cause = '{{ with label "cause" . }} ({{ . }}){{ end }}'
+    return rank_lookup(c, f"topk(1, {record}{{MATCH}})",
+                       ' Top site: {{ label "location" . }}' + cause + ', {{ value . | printf "%.2f" }} ' + what
+                       + " per training step over the run's ranks.", with_selector=False)
+
+
 def first_to_stop(c: Config, state: str) -> str:
     """The rank in ``state`` whose last report is the oldest, in the alert's run."""
     return rank_lookup(
@@ -147,6 +174,7 @@ def alert_rules(c: Config = DEFAULTS) -> list[dict]:
     in_run = f"in {run_name(c)}"
     affected = "Ranks affected: {{ $value }}"
     see_dashboard = " Every rank: the Fragmentation & recompiles dashboard."
+    see_sites = " Every rank and site: the Fragmentation & recompiles dashboard."
     hung = select(c, "neuron_exporter_rank_state", 'state="hung"')
     dead = select(c, "neuron_exporter_rank_state", 'state="dead"')
     hung_or_dead = select(c, "neuron_exporter_rank_state", 'state=~"hung|dead"')
@@ -173,19 +201,22 @@ def alert_rules(c: Config = DEFAULTS) -> list[dict]:
             c, "XlaRecompilationStorm", over(RECOMPILATIONS_PER_STEP, ">", c.recompilations_per_step),
             c.recompilation_for, c.recompilation_severity,
             "The graph keeps recompiling after warm-up " + in_run,
-            f"More than {c.recompilations_per_step:g} compiler runs per training step after warm-up " + in_run
+            f"More than {c.recompilations_per_step:g} recompilations per training step after warm-up " + in_run
             + ". " + affected + "; worst: "
-            + worst_recorded(c, RECOMPILATIONS_PER_STEP, '{{ value . | printf "%.2f" }} per step')
-            + ". Input shapes or graph structure keep changing." + see_dashboard,
+            + worst_recorded(c, RECOMPILATIONS_PER_STEP, '{{ value . | printf "%.2f" }} per step') + "."
+            + top_site(c, SITE_RECOMPILATIONS_PER_STEP, "recompilations")
+            + " Input shapes or Python values baked into the graph keep changing; neuron-exporter diagnose on a"
+              " rank's endpoint names the upload whose shape changed." + see_sites,
         ),
         alert(
             c, "XlaGraphFragmentation", over(CUTS_PER_STEP, ">=", c.graph_cuts_per_step),
             c.fragmentation_for, c.fragmentation_severity,
             "Training steps are cut into several graphs " + in_run,
             f"At least {c.graph_cuts_per_step:g} graph cuts per training step " + in_run + ". " + affected
-            + "; worst: " + worst_recorded(c, CUTS_PER_STEP, '{{ value . | printf "%.2f" }} cuts per step')
-            + ". Something needs a device value before the step ends: .item(), print, an if on a tensor, "
-              ".cpu() or a CPU-fallback operator." + see_dashboard,
+            + "; worst: " + worst_recorded(c, CUTS_PER_STEP, '{{ value . | printf "%.2f" }} cuts per step') + "."
+            + top_site(c, SITE_CUTS_PER_STEP, "cuts")
+            + " Something needs a device value before the step ends: .item(), print, an if on a tensor, "
+              ".cpu() or a CPU-fallback operator." + see_sites,
         ),
         alert(
             c, "XlaFrequentHostReads", over(HOST_READS_PER_STEP, ">", c.host_reads_per_step),

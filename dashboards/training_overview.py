@@ -1,5 +1,5 @@
-"""The "Training overview" dashboard: is each run stepping, how fast, where does the step time go, and is the
-exporter healthy."""
+"""The "Training overview" dashboard: is each run stepping, how fast, which lines cut or recompile its graphs,
+where does the step time go, and is the exporter healthy."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from grafana_foundation_sdk.models import dashboard as model
 
 from .config import DEFAULTS, Config
 from .panels import (BY_RUN, RANK_LEGEND, RUN_LEGEND, Queries, dashboard_links, finish, graph, instant_table,
-                     single_stat, variables)
+                     merged_table, single_stat, variables)
 
 UID = "neuron-exporter-training"
 
@@ -78,6 +78,28 @@ def runs_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                 width=6)))
 
 
+def where_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
+    return (board.with_row(Row("Where: top sites"))
+            .with_panel(merged_table(
+                "Top graph-cut sites", "The 5 sites (source lines) and causes with the most graph cuts per training "
+                "step in the selected time range, per run (summed over its selected ranks and divided by their "
+                "steps), and how many ranks cut there. Every site, host reads and CPU-fallback operators: the "
+                "Fragmentation & recompiles dashboard.",
+                "suffix:cuts/step", {"run_id": "Run", "cause": "Cause", "location": "Site"},
+                (q.per_run_step("xla_graph_cuts_total", "cause, location"), "Cuts per step", None),
+                (q.ranks_with("xla_graph_cuts_total", "cause, location"), "Ranks", "short"),
+                height=7, limit=5))
+            .with_panel(merged_table(
+                "Top recompilation sites", "The 5 sites (the lines that ran the recompiled graphs) with the most "
+                "recompilations after warm-up in the selected time range, per run, and how many ranks recompiled "
+                "there. Which upload changed shape: neuron-exporter diagnose URL.",
+                "short", {"run_id": "Run", "location": "Site"},
+                (f"{q.increase('xla_recompilations_total', 'run_id, location')} > 0", "Recompilations in range",
+                 None),
+                (q.ranks_with("xla_recompilations_total", "location"), "Ranks", None),
+                height=7, limit=5)))
+
+
 def throughput_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
     return (board.with_row(Row("Throughput and step time"))
             .with_panel(graph(
@@ -107,10 +129,12 @@ def compile_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                                        RANK_LEGEND),
                 width=8))
             .with_panel(graph(
-                "Compilations per minute", "Compiler runs per minute on each rank: all of them, and those after "
-                "warm-up (recompilations), which mean the graph keeps changing.",
+                "Compilations per minute", "Compiler runs per minute on each rank: all of them, the first "
+                "compilations of new graphs (a new code path: an eval loop, a logging step), and recompilations "
+                "after warm-up of graphs that compiled before, which mean the graph keeps changing.",
                 "suffix:compiles/min",
-                (f"60 * {q.rate('xla_recompilations_total')}", "after warm-up, " + RANK_LEGEND),
+                (f"60 * {q.rate('xla_recompilations_total')}", "recompilations, " + RANK_LEGEND),
+                (f"60 * {q.rate('xla_new_graphs_total')}", "new graphs, " + RANK_LEGEND),
                 (f"60 * {q.rate('xla_compilations_total')}", "all, " + RANK_LEGEND),
                 width=8)))
 
@@ -185,10 +209,11 @@ def build(c: Config = DEFAULTS) -> model.Dashboard:
     q = Queries(c)
     board = (Dashboard("neuron-exporter / Training overview").uid(UID)
              .description("PyTorch/XLA training seen through neuron-exporter, per run: throughput, step time, "
-                          "graph cuts, compile vs execute, host reads, CPU-fallback operators and exporter health.")
+                          "graph cuts and recompilations with their top sites, compile vs execute, host reads, "
+                          "CPU-fallback operators and exporter health.")
              .tags(["neuron-exporter", "pytorch-xla"]).time("now-1h", "now").refresh("30s")
              .tooltip(model.DashboardCursorSync.CROSSHAIR).links(dashboard_links()))
     board = variables(board, q)
-    for row in (summary_row, runs_row, throughput_row, compile_row, host_row, health_row):
+    for row in (summary_row, runs_row, where_row, throughput_row, compile_row, host_row, health_row):
         board = row(board, c, q)
     return finish(board)

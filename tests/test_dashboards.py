@@ -270,3 +270,91 @@ def test_threshold_lines_follow_the_alert_thresholds():
     overview = json.loads(build.dashboard_json("training-overview.json", changed))
     stat = next(p for p in overview["panels"] if p["title"] == "Graph cuts per step")
     assert stat["fieldConfig"]["defaults"]["thresholds"]["steps"][-1] == {"color": "red", "value": 2.5}
+
+
+def rows_of(board: dict) -> dict[str, list[dict]]:
+    """{row title: its panels}, in layout order."""
+    rows: dict[str, list[dict]] = {}
+    current = None
+    for panel in board["panels"]:
+        if panel["type"] == "row":
+            current = rows.setdefault(panel["title"], [])
+        elif current is not None:
+            current.append(panel)
+    return rows
+
+
+def site_table_columns(panel: dict) -> tuple[list[str], list[str]]:
+    """(label columns, value columns) of a merged site table, by their headers."""
+    transformations = {t["id"]: t["options"] for t in panel["transformations"]}
+    renamed = transformations["organize"]["renameByName"]
+    names = transformations["filterFieldsByName"]["include"]["names"]
+    return ([renamed[n] for n in names if not n.startswith("Value")],
+            [renamed[n] for n in names if n.startswith("Value")])
+
+
+WHERE_TABLES = {
+    # row: {table: (label columns, value columns)}
+    "CPU-fallback operators": {"Fallback operators": (["Run", "Operator"], ["Calls per step", "Ranks"])},
+    "Graph cuts: .item(), print and host reads": {
+        "Graph cuts by site": (["Run", "Cause", "Site"], ["Cuts per step", "Ranks"]),
+        "Host reads by site": (["Run", "Cause", "Site"], ["Reads per step", "Ranks"])},
+    "Recompilations": {
+        "Recompilations by site": (["Run", "Site"], ["Recompilations in range", "Per step", "Ranks"]),
+        "New graphs by site": (["Run", "Site"], ["Per rank", "In range", "Ranks"])},
+}
+
+
+def test_every_problem_row_says_where_it_happens():
+    """Each row of the fragmentation dashboard has a table of where its problem happens: by site (the source line,
+    and the cause of a cut or host read) or by operator, per run, with the number of ranks."""
+    rows = rows_of(load("fragmentation-recompiles.json"))
+    for row, tables in WHERE_TABLES.items():
+        panels = {panel["title"]: panel for panel in rows[row]}
+        for title, columns in tables.items():
+            panel = panels[title]
+            assert panel["type"] == "table" and panel["transformations"][0]["id"] == "merge", title
+            assert site_table_columns(panel) == columns, title
+            exprs = [target["expr"] for target in panel["targets"]]
+            assert all(target["instant"] and target["format"] == "table" for target in panel["targets"])
+            grouping = {"Site": "location", "Cause": "cause", "Operator": "op"}
+            by = ", ".join(["run_id"] + [grouping[c] for c in columns[0][1:]])
+            assert all(f"by ({by})" in expr for expr in exprs), (title, exprs)
+            assert exprs[-1].startswith(f"count by ({by}) (sum by ({by.replace('run_id', 'run_id, rank')})"), title
+            assert panel["options"]["sortBy"] == [{"displayName": columns[1][0], "desc": True}]
+    per_minute = {p["title"]: p for p in rows["Recompilations"]}["Recompilations per minute by site"]
+    assert "by (run_id, location)" in per_minute["targets"][0]["expr"]
+    assert per_minute["targets"][0]["legendFormat"] == "{{location}} {{run_id}}"
+
+
+def test_site_tables_count_cuts_and_recompilations_per_training_step_of_the_run():
+    panels = {p["title"]: p for p in data_panels(load("fragmentation-recompiles.json"))}
+    cuts = panels["Graph cuts by site"]["targets"][0]["expr"]
+    assert re.fullmatch(r"sum by \(run_id, cause, location\) \(increase\(xla_graph_cuts_total\{.*\}\[\$__range\]\)\)"
+                        r" / on \(run_id\) group_left sum by \(run_id\) \(increase\(xla_steps_total\{.*\}"
+                        r"\[\$__range\]\) > 0\) > 0", cuts)
+    recompilations = panels["Recompilations by site"]["targets"][0]["expr"]
+    assert recompilations.startswith("sum by (run_id, location) (increase(xla_recompilations_total{")
+    new_graphs = panels["New graphs by site"]["targets"]
+    assert all("xla_new_graphs_total{" in t["expr"] and "xla_recompilations_total" not in t["expr"]
+               for t in new_graphs)
+    # the rank counts and per-step columns keep their own units
+    for title, unit in (("Graph cuts by site", "suffix:cuts/step"), ("Recompilations by site", "short")):
+        panel = panels[title]
+        assert panel["fieldConfig"]["defaults"]["unit"] == unit
+        overrides = {o["matcher"]["options"]: o["properties"] for o in panel["fieldConfig"].get("overrides", [])}
+        assert all(props[0]["id"] == "unit" and props[0]["value"] for props in overrides.values())
+
+
+def test_training_overview_has_a_compact_where_row():
+    rows = rows_of(load("training-overview.json"))
+    assert list(rows)[:3] == ["Summary", "Runs", "Where: top sites"]
+    panels = {panel["title"]: panel for panel in rows["Where: top sites"]}
+    assert set(panels) == {"Top graph-cut sites", "Top recompilation sites"}
+    assert site_table_columns(panels["Top graph-cut sites"]) == (["Run", "Cause", "Site"], ["Cuts per step", "Ranks"])
+    assert site_table_columns(panels["Top recompilation sites"]) == (["Run", "Site"],
+                                                                     ["Recompilations in range", "Ranks"])
+    for panel in panels.values():
+        transformations = [t["id"] for t in panel["transformations"]]
+        assert transformations[-2:] == ["sortBy", "limit"] and panel["transformations"][-1]["options"] == {
+            "limitField": 5}

@@ -1,8 +1,10 @@
-"""A real Prometheus scrapes two real torch_xla training runs: one with a CPU-fallback operator and a shape change,
-and one shaped like a Hugging Face Trainer run (a graph cut in every step's forward pass, two step markers per
-training step, a logging .item() every 5 steps). Every dashboard query and every rule goes through Prometheus'
-HTTP API; the fallback alert fires once for the run naming the operator and the worst rank, and the
-fragmentation alert fires on the Trainer-shaped run."""
+"""A real Prometheus scrapes two real torch_xla training runs: one with a CPU-fallback operator and batch sizes that
+keep changing (a recompilation now and then), and one shaped like a Hugging Face Trainer run (a graph cut in every
+step's forward pass, two step markers per training step, a logging .item() every 5 steps). Every dashboard query
+and every rule goes through Prometheus' HTTP API; the fallback alert fires once for the run naming the operator
+and the worst rank, the fragmentation alert fires on both runs naming the top site (source line and cause), the
+recompilation alert (at a lower threshold) names the line that ran the recompiled graphs, and the dashboards'
+site tables name the lines of the training scripts."""
 
 from __future__ import annotations
 
@@ -31,17 +33,35 @@ TRAINER_JOB = "neuron-exporter-trainer"  # trainer_shaped.py
 RATE_INTERVAL = "10s"  # ten 1s scrapes: every rate() window of the dashboards holds several samples
 VARIABLES = {"$__rate_interval": RATE_INTERVAL, "$__range": "1h", "$cluster": ".*", "$namespace": ".*",
              "$job": JOB, "$run_id": ".*", "$instance": ".*", "$rank": ".*", "$op": ".*"}
+BOTH_JOBS = {"$job": f"{JOB}|{TRAINER_JOB}"}  # the panels are run over both runs: each shows a different problem
+# The fallback run recompiles two graphs every 150 steps (about 0.013 per step): below the default storm
+# threshold, above this one, so that the recompilation alert fires on real site-labelled series.
+RECOMPILATIONS_PER_STEP = 0.005
 # Which alerts fire on which run. The fallback run cuts its steps twice (lgamma forward, digamma backward) and
-# reads the device on the host for them. The Trainer-shaped run cuts once per step plus a logging read every 5
-# steps (1.2 cuts and host reads per training step); its two markers per step are not cuts.
-FIRING = {JOB: {"XlaCpuFallbackOp", "XlaGraphFragmentation", "XlaFrequentHostReads"},
+# reads the device on the host for them, and recompiles now and then. The Trainer-shaped run cuts once per step
+# plus a logging read every 5 steps (1.2 cuts and host reads per training step); its two markers per step are not
+# cuts, and its new graphs (the first logging step) are not recompilations.
+FIRING = {JOB: {"XlaCpuFallbackOp", "XlaGraphFragmentation", "XlaFrequentHostReads", "XlaRecompilationStorm"},
           TRAINER_JOB: {"XlaGraphFragmentation", "XlaFrequentHostReads"}}
 
 
 def short_for(config: Config) -> Config:
-    """The same rules with every `for` at 0s, so alerts fire at their first evaluation."""
-    return dataclasses.replace(config, **{f.name: "0s" for f in dataclasses.fields(config)
-                                          if f.name.endswith("_for")})
+    """The same rules with every `for` at 0s, so alerts fire at their first evaluation, and the recompilation
+    threshold under the fallback run's rate."""
+    return dataclasses.replace(config, recompilations_per_step=RECOMPILATIONS_PER_STEP,
+                               **{f.name: "0s" for f in dataclasses.fields(config) if f.name.endswith("_for")})
+
+
+def site(script: str, name: str) -> str:
+    """``script:line`` of the line of a test script marked ``# site: name``."""
+    lines = (SCRIPTS / script).read_text().splitlines()
+    (number,) = [n for n, line in enumerate(lines, start=1) if f"# site: {name}" in line]
+    return f"{script}:{number}"
+
+
+def is_site(location: str, expected: str) -> bool:
+    """A `location` label names ``expected`` (a path relative to the working directory or to sys.path)."""
+    return location == expected or location.endswith("/" + expected)
 
 
 def free_port() -> int:
@@ -181,10 +201,14 @@ def test_fallback_alert_fires_once_per_operator_naming_the_run_and_worst_rank(ru
     assert not firing(run, "XlaCpuFallbackOp", TRAINER_JOB)
 
 
+TOP_SITE = re.compile(r" Top site: (\S+?)(?: \((\w+)\))?, ([0-9.]+) (cuts|recompilations) per training step over the "
+                      r"run's ranks\. ")
+
+
 def test_fragmentation_fires_on_a_trainer_shaped_run(run):
     """One cut per training step (an `if` on a device tensor in the forward pass) and a logging .item() every 5
     steps: about 1.2 cuts per training step, at or above the 0.5 threshold. Its two step markers per training
-    step are not counted as cuts."""
+    step are not counted as cuts. The description names the `if` as the top site, with its cause."""
     (alert,) = wait_until(lambda: firing(run, "XlaGraphFragmentation", TRAINER_JOB), timeout=60, interval=0.5,
                           what="XlaGraphFragmentation to fire on the Trainer-shaped run")
     assert without_run_id(alert["labels"]) == {
@@ -194,6 +218,11 @@ def test_fragmentation_fires_on_a_trainer_shaped_run(run):
                       description)
     assert worst, description
     assert worst.group(1) == run.instances[TRAINER_JOB] and 1.0 <= float(worst.group(2)) <= 1.4, description
+    top = TOP_SITE.search(description)
+    assert top, description
+    location, cause, per_step, what = top.groups()
+    assert is_site(location, site("trainer_shaped.py", "check")) and cause == "bool", description
+    assert 0.9 <= float(per_step) <= 1.1 and what == "cuts", description
 
     def per_step(record: str) -> float:
         return run.scalar(f'{record}{{job="{TRAINER_JOB}"}}')
@@ -204,10 +233,45 @@ def test_fragmentation_fires_on_a_trainer_shaped_run(run):
     assert 0.9 <= per_step("rank:xla_fragmented_steps:ratio5m") <= 1.0
 
 
+def test_fragmentation_of_the_fallback_run_names_the_cpu_fallback(run):
+    """The fallback run's two cuts per step come from the operators that run on the CPU, inside C++: no Python
+    line, so the site is `unknown` with cause `cpu_fallback`."""
+    (alert,) = wait_until(lambda: firing(run, "XlaGraphFragmentation"), timeout=60, interval=0.5,
+                          what="XlaGraphFragmentation to fire on the fallback run")
+    description = alert["annotations"]["description"]
+    top = TOP_SITE.search(description)
+    assert top, description
+    location, cause, per_step, _ = top.groups()
+    assert (location, cause) == ("unknown", "cpu_fallback") and 1.8 <= float(per_step) <= 2.2, description
+
+
+def test_recompilation_alert_names_the_line_that_ran_the_recompiled_graphs(run):
+    """The recompilation alert sums xla_recompilations_total over its sites; its description names the top one:
+    the step marker of the fallback run, or `unknown` for the graph the CPU fallback cut (both recompile once per
+    new batch size). The Trainer-shaped run compiles new graphs (its first logging step) but never recompiles."""
+    (alert,) = wait_until(lambda: firing(run, "XlaRecompilationStorm"), timeout=90, interval=0.5,
+                          what="XlaRecompilationStorm to fire on the fallback run")
+    assert without_run_id(alert["labels"]) == {
+        "alertname": "XlaRecompilationStorm", "severity": "warning", "job": JOB}
+    description = alert["annotations"]["description"]
+    assert f"More than {RECOMPILATIONS_PER_STEP:g} recompilations per training step after warm-up" in description
+    top = TOP_SITE.search(description)
+    assert top, description
+    location, cause, per_step, what = top.groups()
+    assert what == "recompilations" and cause is None and 0 < float(per_step) < 0.05, description
+    recompiled = run.query(f'xla_recompilations_total{{job="{JOB}"}}')["data"]["result"]
+    locations = {series["metric"]["location"] for series in recompiled}
+    assert any(is_site(loc, site("fallback_and_shapes.py", "sync")) for loc in locations), locations
+    assert location in locations, (location, locations)
+    assert run.query(f'xla_recompilations_total{{job="{TRAINER_JOB}"}}')["data"]["result"] == []
+    assert run.scalar(f'sum(xla_new_graphs_total{{job="{TRAINER_JOB}"}})') >= 2
+    assert not firing(run, "XlaRecompilationStorm", TRAINER_JOB)
+
+
 def test_every_rule_evaluates_and_only_the_expected_alerts_fire(run):
-    wait_until(lambda: firing(run, "XlaCpuFallbackOp"), timeout=60, interval=0.5, what="XlaCpuFallbackOp to fire")
-    wait_until(lambda: firing(run, "XlaGraphFragmentation", TRAINER_JOB), timeout=60, interval=0.5,
-               what="XlaGraphFragmentation to fire on the Trainer-shaped run")
+    for job, names in FIRING.items():
+        for name in names:
+            wait_until(lambda: firing(run, name, job), timeout=90, interval=0.5, what=f"{name} to fire on {job}")
 
     def rule_groups():
         groups = run.get("/api/v1/rules")["data"]["groups"]
@@ -234,9 +298,10 @@ def test_every_rule_evaluates_and_only_the_expected_alerts_fire(run):
     assert all(count >= 1 for count in recorded.values()), f"recording rules without data: {recorded}"
 
 
-def substitute(expr: str) -> str:
-    for variable in sorted(VARIABLES, key=len, reverse=True):
-        expr = expr.replace(variable, VARIABLES[variable])
+def substitute(expr: str, **overrides: str) -> str:
+    values = {**VARIABLES, **overrides}
+    for variable in sorted(values, key=len, reverse=True):
+        expr = expr.replace(variable, values[variable])
     return expr
 
 
@@ -260,7 +325,7 @@ def test_every_dashboard_query_parses_and_every_panel_has_data(run, dashboard):
             continue
         counts = []
         for target in targets:
-            expr = substitute(target["expr"])
+            expr = substitute(target["expr"], **BOTH_JOBS)
             result = run.query(expr) if target.get("instant") else run.query_range(expr, run.start, end)
             assert result["status"] == "success", f"{panel['title']}: {expr}: {result.get('error')}"
             counts.append(finite_values(result))
@@ -294,8 +359,52 @@ def test_dashboard_variables_list_the_run(run):
 def test_the_metric_contract_is_what_the_exporter_serves(run):
     from test_dashboards import CONTRACT_METRICS, PROMETHEUS_OWN
 
-    result = run.query(f'count by (__name__) ({{job="{JOB}"}})')["data"]["result"]
+    # the two runs between them serve every name (only the Trainer-shaped one reads the host from Python)
+    result = run.query(f'count by (__name__) ({{job=~"{JOB}|{TRAINER_JOB}"}})')["data"]["result"]
     scraped = {series["metric"]["__name__"] for series in result}
     not_exported = {name for name in scraped if name.startswith(("scrape_", "ALERTS"))} | PROMETHEUS_OWN | set(
         rules.RECORDING_RULES)
     assert scraped - not_exported == CONTRACT_METRICS - PROMETHEUS_OWN
+
+
+def table_rows(run: Prometheus, dashboard: str, title: str, job: str) -> list[dict]:
+    """The rows of a site table as Grafana merges them: {label: value} plus each query's value by refId."""
+    board = json.loads((build.DASHBOARDS_DIR / dashboard).read_text())
+    (panel,) = [p for p in board["panels"] if p["title"] == title]
+    rows: dict[tuple, dict] = {}
+    for target in panel["targets"]:
+        result = run.query(substitute(target["expr"], **{"$job": job}))
+        assert result["status"] == "success", (title, result.get("error"))
+        for series in result["data"]["result"]:
+            key = tuple(sorted(series["metric"].items()))
+            rows.setdefault(key, dict(series["metric"]))[target["refId"]] = float(series["value"][1])
+    return list(rows.values())
+
+
+def test_site_tables_name_the_lines_of_the_training_scripts(run):
+    """The "where" tables of the dashboards, run as Grafana runs them: the Trainer-shaped run's cuts and host reads
+    are at its `if` (bool, once per step) and its logging .item() (every 5th step), each on its one rank; the
+    fallback run recompiles at its step marker, and its operators run on the CPU once per step."""
+    wait_until(lambda: firing(run, "XlaRecompilationStorm"), timeout=90, interval=0.5,
+               what="a recompilation in the scraped range")
+    check, logging = site("trainer_shaped.py", "check"), site("trainer_shaped.py", "logging")
+    for title, dashboard in (("Graph cuts by site", "fragmentation-recompiles.json"),
+                             ("Host reads by site", "fragmentation-recompiles.json"),
+                             ("Top graph-cut sites", "training-overview.json")):
+        rows = table_rows(run, dashboard, title, TRAINER_JOB)
+        by_site = {(row["cause"], check if is_site(row["location"], check) else
+                    logging if is_site(row["location"], logging) else row["location"]): row for row in rows}
+        assert set(by_site) == {("bool", check), ("item", logging)}, (title, rows)
+        assert 0.9 <= by_site["bool", check]["A"] <= 1.1 and 0.1 <= by_site["item", logging]["A"] <= 0.3, rows
+        assert all(row["B"] == 1 for row in rows), rows  # one rank
+    for title, dashboard in (("Recompilations by site", "fragmentation-recompiles.json"),
+                             ("Top recompilation sites", "training-overview.json")):
+        rows = table_rows(run, dashboard, title, JOB)
+        assert any(is_site(row["location"], site("fallback_and_shapes.py", "sync")) and row["A"] >= 1
+                   for row in rows), (title, rows)
+    assert table_rows(run, "fragmentation-recompiles.json", "Recompilations by site", TRAINER_JOB) == []
+    new_graphs = table_rows(run, "fragmentation-recompiles.json", "New graphs by site", TRAINER_JOB)
+    assert any(is_site(row["location"], logging) for row in new_graphs), new_graphs
+    operators = {row["op"]: row for row in table_rows(run, "fragmentation-recompiles.json", "Fallback operators", JOB)}
+    assert set(operators) == {"aten::lgamma", "aten::digamma"}, operators
+    assert all(0.9 <= row["A"] <= 1.1 and row["B"] == 1 for row in operators.values()), operators

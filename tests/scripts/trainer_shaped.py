@@ -13,8 +13,8 @@ most MAX_STEPS steps). Each training step, as the Trainer runs it on XLA:
 - every LOG_EVERY steps, a logging `.item()` of the mean of the accumulated loss: one more cut.
 
 So about 1.2 cuts, 2 markers and 3.2 graphs per training step, and no CPU fallback. The warm-up covers the
-first logging step, whose graphs are new. Each step waits PACE seconds so that the run does not starve the
-Prometheus server on a small machine.
+first logging step, whose graphs are new. The lines the test looks for carry a ``# site:`` comment. Each step
+waits PACE seconds so that the run does not starve the Prometheus server on a small machine.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ class Model(torch.nn.Module):
 
     def forward(self, x):
         h = torch.relu(self.hidden(x))
-        if not torch.isfinite(h).all():  # a check on a device tensor: cuts the graph every step
+        if not torch.isfinite(h).all():  # site: check (a device tensor as a bool: cuts the graph every step)
             raise FloatingPointError("non-finite activations")
         return self.out(h)
 
@@ -73,7 +73,7 @@ for step in range(MAX_STEPS):
     optimizer.zero_grad()
     torch_xla.sync()  # after the optimizer step
     if (step + 1) % LOG_EVERY == 0:
-        logged.append((tr_loss / LOG_EVERY).item())  # the logging host read
+        logged.append((tr_loss / LOG_EVERY).item())  # site: logging (the logging host read)
         tr_loss.zero_()
     time.sleep(PACE)
 

@@ -65,8 +65,7 @@ class ExporterHandle:
         self.reader = XlaReader()
         self.sites = SiteFinder()
         self.attribution = Attribution()
-        self.tracker = StepTracker(options.warmup_steps, *self.reader.compile_counters(),
-                                   on_marker=self.attribution.step_marker)
+        self.tracker = StepTracker(options.warmup_steps, *self.reader.compile_counters(), self.attribution)
         self.collector = RankCollector(self.reader, self.tracker, self.stats, options.max_op_series,
                                        self.attribution, options.max_site_series)
         self._rank_registry = CollectorRegistry(auto_describe=False)
@@ -120,10 +119,9 @@ class ExporterHandle:
     def _on_host_read(self, cause: str, frame, graphs: int, compiles: int) -> None:
         start = time.perf_counter()
         try:
-            self.tracker.flush()  # the markers before this read are accounted before it
             location = self.sites.site(frame)
             frames = None if location in self.attribution.sites else self.sites.frames(frame)
-            self.attribution.host_read(cause, location, frames, graphs, compiles, self.tracker.in_warmup)
+            self.tracker.on_host_read(cause, location, frames, graphs, compiles)
         except Exception as error:  # noqa: BLE001
             self.stats.record_error("step", error)
         self.stats.hook_seconds += time.perf_counter() - start
@@ -131,8 +129,7 @@ class ExporterHandle:
     def _on_upload(self, frame, shapes: tuple) -> None:
         start = time.perf_counter()
         try:
-            self.tracker.flush()  # a recompilation compares the uploads before it with those of earlier compiles
-            self.attribution.upload(self.sites.site(frame), shapes)
+            self.tracker.on_upload(self.sites.site(frame), shapes)
         except Exception as error:  # noqa: BLE001
             self.stats.record_error("step", error)
         self.stats.hook_seconds += time.perf_counter() - start
@@ -265,8 +262,7 @@ class ExporterHandle:
         self.collector.stats = self.stats
         self.attribution = Attribution()
         self.collector.attribution = self.attribution
-        self.tracker = StepTracker(self.options.warmup_steps, *self.reader.compile_counters(),
-                                   on_marker=self.attribution.step_marker)
+        self.tracker = StepTracker(self.options.warmup_steps, *self.reader.compile_counters(), self.attribution)
         self.collector.tracker = self.tracker
         self._process_start = psutil.Process().create_time()
         self.auto = True  # like a child started afresh: bind the port only once it trains, and quietly

@@ -10,7 +10,6 @@ from __future__ import annotations
 import bisect
 import threading
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 # Up to 30 minutes: the steps of large models on many devices take minutes.
@@ -18,8 +17,10 @@ STEP_DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5
                          120.0, 300.0, 600.0, 1800.0, float("inf"))
 GRAPHS_PER_STEP_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, float("inf"))
 FLUSH_EVERY = 64  # markers recorded before the training thread accounts them itself
+# Events, kept in the order they happened until they are accounted
 OPTIMIZER_CREATED = "optimizer created"
 OPTIMIZER_STEPPED = "optimizer stepped"
+SYNC, READ, UPLOAD = "sync", "read", "upload"  # the first item of an event tuple
 
 
 @dataclass
@@ -78,20 +79,19 @@ class StepTracker:
     fallback) needed a value before the step ended. A step with a cut is fragmented.
     """
 
-    def __init__(self, warmup_steps: int, graphs_seen: int, compiles_seen: int,
-                 on_marker: Callable[..., None] | None = None):
+    def __init__(self, warmup_steps: int, graphs_seen: int, compiles_seen: int, attribution=None):
         """``graphs_seen``/``compiles_seen``: the counters at attach time, so earlier work is not a step.
-        ``on_marker(cuts, compiles_before, compiles_at_marker, in_warmup, extra)`` is told of every marker that ran
-        or found graphs (for attribution), in order, when the marker is accounted."""
+        ``attribution`` (an ``Attribution``) is told of markers, host reads and uploads in the order they happened,
+        as they are accounted."""
         self.warmup_steps = warmup_steps
-        self.on_marker = on_marker
+        self.attribution = attribution
         self._graphs = graphs_seen
         self._compiles = compiles_seen
         self._state = StepState()
         self._lock = threading.Lock()
-        # Markers and optimizer events as they happen, accounted later in a batch: right after a step marker the
-        # CPU caches are cold (the graph just ran), and every line there costs the training thread several times
-        # what it costs a few markers later. Appending to a deque is atomic, so readers on other threads can flush.
+        # Markers, optimizer events, host reads and uploads as they happen, accounted later in a batch: right after a
+        # graph ran the CPU caches are cold, and every line there costs the training thread several times what it
+        # costs a few events later. Appending to a deque is atomic, so readers on other threads can flush.
         self._pending: deque = deque()
         self._optimizer_stepped = False  # since the last step end
         self._steps_of_kind = 0  # steps since the step kind was last chosen: warm-up counts these
@@ -110,8 +110,18 @@ class StepTracker:
     def on_sync(self, graphs_before: int, compiles_before: int, graphs_total: int, compiles_total: int,
                 now: float, extra=None) -> None:
         """One step marker, given CachedCompile+UncachedCompile and UncachedCompile before it and after it."""
+        self._record((SYNC, graphs_before, compiles_before, graphs_total, compiles_total, now, extra))
+
+    def on_host_read(self, cause: str, location: str, frames, graphs: int, compiles: int) -> None:
+        """A host read of device data that ran ``graphs`` graphs and ``compiles`` compilations (for attribution)."""
+        self._record((READ, cause, location, frames, graphs, compiles))
+
+    def on_upload(self, location: str, shapes: tuple) -> None:
+        self._record((UPLOAD, location, shapes))
+
+    def _record(self, event) -> None:
         pending = self._pending
-        pending.append((graphs_before, compiles_before, graphs_total, compiles_total, now, extra))
+        pending.append(event)
         if len(pending) >= FLUSH_EVERY:
             self.flush()
 
@@ -127,8 +137,13 @@ class StepTracker:
                 elif event is OPTIMIZER_STEPPED:
                     self._count_training_steps()
                     self._optimizer_stepped = True
-                else:
-                    self._account_sync(*event)
+                elif event[0] is SYNC:
+                    self._account_sync(*event[1:])
+                elif self.attribution is not None:
+                    if event[0] is READ:
+                        self.attribution.host_read(*event[1:], self.in_warmup)
+                    else:
+                        self.attribution.upload(*event[1:])
 
     def _count_training_steps(self) -> None:
         if not self._state.optimizer_steps:
@@ -144,8 +159,8 @@ class StepTracker:
         compiled_before, compiled_at_marker = _delta(compiles_before, self._compiles), _delta(compiles_total,
                                                                                              compiles_before)
         self._graphs, self._compiles = graphs_total, compiles_total
-        if self.on_marker is not None and (cuts or compiled_before or compiled_at_marker or extra is not None):
-            self.on_marker(cuts, compiled_before, compiled_at_marker, self.in_warmup, extra)
+        if self.attribution is not None and (cuts or compiled_before or compiled_at_marker or extra is not None):
+            self.attribution.step_marker(cuts, compiled_before, compiled_at_marker, self.in_warmup, extra)
         state.graph_cuts += cuts
         state.markers += at_marker > 0
         self._step_graphs += cuts + at_marker

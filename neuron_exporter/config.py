@@ -92,6 +92,9 @@ class Options:
         100, "At most this many `op` label values per operator family; the rest are counted as `op=\"other\"`.")
     max_site_series: int = _option(
         50, "At most this many `location` label values per family; the rest are counted as `location=\"other\"`.")
+    run_id: str | None = _option(
+        None, "The run's identity, the `run_id` label of every series (default: torchrun's or Slurm's job id, else "
+              "the launching process); every process of a run must have the same.")
     web_config_file: str | None = _option(
         None, "Web config file for TLS and basic auth (format of Prometheus exporters' `--web.config.file`).")
     node_view: bool = _option(
@@ -154,6 +157,7 @@ _CHECKS: dict[str, Callable] = {
     "warmup_steps": _check_not_negative,
     "max_op_series": _check_positive,
     "max_site_series": _check_positive,
+    "run_id": _check_no_nul,
     "web_config_file": _check_no_nul,
     "log_level": _check_log_level,
 }

@@ -13,6 +13,20 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 ROOT = Path(__file__).resolve().parent.parent
+# The run of this process and of the simulated ranks it starts (training scripts get their own: see xla_env).
+RUN = "test-run"
+os.environ["NEURON_EXPORTER_RUN_ID"] = RUN
+
+
+def rank_file(directory, rank: str, run: str = RUN, suffix: str = ".prom") -> Path:
+    return Path(directory) / f"rank-{rank}.{run}{suffix}"
+
+
+def only_rank_file(directory, rank: str) -> Path:
+    """The one rank file of ``rank`` in ``directory``, whatever its run (a training script's own)."""
+    found = sorted(Path(directory).glob(f"rank-{rank}.*.prom"))
+    assert len(found) == 1, found
+    return found[0]
 
 
 def wait_until(predicate, timeout: float = 60.0, interval: float = 0.05, what: str = "condition"):

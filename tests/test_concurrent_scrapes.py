@@ -7,7 +7,7 @@ import json
 import sys
 import threading
 
-from conftest import SCRIPTS, run_python, samples, value
+from conftest import SCRIPTS, only_rank_file, run_python, samples, value
 
 from neuron_exporter.node.spool import read_rank_file
 from neuron_exporter.snapshot import Snapshot
@@ -31,7 +31,7 @@ def test_exported_counters_equal_torch_xla_under_concurrent_scrapes(tmp_path):
         if name.startswith(("aten::", "xla::")):
             continue  # exported as op families, checked below
         assert exported.get(name) == count, name
-    spooled = read_rank_file(tmp_path / "rank-0.prom")
+    spooled = read_rank_file(only_rank_file(tmp_path, "0"))
     assert spooled.meta.finished
     final = spooled.exposition.decode()
     for name in ("CreateXlaTensor", "MarkStep", "UncachedCompile"):

@@ -7,7 +7,7 @@ import os
 import platform
 import subprocess
 
-from conftest import scrape
+from conftest import RUN, scrape
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from test_daemon import Daemon
@@ -26,7 +26,7 @@ PROCESS_FAMILIES = {"process_cpu_seconds", "process_resident_memory_bytes", "pro
 def rank_exposition(rank: str) -> bytes:
     """What a rank writes, in short: its steps, its process, and its build_info."""
     registry = CollectorRegistry()
-    labels = {"rank": rank, "local_rank": rank}
+    labels = {"run_id": RUN, "rank": rank, "local_rank": rank}
     Counter("xla_steps", "Steps ended", list(labels), registry=registry).labels(**labels).inc(5)
     Gauge("xla_process_resident_memory_bytes", "Resident memory", list(labels), registry=registry).labels(
         **labels).set(1e9)
@@ -54,7 +54,7 @@ def test_serve_shows_its_version_and_process_beside_the_ranks(tmp_path):
     info = {frozenset(sample.labels.items()): sample.value for sample in found["neuron_exporter_build_info"].samples}
     daemon_info = frozenset({"version": __version__, "python_version": platform.python_version()}.items())
     assert info == {daemon_info: 1.0,
-                    **{frozenset({"rank": r, "local_rank": r, **RANK_INFO}.items()): 1.0 for r in "01"}}
+                    **{frozenset({"run_id": RUN, "rank": r, "local_rank": r, **RANK_INFO}.items()): 1.0 for r in "01"}}
     # each family once: one HELP and one TYPE line, all its samples together
     for header in ("# HELP ", "# TYPE "):
         names = [line.split()[2] for line in text.splitlines() if line.startswith(header)]

@@ -33,8 +33,11 @@ CONTRACT_COUNTERS_AND_GAUGES = {
     "neuron_exporter_rank_up", "neuron_exporter_rank_state", "neuron_exporter_rank_last_report_timestamp_seconds",
     "neuron_exporter_ranks", "neuron_exporter_host_cpu_seconds_total", "neuron_exporter_host_memory_total_bytes",
     "neuron_exporter_host_memory_available_bytes", "neuron_exporter_spool_rejected_files",
-    "neuron_exporter_spool_directory_ok", "xla_graph_cuts_total", "xla_step_markers_total", "xla_new_graphs_total",
+    "neuron_exporter_spool_directory_ok", "neuron_exporter_rank_info", "xla_graph_cuts_total", "xla_step_markers_total",
+    "xla_new_graphs_total",
     "xla_host_reads_total",
+    "torch_compile_compilations_total", "torch_compile_recompilations_total", "torch_compile_graph_breaks_total",
+    "torch_compile_recompile_limit_hits_total", "torch_compile_compile_seconds_total",
 }
 CONTRACT_HISTOGRAMS = {"xla_step_duration_seconds", "xla_graphs_per_step"}
 PROMETHEUS_OWN = {"up"}

@@ -107,7 +107,7 @@ def test_daemonset_shares_the_host_spool_directory_with_training_pods():
     host_path = next(v["hostPath"]["path"] for v in spec["volumes"] if v["name"] == volume_name)
     (training,) = [p for p in objects("Pod") if p["metadata"]["name"] == "training-example"]
     train = training["spec"]["containers"][0]
-    env = {e["name"]: e["value"] for e in train["env"]}
+    env = {e["name"]: e.get("value", e.get("valueFrom")) for e in train["env"]}
     train_volume = next(m["name"] for m in train["volumeMounts"] if m["mountPath"] == env["NEURON_EXPORTER_SPOOL_DIR"])
     assert next(v["hostPath"]["path"] for v in training["spec"]["volumes"] if v["name"] == train_volume) == host_path
     assert any(t["key"] == "aws.amazon.com/neuron" for t in spec["tolerations"])
@@ -147,13 +147,16 @@ def test_sidecar_shares_an_in_memory_volume_and_the_podmonitor_selects_the_pod()
     volume = mount_of(options.spool_dir, sidecar)["name"]
     assert next(v for v in spec["volumes"] if v["name"] == volume)["emptyDir"]["medium"] == "Memory"
     (train,) = spec["containers"]
-    env = {e["name"]: e["value"] for e in train["env"]}
+    env = {e["name"]: e.get("value", e.get("valueFrom")) for e in train["env"]}
     assert env["NEURON_EXPORTER_SPOOL_DIR"] == options.spool_dir
     assert mount_of(options.spool_dir, train)["name"] == volume
     # An emptyDir is mode 0777: the spool is a directory the training container makes in it, readable by the
     # sidecar's user.
     assert options.spool_dir != mount_of(options.spool_dir, sidecar)["mountPath"]
     assert env["NEURON_EXPORTER_SPOOL_MODE"] == options.spool_mode == "readable"
+    # every pod of the Job is one run; rank_info names the pod, namespace, node and container
+    assert env["NEURON_EXPORTER_RUN_ID"] == {"fieldRef": {"fieldPath": "metadata.labels['batch.kubernetes.io/job-name']"}}
+    assert {"POD_NAME", "POD_NAMESPACE", "NODE_NAME", "CONTAINER_NAME"} <= set(env)
     assert monitor["spec"]["selector"]["matchLabels"].items() <= job["spec"]["template"]["metadata"]["labels"].items()
     assert [e["port"] for e in monitor["spec"]["podMetricsEndpoints"]] == ["metrics"]
 

@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import SCRIPTS, scrape, value, wait_until, xla_env
+from conftest import SCRIPTS, only_rank_file, scrape, value, wait_until, xla_env
 from test_daemon import free_port
 
 from neuron_exporter.config import Options
@@ -61,7 +61,7 @@ def test_the_process_that_trains_is_shown_and_ends_finished(tmp_path, placement,
         process.kill()
     assert process.returncode == 0, stderr[-3000:]
     assert "Traceback" not in stderr and "SpoolBusyError" not in stderr, stderr[-3000:]
-    report = read_rank_file(spool / "rank-0.prom")
+    report = read_rank_file(only_rank_file(spool, "0"))
     assert report.meta.pid == pid and report.meta.finished
     assert node_state(spool) is None  # finished: no liveness series, never dead
 
@@ -70,11 +70,11 @@ def test_a_killed_worker_is_dead(tmp_path):
     process, spool, _ = launch(tmp_path, "main", "spawn")
     try:
         pid = trained_pid(tmp_path)
-        wait_until(lambda: (spool / "rank-0.prom").exists() and read_rank_file(spool / "rank-0.prom").meta.pid == pid,
-                   what="the worker's report")
+        wait_until(lambda: list(spool.glob("rank-0.*.prom")) and read_rank_file(only_rank_file(spool, "0")).meta.pid
+                   == pid, what="the worker's report")
         os.kill(pid, signal.SIGKILL)
         wait_until(lambda: node_state(spool) == "dead", what="the killed worker to be seen dead")
-        assert not read_rank_file(spool / "rank-0.prom").meta.finished
+        assert not read_rank_file(only_rank_file(spool, "0")).meta.finished
     finally:
         process.kill()
         process.wait()

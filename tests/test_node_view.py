@@ -7,7 +7,7 @@ import subprocess
 import time
 
 import pytest
-from conftest import samples, value
+from conftest import rank_file, samples, value
 from prometheus_client.parser import text_string_to_metric_families
 from spool_helpers import Writer
 
@@ -91,7 +91,7 @@ def test_a_killed_rank_is_dead_and_keeps_its_last_counters(tmp_path):
 
 def test_a_silent_live_rank_is_hung(tmp_path):
     with Writer(tmp_path, "0"), Writer(tmp_path, "1"):
-        age(tmp_path / "rank-1.prom", 120)  # no report for 2 minutes, before any step
+        age(rank_file(tmp_path, "1"), 120)  # no report for 2 minutes, before any step
         text = view(tmp_path, hung_after_seconds=60).render().decode()
     assert state_of(text, "1") == "hung" and value(text, "neuron_exporter_rank_up", rank="1") == 0
     assert value(text, "xla_steps_total", rank="1") == 5
@@ -111,13 +111,13 @@ def test_a_rank_that_reports_but_makes_no_step_is_hung(tmp_path):
 def test_dead_ranks_disappear_after_the_expiry(tmp_path):
     with Writer(tmp_path, "0"), Writer(tmp_path, "1,2") as gone:
         gone.kill()
-        age(tmp_path / "rank-1.prom", 7200)
+        age(rank_file(tmp_path, "1"), 7200)
         text = view(tmp_path, expire_after_seconds=3600).render().decode()
     assert value(text, "xla_steps_total", rank="1") is None
     assert value(text, "neuron_exporter_rank_up", rank="1") is None
     assert state_of(text, "2") == "dead"
     assert value(text, "neuron_exporter_ranks") == 2
-    assert not (tmp_path / "rank-1.prom").exists() and not (tmp_path / "rank-1.lock").exists()
+    assert not (rank_file(tmp_path, "1")).exists() and not (rank_file(tmp_path, "1", suffix=".lock")).exists()
 
 
 def test_a_finished_rank_keeps_its_values_without_liveness(tmp_path):
@@ -154,7 +154,7 @@ def test_an_empty_or_missing_spool_still_renders(tmp_path):
 
 @pytest.mark.parametrize("bad", [b"", b"garbage\nmore", b'{"format":1}\n'])
 def test_a_broken_file_is_skipped(tmp_path, bad):
-    (tmp_path / "rank-7.prom").write_bytes(bad)
+    (rank_file(tmp_path, "7")).write_bytes(bad)
     with Writer(tmp_path, "0"):
         text = view(tmp_path).render().decode()
     assert value(text, "neuron_exporter_ranks") == 1

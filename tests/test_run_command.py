@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, SCRIPTS, scrape, value, wait_until, xla_env
+from conftest import ROOT, SCRIPTS, only_rank_file, scrape, value, wait_until, xla_env
 from test_daemon import free_port
 
 from neuron_exporter.node.spool import read_rank_file
@@ -52,7 +52,7 @@ def test_every_torchrun_rank_of_a_plain_script_is_on_one_endpoint(tmp_path):
     assert process.returncode == 0, stderr[-3000:]
     assert "Traceback" not in stderr and "cannot listen" not in stderr, stderr[-3000:]
     for rank in ("0", "1"):
-        assert read_rank_file(tmp_path / "spool" / f"rank-{rank}.prom").meta.finished
+        assert read_rank_file(only_rank_file(tmp_path / "spool", rank)).meta.finished
 
 
 @pytest.mark.skipif(not TORCHRUN.exists(), reason="torchrun is not installed next to this Python")
@@ -125,7 +125,7 @@ def test_neuron_exporter_auto_attaches_a_plain_python_script(tmp_path):
     finally:
         process.kill()
     assert process.returncode == 0 and "Traceback" not in stderr, stderr[-3000:]
-    assert read_rank_file(tmp_path / "spool" / "rank-0.prom").meta.finished
+    assert read_rank_file(only_rank_file(tmp_path / "spool", "0")).meta.finished
 
 
 def test_no_command_is_one_line_and_exit_2():

@@ -12,7 +12,7 @@ import urllib.request
 
 import psutil
 import pytest
-from conftest import SCRIPTS, TrainingRun, samples, scrape, value, wait_until, xla_env
+from conftest import RUN, SCRIPTS, TrainingRun, rank_file, samples, scrape, value, wait_until, xla_env
 from fuzz import cases
 from spool_helpers import Writer
 from test_daemon import Daemon, daemons  # noqa: F401 (the fixture)
@@ -26,15 +26,15 @@ from neuron_exporter.node.spool import (
 NOBODY = 65534
 
 
-def rank_file(rank: str, exposition: bytes, **header) -> bytes:
+def rank_file_bytes(rank: str, exposition: bytes, **header) -> bytes:
     me = psutil.Process()
-    fields = {"format": 1, "rank": rank, "local_rank": rank, "pid": me.pid, "start_time": me.create_time(),
-              "finished": False, "last_step_time": None, **header}
+    fields = {"format": 2, "run_id": RUN, "rank": rank, "local_rank": rank, "pid": me.pid,
+              "start_time": me.create_time(), "finished": False, "last_step_time": None, **header}
     return json.dumps(fields).encode() + b"\n" + exposition
 
 
 def steps_exposition(rank: str, name: str = "xla_steps_total", labels: str | None = None) -> bytes:
-    labels = labels if labels is not None else f'local_rank="{rank}",rank="{rank}"'
+    labels = labels if labels is not None else f'local_rank="{rank}",rank="{rank}",run_id="{RUN}"'
     return (f"# HELP {name} Steps\n# TYPE {name} counter\n{name}{{{labels}}} 7.0\n").encode()
 
 
@@ -49,14 +49,14 @@ def test_laid_links_are_never_followed_by_the_writer(tmp_path):
     victim.write_text("precious\n")
     victim.chmod(0o600)
     # Every name a writer used to use, and the rank file itself, point at the victim.
-    (directory / f".rank-0.prom.{os.getpid()}.tmp").symlink_to(victim)
-    (directory / "rank-0.prom").symlink_to(victim)
+    (directory / f".rank-0.{RUN}.prom.{os.getpid()}.tmp").symlink_to(victim)
+    rank_file(directory, "0").symlink_to(victim)
     try:
         write_rank_file(directory, RankMeta.current("0", "0"), steps_exposition("0"))
         assert victim.read_text() == "precious\n" and (victim.stat().st_mode & 0o777) == 0o600
-        assert not (directory / "rank-0.prom").is_symlink()
-        assert read_rank_file(directory / "rank-0.prom").meta.pid == os.getpid()
-        assert (directory / "rank-0.prom").stat().st_mode & 0o777 == 0o600
+        assert not rank_file(directory, "0").is_symlink()
+        assert read_rank_file(rank_file(directory, "0")).meta.pid == os.getpid()
+        assert rank_file(directory, "0").stat().st_mode & 0o777 == 0o600
     finally:
         release_rank_lock(directory, "0")
 
@@ -66,7 +66,7 @@ def test_a_laid_lock_link_is_refused(tmp_path):
     victim.write_text("precious\n")
     directory = tmp_path / "spool"
     directory.mkdir(mode=0o700)
-    (directory / "rank-0.lock").symlink_to(victim)
+    rank_file(directory, "0", suffix=".lock").symlink_to(victim)
     with pytest.raises(OSError):
         write_rank_file(directory, RankMeta.current("0", "0"), steps_exposition("0"))
     assert victim.read_text() == "precious\n"
@@ -113,9 +113,9 @@ def test_a_deleted_directory_is_made_again_and_the_rank_keeps_its_lock(tmp_path)
     directory = tmp_path / "spool"
     with Writer(directory, "0", "--rewrite", "0.05") as writer:
         shutil.rmtree(directory)
-        wait_until(lambda: (directory / "rank-0.prom").exists() and (directory / "rank-0.lock").exists(),
+        wait_until(lambda: rank_file(directory, "0").exists() and rank_file(directory, "0", suffix=".lock").exists(),
                    what="the rank file to be written again")
-        report = wait_until(lambda: _readable(directory / "rank-0.prom"), what="a whole rank file")
+        report = wait_until(lambda: _readable(rank_file(directory, "0")), what="a whole rank file")
         assert report.meta.pid == writer.pid
         assert writer_alive(report) is True  # the lock was taken again on the new lock file
         with pytest.raises(SpoolBusyError):
@@ -132,7 +132,7 @@ def _readable(path):
 def test_stale_temporary_files_are_removed(tmp_path):
     directory = tmp_path / "spool"
     directory.mkdir(mode=0o700)
-    stale, fresh = directory / ".rank-5.prom.77.tmp", directory / ".rank-6.prom.abc.tmp"
+    stale, fresh = directory / f".rank-5.{RUN}.prom.77.tmp", directory / f".rank-6.{RUN}.prom.abc.tmp"
     stale.write_bytes(b"half a file")
     fresh.write_bytes(b"being written")
     then = time.time() - 2 * spool.STALE_TEMP_SECONDS
@@ -147,18 +147,19 @@ def test_stale_temporary_files_are_removed(tmp_path):
 # -- the node endpoint over a spool directory with hostile files -----------------------------------------------
 
 HOSTILE = {
-    "rank-2.prom": ("not_regular", lambda path: path.symlink_to("/dev/zero")),
-    "rank-3.prom": ("not_regular", lambda path: os.mkfifo(path)),
-    "rank-4.prom": ("too_large", lambda path: path.write_bytes(
-        rank_file("4", steps_exposition("4")) + b"# " + b"x" * (5 * 1024 * 1024) + b"\n")),
-    "rank-5.prom": ("bad_header", lambda path: path.write_bytes(rank_file("5", steps_exposition("5"), pid=1e400))),
-    "rank-6.prom": ("bad_exposition", lambda path: path.write_bytes(
-        rank_file("6", steps_exposition("6") + b"xla_steps_total{rank=\"6\"} not-a-number\n"))),
-    "rank-7.prom": ("bad_exposition", lambda path: path.write_bytes(rank_file("7", steps_exposition(
-        "0", "neuron_exporter_rank_up", 'local_rank="0",rank="0"').replace(b"counter", b"gauge")))),
-    "rank-8.prom": ("bad_exposition", lambda path: path.write_bytes(rank_file("8", steps_exposition("0")))),
-    "rank-9.prom": ("wrong_rank", lambda path: path.write_bytes(rank_file("0", steps_exposition("0")))),
-    "rank-10.prom": ("bad_header", lambda path: path.write_bytes(b"[" * 3000 + b"\n")),
+    f"rank-2.{RUN}.prom": ("not_regular", lambda path: path.symlink_to("/dev/zero")),
+    f"rank-3.{RUN}.prom": ("not_regular", lambda path: os.mkfifo(path)),
+    f"rank-4.{RUN}.prom": ("too_large", lambda path: path.write_bytes(
+        rank_file_bytes("4", steps_exposition("4")) + b"# " + b"x" * (5 * 1024 * 1024) + b"\n")),
+    f"rank-5.{RUN}.prom": ("bad_header", lambda path: path.write_bytes(rank_file_bytes(
+        "5", steps_exposition("5"), pid=1e400))),
+    f"rank-6.{RUN}.prom": ("bad_exposition", lambda path: path.write_bytes(
+        rank_file_bytes("6", steps_exposition("6") + b"xla_steps_total{rank=\"6\"} not-a-number\n"))),
+    f"rank-7.{RUN}.prom": ("bad_exposition", lambda path: path.write_bytes(rank_file_bytes("7", steps_exposition(
+        "0", "neuron_exporter_rank_up", f'local_rank="0",rank="0",run_id="{RUN}"').replace(b"counter", b"gauge")))),
+    f"rank-8.{RUN}.prom": ("bad_exposition", lambda path: path.write_bytes(rank_file_bytes("8", steps_exposition("0")))),
+    f"rank-9.{RUN}.prom": ("wrong_rank", lambda path: path.write_bytes(rank_file_bytes("0", steps_exposition("0")))),
+    f"rank-10.{RUN}.prom": ("bad_header", lambda path: path.write_bytes(b"[" * 3000 + b"\n")),
 }
 
 
@@ -189,7 +190,7 @@ def test_the_daemon_serves_every_good_rank_and_counts_the_bad_files(tmp_path, da
         assert check.returncode == 0 and check.stdout + check.stderr == "", check.stdout + check.stderr
     log = daemon.log.read_text()
     assert "Traceback" not in log
-    assert log.count("rank-3.prom") == 1  # one line for each bad file, however often it is scraped
+    assert log.count(f"rank-3.{RUN}.prom") == 1  # one line for each bad file, however often it is scraped
 
 
 def test_a_training_rank_serving_the_node_view_is_not_slowed_or_fed_by_bad_files(tmp_path):
@@ -228,8 +229,8 @@ def test_fuzz_the_spool_reader(tmp_path):
     sys.path.insert(0, str(SCRIPTS))
     from spool_writer import rank_exposition
 
-    seeds = [rank_file("0", steps_exposition("0")), rank_file("0", rank_exposition("0", steps=5, ops=3))]
-    path = tmp_path / "rank-0.prom"
+    seeds = [rank_file_bytes("0", steps_exposition("0")), rank_file_bytes("0", rank_exposition("0", steps=5, ops=3))]
+    path = rank_file(tmp_path, "0")
     for case, data in cases(seeds, "spool"):
         path.write_bytes(data)
         try:
@@ -238,4 +239,4 @@ def test_fuzz_the_spool_reader(tmp_path):
             continue
         except Exception as error:  # noqa: BLE001
             pytest.fail(f"case {case}: {type(error).__name__}: {error}")
-        assert report.meta.rank == "0", case
+        assert (report.meta.rank, report.meta.run_id) == ("0", RUN), case

@@ -4,7 +4,7 @@ A rank file is written by a training process, but anyone who can write to the sp
 The node endpoint serves a rank only if its exposition is what a rank writes: the text format 0.0.4 as
 prometheus_client renders it, line by line; only the exporter's own families, never one the node endpoint owns
 (``neuron_exporter_rank_up`` and the like); every sample labelled with the rank and local rank of the file's
-header, so a file cannot speak for another rank. One bad line and the whole rank is left out: a single malformed
+header (and its run), so a file cannot speak for another rank. One bad line and the whole rank is left out: a single malformed
 line would make Prometheus reject the whole node's scrape.
 """
 
@@ -21,7 +21,7 @@ HELP = re.compile(rf"# HELP ({NAME}) (?:[^\\\n]|\\[\\n])*")
 TYPE = re.compile(rf"# TYPE ({NAME}) (?:counter|gauge|histogram|summary|untyped)")
 SAMPLE_SUFFIXES = ("", "_bucket", "_sum", "_count", "_created")
 
-RANK_PREFIXES = ("xla_", "neuron_exporter_")
+RANK_PREFIXES = ("xla_", "neuron_exporter_", "torch_compile_")
 # Families the node endpoint itself renders: a rank file must not publish them.
 NODE_FAMILIES = ("neuron_exporter_rank_up", "neuron_exporter_rank_state",
                  "neuron_exporter_rank_last_report_timestamp_seconds", "neuron_exporter_ranks")
@@ -48,8 +48,9 @@ def _belongs(sample: str, family: str) -> bool:
     return any(sample == family + suffix for suffix in SAMPLE_SUFFIXES)
 
 
-def check_exposition(exposition: bytes, rank: str, local_rank: str) -> None:
-    """Raise ``ExpositionError`` unless ``exposition`` is a rank's own, for ``rank`` and ``local_rank``."""
+def check_exposition(exposition: bytes, rank: str, local_rank: str, run_id: str) -> None:
+    """Raise ``ExpositionError`` unless ``exposition`` is a rank's own: every series of ``run_id``, ``rank`` and
+    ``local_rank``."""
     try:
         text = exposition.decode("utf-8")
     except UnicodeDecodeError as error:
@@ -84,5 +85,6 @@ def check_exposition(exposition: bytes, rank: str, local_rank: str) -> None:
             if body and not LABELS.fullmatch(body):
                 raise ExpositionError(f"{where}: malformed labels: {_shown(line)}")
             labels = dict(LABEL.findall(body))
-            if labels.get("rank") != rank or labels.get("local_rank") != local_rank:
-                raise ExpositionError(f"{where}: a series of another rank in the file of rank {rank}: {_shown(line)}")
+            if labels.get("rank") != rank or labels.get("local_rank") != local_rank or labels.get("run_id") != run_id:
+                raise ExpositionError(f"{where}: a series of another rank in the file of rank {rank} of run {run_id}: "
+                                      f"{_shown(line)}")

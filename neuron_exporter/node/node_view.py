@@ -75,8 +75,10 @@ def merge_expositions(expositions: Iterable[bytes]) -> bytes:
 class NodeView:
     """Renders the node endpoint from the spool directory (and the serving process's own exposition)."""
 
-    def __init__(self, options: Options):
+    def __init__(self, options: Options, run_id: str | None = None):
+        """``run_id``: serve that run only (a training rank's own endpoint); None: every run (the daemon)."""
         self.options = options
+        self.run_id = run_id
         self._host = HostCollector()
         self._process = ProcessCollector(registry=None)
         self._logged: set[tuple[str, str]] = set()
@@ -94,7 +96,9 @@ class NodeView:
         rejected: list[tuple[str, RejectedFile]] = []
         for report in self._spool_reports(rejected, now):
             alive = writer_alive(report)
-            if own_meta is not None and report.meta.rank == own_meta.rank:
+            if self.run_id is not None and report.meta.run_id != self.run_id:
+                continue
+            if own_meta is not None and (report.meta.run_id, report.meta.rank) == (own_meta.run_id, own_meta.rank):
                 if not (own_idle and report.meta.pid != own_meta.pid):
                     continue  # the live process's own exposition is newer than its file
                 own_meta = None
@@ -106,7 +110,7 @@ class NodeView:
         if own_meta is not None:
             statuses.append(self._status(own_meta, own[1], alive=True, written=now, now=now))
         self.rejected = rejected
-        return sorted(statuses, key=lambda s: rank_order(s.meta.rank))
+        return sorted(statuses, key=lambda s: (s.meta.run_id, rank_order(s.meta.rank)))
 
     def _spool_reports(self, rejected: list, now: float):
         directory = self.options.spool_dir
@@ -146,10 +150,12 @@ class NodeView:
         """The diagnosis document of every rank the endpoint serves (``own``: the serving process's, if it trains).
         A rank file's diagnosis that is not a diagnosis is left out, like a bad rank file."""
         documents = [own] if own is not None else []
-        own_ranks = {str(rank.get("rank")) for rank in own.get("ranks", [])} if own else set()
+        own_ranks = {(str(r.get("run_id")), str(r.get("rank"))) for r in own.get("ranks", [])} if own else set()
         now = time.time()
         for report in read_rank_files(self.options.spool_dir, self.options.spool_max_file_bytes):
-            if report.meta.rank in own_ranks or is_expired(report, self.options.expire_after_seconds, now):
+            if (report.meta.run_id, report.meta.rank) in own_ranks or (
+                    self.run_id is not None and report.meta.run_id != self.run_id) or is_expired(
+                    report, self.options.expire_after_seconds, now):
                 continue
             data = read_diagnosis(report, diagnosis.MAX_BYTES)
             if data is None:
@@ -160,7 +166,8 @@ class NodeView:
                 self._log_once(report.path.name, "bad_diagnosis", str(error))
                 continue
             # A rank file speaks only for its own rank.
-            documents.append({"ranks": [r for r in document["ranks"] if str(r.get("rank")) == report.meta.rank]})
+            documents.append({"ranks": [r for r in document["ranks"] if (str(r.get("run_id")), str(r.get("rank")))
+                                        == (report.meta.run_id, report.meta.rank)]})
         return diagnosis.merge(documents)
 
     def render(self, own: tuple[RankMeta | Mapping, bytes] | None = None, own_idle: bool = False) -> bytes:
@@ -185,7 +192,7 @@ class _NodeMetrics:
         self.daemon = daemon
 
     def collect(self) -> Iterator[Metric]:
-        labels = ["rank", "local_rank"]
+        labels = ["run_id", "rank", "local_rank"]
         up = GaugeMetricFamily("neuron_exporter_rank_up",
                                "1 if the rank is running, 0 if it is hung or dead", labels=labels)
         state = GaugeMetricFamily("neuron_exporter_rank_state",
@@ -194,7 +201,7 @@ class _NodeMetrics:
         last = GaugeMetricFamily("neuron_exporter_rank_last_report_timestamp_seconds",
                                  "When the rank last reported progress (unix time)", labels=labels)
         for status in self.statuses:
-            ids = [status.meta.rank, status.meta.local_rank]
+            ids = [status.meta.run_id, status.meta.rank, status.meta.local_rank]
             last.add_metric(ids, status.last_report)
             if status.state is None:
                 continue

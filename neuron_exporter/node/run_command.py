@@ -16,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from .. import run_identity
 from ..config import AUTO_ENV, ENV_PREFIX, Options
 from .node_view import NodeView
 from .serve_command import add_options, load_options, node_server, prepare_spool_dir
@@ -25,7 +26,7 @@ log = logging.getLogger("neuron_exporter")
 AUTOSTART_DIR = Path(__file__).resolve().parents[1] / "training" / "autostart_path"
 FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 # The options the ranks need to find the spool and, if this process cannot serve, the port.
-RANK_OPTIONS = ("addr", "port", "spool_dir", "spool_mode", "web_config_file", "log_level")
+RANK_OPTIONS = ("addr", "port", "spool_dir", "spool_mode", "web_config_file", "log_level", "run_id")
 EXIT_USAGE = 2
 
 
@@ -47,6 +48,8 @@ def child_environment(options: Options, environ=os.environ) -> dict[str, str]:
         if value is not None:
             env[ENV_PREFIX + key.upper()] = str(value)
     env[AUTO_ENV] = "1"
+    # Every process of the command is of one run, whatever launches it: this process's, unless one is given.
+    env.setdefault(run_identity.RUN_ID_ENV, run_identity.run_id(environ))
     path = env.get("PYTHONPATH", "")
     env["PYTHONPATH"] = str(AUTOSTART_DIR) + (os.pathsep + path if path else "")
     return env

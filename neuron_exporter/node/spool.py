@@ -31,18 +31,19 @@ from pathlib import Path
 
 import psutil
 
+from .. import run_identity
 from .exposition_check import ExpositionError, check_exposition
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 1: before run_id (0.1); such files are left alone
 PREFIX = "rank-"
 DATA_SUFFIX = ".prom"
 LOCK_SUFFIX = ".lock"
 DIAGNOSIS_SUFFIX = ".diagnosis.json"
 TEMP_SUFFIX = ".tmp"
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
-RANK_LABEL = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+RANK_LABEL = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 DEFAULT_MAX_BYTES = 4 * 1024 * 1024
 MAX_HEADER_BYTES = 4096
 MAX_PID = 2**31 - 1
@@ -84,6 +85,11 @@ class RankMeta:
     start_time: float  # the process's creation time (unix seconds): tells a reused pid from the original
     finished: bool = False  # the last report of a rank that ended cleanly (detach)
     last_step_time: float | None = None  # unix time of the rank's last step; None: use the file's age
+    run_id: str = ""  # the run the rank belongs to (run_identity); "" is taken for this process's run
+
+    def __post_init__(self):
+        if not self.run_id:
+            object.__setattr__(self, "run_id", run_identity.run_id())
 
     @classmethod
     def current(cls, rank: str = "0", local_rank: str = "0", **extra) -> RankMeta:
@@ -100,7 +106,8 @@ class RankMeta:
         last_step = meta.get("last_step_time")
         return cls(_label(meta, "rank"), _label(meta, "local_rank"), _number(meta, "pid", int, 1, MAX_PID),
                    _number(meta, "start_time", float, 0, MAX_TIME), _flag(meta, "finished"),
-                   None if last_step is None else _number(meta, "last_step_time", float, 0, MAX_TIME))
+                   None if last_step is None else _number(meta, "last_step_time", float, 0, MAX_TIME),
+                   _label(meta, "run_id") if "run_id" in meta else "")
 
 
 def _label(meta: Mapping, key: str) -> str:
@@ -108,7 +115,7 @@ def _label(meta: Mapping, key: str) -> str:
     if isinstance(value, int) and not isinstance(value, bool):
         value = str(value)
     if not isinstance(value, str) or not RANK_LABEL.fullmatch(value):
-        raise ValueError(f"{key}: expected 1 to 64 of A-Z a-z 0-9 _ . -")
+        raise ValueError(f"{key}: expected 1 to 64 of A-Z a-z 0-9 _ . : -")
     return value
 
 
@@ -136,12 +143,17 @@ class RankReport:
     path: Path
 
     @property
+    def stem(self) -> str:
+        return file_stem(self.meta.rank, self.meta.run_id)
+
+    @property
     def lock_path(self) -> Path:
-        return self.path.with_suffix(LOCK_SUFFIX)
+        return self.path.with_name(self.stem + LOCK_SUFFIX)
 
 
-def file_stem(rank: str) -> str:
-    return PREFIX + (_UNSAFE.sub("_", str(rank)) or "_")
+def file_stem(rank: str, run_id: str) -> str:
+    """``rank-<rank>.<run>``: one file set per rank of each run, so runs on one machine never collide."""
+    return f"{PREFIX}{_UNSAFE.sub('_', str(rank)) or '_'}.{_UNSAFE.sub('_', str(run_id)) or '_'}"
 
 
 # -- the directory -----------------------------------------------------------------------------------------
@@ -206,7 +218,7 @@ def write_rank_file(spool_dir, meta: RankMeta | Mapping, exposition: bytes,
     meta = RankMeta.of(meta)
     directory = Path(spool_dir)
     prepare_spool_dir(directory, spool_mode)
-    stem = file_stem(meta.rank)
+    stem = file_stem(meta.rank, meta.run_id)
     lock_path = directory / (stem + LOCK_SUFFIX)
     if _hold_lock(lock_path, meta.rank, file_mode(spool_mode)):
         remove_stale_temp_files(directory)  # a killed writer's leftovers
@@ -216,7 +228,7 @@ def write_rank_file(spool_dir, meta: RankMeta | Mapping, exposition: bytes,
     header = json.dumps({"format": FORMAT_VERSION, **asdict(meta)}, separators=(",", ":")).encode()
     _replace(path, header + b"\n" + exposition, spool_mode)
     if meta.finished:
-        release_rank_lock(spool_dir, meta.rank)
+        release_rank_lock(spool_dir, meta.rank, meta.run_id)
     return path
 
 
@@ -236,7 +248,7 @@ def _replace(path: Path, data: bytes, spool_mode: str) -> None:
 def read_diagnosis(report: RankReport, max_bytes: int) -> bytes | None:
     """The diagnosis file written with ``report`` (its bytes, unchecked), or None if there is none to read."""
     try:
-        fd, _ = _open_regular(report.path.with_name(file_stem(report.meta.rank) + DIAGNOSIS_SUFFIX), max_bytes)
+        fd, _ = _open_regular(report.path.with_name(report.stem + DIAGNOSIS_SUFFIX), max_bytes)
     except (OSError, RejectedFile):
         return None
     with os.fdopen(fd, "rb") as f:
@@ -283,9 +295,9 @@ def _hold_lock(lock_path: Path, rank: str, mode: int) -> bool:
         return True
 
 
-def release_rank_lock(spool_dir, rank: str) -> None:
+def release_rank_lock(spool_dir, rank: str, run_id: str | None = None) -> None:
     """Give up the rank's lock (from now on, readers see the rank's process as gone)."""
-    lock_path = Path(spool_dir) / (file_stem(rank) + LOCK_SUFFIX)
+    lock_path = Path(spool_dir) / (file_stem(rank, run_id or run_identity.run_id()) + LOCK_SUFFIX)
     with _held_guard:
         held = _held_locks.pop(lock_path, None)
         if held is not None:
@@ -329,15 +341,17 @@ def read_rank_file(path, max_bytes: int = DEFAULT_MAX_BYTES) -> RankReport | Non
         raise RejectedFile("bad_header", "no header line of at most 4096 bytes")
     try:
         fields = json.loads(header)
-        if not isinstance(fields, dict) or fields.get("format") != FORMAT_VERSION:
+        if isinstance(fields, dict) and fields.get("format") == 1:
+            return None  # written by an exporter from before run_id: not served, not an attack
+        if not isinstance(fields, dict) or fields.get("format") != FORMAT_VERSION or "run_id" not in fields:
             raise ValueError(f"not a rank file of format {FORMAT_VERSION}")
         meta = RankMeta.of(fields)
     except (ValueError, RecursionError) as error:
         raise RejectedFile("bad_header", f"header: {str(error)[:100]}") from None
-    if file_stem(meta.rank) + DATA_SUFFIX != path.name:
-        raise RejectedFile("wrong_rank", f"the header says rank {meta.rank}")
+    if file_stem(meta.rank, meta.run_id) + DATA_SUFFIX != path.name:
+        raise RejectedFile("wrong_rank", f"the header says rank {meta.rank} of run {meta.run_id}")
     try:
-        check_exposition(exposition, meta.rank, meta.local_rank)
+        check_exposition(exposition, meta.rank, meta.local_rank, meta.run_id)
     except ExpositionError as error:
         raise RejectedFile("bad_exposition", str(error)) from None
     return RankReport(meta, exposition, info.st_mtime, path)
@@ -345,7 +359,7 @@ def read_rank_file(path, max_bytes: int = DEFAULT_MAX_BYTES) -> RankReport | Non
 
 def read_rank_files(spool_dir, max_bytes: int = DEFAULT_MAX_BYTES,
                     rejected: list[tuple[str, RejectedFile]] | None = None) -> list[RankReport]:
-    """Every good rank file in ``spool_dir``, ordered by rank (numerically where ranks are numbers). Files that
+    """Every good rank file in ``spool_dir``, ordered by run and rank (numerically where ranks are numbers). Files that
     are rejected are left out, and appended to ``rejected`` as (file name, error) when it is given."""
     try:
         names = os.listdir(spool_dir)
@@ -367,7 +381,7 @@ def read_rank_files(spool_dir, max_bytes: int = DEFAULT_MAX_BYTES,
             continue
         if report is not None:
             reports.append(report)
-    return sorted(reports, key=lambda r: rank_order(r.meta.rank))
+    return sorted(reports, key=lambda r: (r.meta.run_id, rank_order(r.meta.rank)))
 
 
 def rank_order(rank: str):
@@ -419,7 +433,7 @@ def _pid_alive(meta: RankMeta) -> bool | None:
 
 def remove_rank_files(report: RankReport) -> None:
     """Delete a rank's files (best effort: a reader without write access to the directory leaves them)."""
-    diagnosis = report.path.with_name(file_stem(report.meta.rank) + DIAGNOSIS_SUFFIX)
+    diagnosis = report.path.with_name(report.stem + DIAGNOSIS_SUFFIX)
     for path in (report.path, report.lock_path, diagnosis):
         try:
             path.unlink(missing_ok=True)

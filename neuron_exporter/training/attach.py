@@ -43,6 +43,7 @@ from .self_metrics import SelfStats
 from .sites import SiteFinder
 from .step_hook import StepHook
 from .step_tracker import StepTracker
+from .torch_compile import TorchCompileSource
 from .xla_reader import XlaReader
 
 AUTOSTART_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "autostart_path")
@@ -68,12 +69,15 @@ class ExporterHandle:
         self.tracker = StepTracker(options.warmup_steps, *self.reader.compile_counters(), self.attribution)
         self.collector = RankCollector(self.reader, self.tracker, self.stats, options.max_op_series,
                                        self.attribution, options.max_site_series)
+        self.torch_compile = TorchCompileSource(options.max_site_series,
+                                                lambda error: self.stats.record_error("step", error))
+        self.collector.add_part("torch_compile", self.torch_compile.families)
         self._rank_registry = CollectorRegistry(auto_describe=False)
         self._rank_registry.register(self.collector)
         self._user_registry = registry
         if registry is not None:  # e.g. the registry the application already serves
             registry.register(self.collector)
-        self._node_view = NodeView(options) if options.node_view else None
+        self._node_view = NodeView(options, run_id=rank_labels()["run_id"]) if options.node_view else None
         self._hook = StepHook(self._before_sync, self._on_sync)
         self._optimizer_hook = OptimizerHook(self._on_optimizer_created, self._on_optimizer_step)
         self._host_reads = HostReadHook(self._on_host_read, self._on_upload, self.reader.compile_counters)
@@ -165,6 +169,7 @@ class ExporterHandle:
         self._hook.install()
         self._optimizer_hook.install()
         self._host_reads.install()
+        self.torch_compile.install()
         if not self.auto:  # a child attached by autostart binds the port once it trains (in the spool thread)
             self._serve(first_try=True)
         self._start_spool_thread()
@@ -185,6 +190,7 @@ class ExporterHandle:
     def diagnosis(self) -> dict:
         """This process's diagnosis document: its own rank only (``neuron_exporter.diagnosis``)."""
         rank = self.attribution.diagnosis(rank_labels(), self.tracker.state().steps, self.reader.fallback_counts())
+        rank["torch_compile"] = self.torch_compile.diagnosis()
         return {"format": diagnosis.FORMAT, "ranks": [rank]}
 
     def _render_diagnosis(self) -> dict:
@@ -236,6 +242,7 @@ class ExporterHandle:
             self._hook.uninstall()
             self._optimizer_hook.uninstall()
             self._host_reads.uninstall()
+            self.torch_compile.uninstall()
             self._stop.set()
             if self._spool_thread is not None:
                 self._spool_thread.join()
@@ -264,7 +271,10 @@ class ExporterHandle:
         self.collector.attribution = self.attribution
         self.tracker = StepTracker(self.options.warmup_steps, *self.reader.compile_counters(), self.attribution)
         self.collector.tracker = self.tracker
+        self.torch_compile.after_fork()
         self._process_start = psutil.Process().create_time()
+        if self._node_view is not None:
+            self._node_view.run_id = rank_labels()["run_id"]  # a multiprocessing child: its launcher's run
         self.auto = True  # like a child started afresh: bind the port only once it trains, and quietly
         self._start_spool_thread()
 
@@ -321,6 +331,7 @@ def _attach_children(overrides: dict) -> None:
     for key, value in overrides.items():
         os.environ[ENV_PREFIX + key.upper()] = str(value).lower() if isinstance(value, bool) else str(value)
     os.environ[AUTO_ENV] = "1"
+    os.environ[ENV_PREFIX + "RUN_ID"] = rank_labels()["run_id"]  # children are of this run
     path = os.environ.get("PYTHONPATH", "")
     if AUTOSTART_DIR not in path.split(os.pathsep):
         os.environ["PYTHONPATH"] = AUTOSTART_DIR + (os.pathsep + path if path else "")

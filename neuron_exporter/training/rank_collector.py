@@ -17,7 +17,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from ..metric_family import single_series
 from ..snapshot_metrics import LabelBudget, snapshot_families
 from .attribution import Attribution, SiteRecord
-from .rank import rank_labels
+from .rank import rank_labels, workload_labels
 from .self_metrics import STAGES, SelfStats, build_labels
 from .step_tracker import Histogram, StepTracker
 from .xla_reader import MonotonicSnapshots, XlaReader
@@ -40,6 +40,10 @@ class RankCollector:
             "xla": self._xla_families,
             "process": self._process_families,
         }
+
+    def add_part(self, name: str, collect_part: Callable[[dict[str, str]], Iterator[Metric]]) -> None:
+        """Another part of the scrape (e.g. ``torch_compile``), collected and reported on like the others."""
+        self._parts[name] = collect_part
 
     def describe(self) -> Iterator[Metric]:
         return iter(())  # the families depend on what torch_xla has recorded; no up-front description
@@ -116,6 +120,10 @@ class RankCollector:
                             threads)
 
     def _self_families(self, labels: dict[str, str]) -> Iterator[Metric]:
+        yield single_series(GaugeMetricFamily, "neuron_exporter_rank_info",
+                            "Where the rank runs: Kubernetes pod, namespace, node and container (from the downward "
+                            "API variables POD_NAME, POD_NAMESPACE, NODE_NAME, CONTAINER_NAME); always 1",
+                            {**labels, **workload_labels()}, 1)
         yield single_series(GaugeMetricFamily, "neuron_exporter_build_info",
                             "Versions of the exporter and of what it runs with", {**labels, **build_labels()}, 1)
         family = CounterMetricFamily("neuron_exporter_collection_errors",

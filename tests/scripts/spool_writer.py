@@ -23,14 +23,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics  # noqa: E402
 from prometheus_client import generate_latest  # noqa: E402
 
+from neuron_exporter import run_identity  # noqa: E402
 from neuron_exporter.node.spool import RankMeta, write_rank_file  # noqa: E402
 
-LABELS = ["rank", "local_rank"]
+LABELS = ["run_id", "rank", "local_rank"]
 
 
-def rank_exposition(rank: str, steps: int, ops: int) -> bytes:
+def rank_exposition(rank: str, steps: int, ops: int, run_id: str | None = None) -> bytes:
     registry = CollectorRegistry()
-    ids = (rank, rank)
+    ids = (run_id or run_identity.run_id(), rank, rank)
     Counter("xla_steps", "Steps ended", LABELS, registry=registry).labels(*ids).inc(steps)
     duration = Histogram("xla_step_duration_seconds", "Wall time between step ends", LABELS, registry=registry,
                          buckets=(0.01, 0.1, 1.0, 10.0))

@@ -1,6 +1,6 @@
 """A small training loop on the XLA device with neuron-exporter attached, in four phases that each show one problem.
 
-    PJRT_DEVICE=CPU python examples/train.py [--port 9478] [--linger 0]
+    PJRT_DEVICE=CPU python examples/train.py [--port 19478] [--linger 0]
 
 1. clean:     one graph per step, compiled once, then served from the cache;
 2. item:      loss.item() before the step ends: the graph is cut in two, plus a device-to-host read;
@@ -39,7 +39,7 @@ def read(url: str) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--port", type=int, default=9478)
+    parser.add_argument("--port", type=int, default=19478)
     parser.add_argument("--addr", default="127.0.0.1")
     parser.add_argument("--continue-for", type=float, default=0.0, metavar="SECONDS",
                         help="after the four phases, keep training with the CPU fallback for this long, so that a "

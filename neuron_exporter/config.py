@@ -70,7 +70,7 @@ def _option(default=None, doc: str = "", *, factory=None, shown: str | None = No
 @dataclass
 class Options:
     addr: str = _option("0.0.0.0", "Address the HTTP endpoint binds to (`127.0.0.1` for local only, `::` for IPv6).")
-    port: int = _option(9478, "Port of the HTTP endpoint; 0 picks a free one.")
+    port: int = _option(19478, "Port of the HTTP endpoint; 0 picks a free one.")
     spool_dir: str = _option(
         doc="Directory where every rank writes its metrics for the node endpoint (use a tmpfs).",
         factory=default_spool_dir,

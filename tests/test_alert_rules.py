@@ -282,7 +282,7 @@ def test_configured_labels_survive_into_the_alert(tmp_path):
     for name, content in rules.rule_files(config).items():
         (tmp_path / name).write_text(build.rules_yaml(content))
     series = [{"series": f'xla_cpu_fallback_ops_total{{cluster="c1", namespace="ml", job="neuron-exporter", '
-                         f'run_id="r1", instance="node{rank // 2}:9478", pod="train-{rank // 2}", rank="{rank}", '
+                         f'run_id="r1", instance="node{rank // 2}:19478", pod="train-{rank // 2}", rank="{rank}", '
                          f'local_rank="{rank % 2}", op="aten::lgamma"}}',
                "values": f"0+{60 * (1 + rank % 2)}x20"} for rank in range(4)]  # odd ranks call it twice as often
     run = "cluster c1, namespace ml, job neuron-exporter, run r1, pod train-{}"
@@ -292,7 +292,7 @@ def test_configured_labels_survive_into_the_alert(tmp_path):
                      "summary": f"Operator aten::lgamma runs on the CPU in {run.format(pod)}",
                      "description": f"aten::lgamma has no XLA lowering: it ran on the CPU in the last 10m in "
                                     f"{run.format(pod)}. Ranks affected: 2; most calls: rank {2 * pod + 1} (local rank 1) "
-                                    f"of node{pod}:9478 (1200). Every call cuts the graph and copies its tensors to the "
+                                    f"of node{pod}:19478 (1200). Every call cuts the graph and copies its tensors to the "
                                     "host and back. Every rank: the Fragmentation & recompiles dashboard.",
                      "runbook_url": f"{RUNBOOK_URL}#xlacpufallbackop"}}
                 for pod in range(2)]

@@ -31,7 +31,7 @@ def test_defaults():
     assert options == Options()
     assert (options.addr, options.port, options.spool_interval_seconds, options.hung_after_seconds,
             options.expire_after_seconds, options.warmup_steps, options.max_op_series, options.web_config_file,
-            options.node_view, options.log_level) == ("0.0.0.0", 9478, 2.0, 60.0, 3600.0, 2, 100, None, True,
+            options.node_view, options.log_level) == ("0.0.0.0", 19478, 2.0, 60.0, 3600.0, 2, 100, None, True,
                                                       "warning")
     assert options.spool_dir == default_spool_dir()
     assert options.spool_dir.endswith("/neuron-exporter")
@@ -63,7 +63,7 @@ def test_an_empty_file_means_defaults(tmp_path):
 
 
 @pytest.mark.parametrize("text, expected", [
-    ("addr: 0.0.0.0\nport: 9478\n\nprot: 1\n", 'exporter.yaml:4: unknown key "prot" (known: addr, port, '),
+    ("addr: 0.0.0.0\nport: 19478\n\nprot: 1\n", 'exporter.yaml:4: unknown key "prot" (known: addr, port, '),
     ("port: x\n", 'exporter.yaml:1: port: expected an integer, got "x"'),
     ("port: 1.5\n", "exporter.yaml:1: port: expected an integer, got 1.5"),
     ("port: 70000\n", "exporter.yaml:1: port: 70000 is not a valid port (0-65535)"),
@@ -130,7 +130,7 @@ def test_bad_configuration_is_one_line_and_exit_2(tmp_path, case):
     web = tmp_path / "web.yml"
     args, env = [], {}
     if case == "unknown key":
-        config.write_text("port: 9478\nprot: 9\n")
+        config.write_text("port: 19478\nprot: 9\n")
         args, expected = ["--config", str(config)], f'{config}:2: unknown key "prot"'
     elif case == "wrong type in file":
         config.write_text("hung_after_seconds: soon\n")
@@ -155,7 +155,7 @@ def test_bad_configuration_is_one_line_and_exit_2(tmp_path, case):
         web.write_text("basic_auth_user:\n  a: b\n")
         args, expected = ["--web.config.file", str(web)], f'{web}:1: unsupported key "basic_auth_user"'
     else:
-        config.write_text("port: 9478\naddr: [oops\n")
+        config.write_text("port: 19478\naddr: [oops\n")
         args, expected = ["--config", str(config)], f"{config}:3: invalid YAML"
     result = serve(tmp_path, *args, env=env)
     assert result.returncode == 2, result.stderr

@@ -51,7 +51,7 @@ def register(subparsers) -> None:
 def add_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", metavar="FILE", help="YAML config file (default: $NEURON_EXPORTER_CONFIG)")
     parser.add_argument("--addr", metavar="ADDRESS", help="address to bind (default 0.0.0.0)")
-    parser.add_argument("--port", metavar="PORT", help="port to bind (default 9478)")
+    parser.add_argument("--port", metavar="PORT", help="port to bind (default 19478)")
     parser.add_argument("--spool-dir", metavar="DIR", help="directory the training ranks write to")
     parser.add_argument("--spool-mode", metavar="MODE",
                         help="who may read and write it: private (default), group, readable, group-shared, shared")

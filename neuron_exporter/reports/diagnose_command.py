@@ -1,6 +1,6 @@
 """``neuron-exporter diagnose URL``: what to fix first in a live job, from its endpoint's ``/diagnosis`` page.
 
-URL is a rank's or the node endpoint's address (``http://host:9478``, with or without ``/metrics``). The node
+URL is a rank's or the node endpoint's address (``http://host:19478``, with or without ``/metrics``). The node
 endpoint lists every rank of the machine; each problem names its source line, the ranks it happens on, the user
 frames above it and, for recompilations, which upload changed shape.
 """
@@ -29,7 +29,7 @@ def register(subparsers) -> None:
         description="Read the /diagnosis page of a running job's endpoint (a rank's, or the node endpoint with "
                     "every rank of the machine) and print its problems, the costliest first, each with its source "
                     "line, ranks and what to do.")
-    parser.add_argument("url", help="the endpoint, e.g. http://localhost:9478 (a /metrics URL works too)")
+    parser.add_argument("url", help="the endpoint, e.g. http://localhost:19478 (a /metrics URL works too)")
     parser.add_argument("--format", choices=("text", "json"), default="text")
     parser.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS")
     parser.add_argument("--cacert", metavar="FILE", help="CA certificate to check an https endpoint with")

@@ -76,7 +76,7 @@ class MetricsServer:
     file (same format as Prometheus exporters' ``--web.config.file``); its files are re-read when they change.
     """
 
-    def __init__(self, source: Callable[[], bytes] | object, addr: str = "0.0.0.0", port: int = 9478,
+    def __init__(self, source: Callable[[], bytes] | object, addr: str = "0.0.0.0", port: int = 19478,
                  web_config: WebConfig | str | PathLike | None = None,
                  pages: dict[str, Callable[[dict[str, list[str]]], tuple[bytes, str]]] | None = None):
         if isinstance(web_config, (str, PathLike)):

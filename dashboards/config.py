@@ -71,6 +71,22 @@ class Config:
     compile_time_for: str = "15m"
     compile_time_severity: str = "warning"
 
+    # torch.compile (dynamo), for any backend. A rank counts as warmed up once its process has run for
+    # torch_compile_warmup_window (its CPU-time counter existed that long ago and has not been reset since).
+    # TorchCompileRecompiling: torch.compile recompilations on some warmed-up rank in every torch_compile_window,
+    # for torch_compile_recompile_for (a one-off recompilation, such as a first eval batch, does not fire it).
+    # TorchCompileRecompileLimit: a compiled function hit the recompile limit and runs eagerly from then on.
+    # TorchCompileGraphBreaks: graph breaks found on some warmed-up rank in the last torch_compile_window (a code
+    # path compiled late, or a recompilation that breaks).
+    torch_compile_warmup_window: str = "10m"
+    torch_compile_window: str = "10m"
+    torch_compile_recompile_for: str = "10m"
+    torch_compile_recompile_severity: str = "warning"
+    torch_compile_limit_for: str = "0m"
+    torch_compile_limit_severity: str = "warning"
+    torch_compile_graph_break_for: str = "0m"
+    torch_compile_graph_break_severity: str = "warning"
+
     # XlaTrainingStalled: no training step ended within the window on some rank whose endpoint answers.
     stall_window: str = "10m"
     stall_for: str = "5m"

@@ -248,6 +248,7 @@ def alert_rules(c: Config = DEFAULTS) -> list[dict]:
             + rank_lookup(c, f"topk(1, sum by ({RANK_ONLY}) (increase(xla_steps_total{{MATCH}}"
                              f"[{c.stall_window}])) == 0)", RANK_OF_SAMPLE) + ".",
         ),
+        *torch_compile_alerts(c),
         alert(
             c, "NeuronExporterRankHung",
             f"count by ({run}) (\n"
@@ -320,6 +321,79 @@ def alert_rules(c: Config = DEFAULTS) -> list[dict]:
             "The node endpoint {{ $labels.instance }} does not read its spool directory",
             "The spool directory of {{ $labels.instance }} is missing, or more open than spool_mode allows, or "
             "another user's: the node endpoint serves no rank from it. The endpoint logs the reason once.",
+        ),
+    ]
+
+
+def torch_compile_alerts(c: Config) -> list[dict]:
+    """torch.compile (dynamo), whatever the backend: recompilations that go on after warm-up, functions at the
+    recompile limit, graph breaks found after warm-up. A rank is warmed up once its process has run for
+    ``torch_compile_warmup_window``: its CPU-time counter existed that long ago and has not been reset since (a
+    restarted process compiles afresh)."""
+    run = labels(*c.run_labels)
+    rank = labels(*c.rank_labels)
+    in_run = f"in {run_name(c)}"
+    affected = "Ranks affected: {{ $value }}"
+    window, warmup = c.torch_compile_window, c.torch_compile_warmup_window
+    cpu = select(c, "xla_process_cpu_seconds_total")
+    warmed_up = (f"(\n    max by ({rank}) ({cpu} offset {warmup})\n    unless on ({rank})\n"
+                 f"    max by ({rank}) (resets({cpu}[{warmup}])) > 0\n  )")
+    see = " Every rank, function and line: the torch.compile dashboard; neuron-exporter diagnose on a rank's endpoint"
+
+    def new(selected: str, by: str, separator: str = " ") -> str:
+        """What a counter gained over the window, per ``by``, counting a series that appeared within it from 0
+        (a new line or reason is exported from its first count on, which increase() would miss)."""
+        now = f"sum by ({by}) ({selected})"
+        return f"{now}{separator}- (sum by ({by}) ({selected} offset {window}) or 0 * {now})"
+
+    def after_warmup(metric: str) -> str:
+        return (f"count by ({run}) (\n"
+                f"  (\n    {new(select(c, metric), rank, chr(10) + '    ')}\n  ) > 0\n"
+                f"  and on ({rank})\n  {warmed_up}\n)")
+
+    def most(metric: str, what: str) -> str:
+        return rank_lookup(c, f"topk(1, {new(metric + '{MATCH}', RANK_ONLY)})",
+                           RANK_OF_SAMPLE + ' ({{ value . | printf "%.0f" }} ' + what + ")")
+
+    def top(metric: str, what: str) -> str:
+        return rank_lookup(c, f"topk(1, {new(metric + '{MATCH}', 'location, reason')})",
+                           ' Top line: {{ label "location" . }} ({{ label "reason" . }}), '
+                           '{{ value . | printf "%.0f" }} ' + what + f" in the last {window} over the run's ranks.")
+
+    return [
+        alert(
+            c, "TorchCompileRecompiling", after_warmup("torch_compile_recompilations_total"),
+            c.torch_compile_recompile_for, c.torch_compile_recompile_severity,
+            "torch.compile keeps recompiling after warm-up " + in_run,
+            f"torch.compile recompiled functions after a guard failed, in every {window} for "
+            f"{c.torch_compile_recompile_for}, on ranks that have run for more than {warmup} " + in_run + ". "
+            + affected + "; most recompilations: " + most("torch_compile_recompilations_total", "recompilations")
+            + "." + top("torch_compile_recompilations_total", "recompilations")
+            + " Each recompilation stops the step while dynamo and the backend compile." + see
+            + " shows the guards that failed.",
+        ),
+        alert(
+            c, "TorchCompileRecompileLimit",
+            f"count by ({labels(*c.run_labels, 'location')}) (\n"
+            f"  sum by ({labels(*c.rank_labels, 'location')}) "
+            f"({select(c, 'torch_compile_recompile_limit_hits_total')}) > 0\n)",
+            c.torch_compile_limit_for, c.torch_compile_limit_severity,
+            "A function at {{ $labels.location }} hit torch.compile's recompile limit " + in_run,
+            "The function at {{ $labels.location }} recompiled torch._dynamo.config.recompile_limit times and runs "
+            "without compiling from then on " + in_run + ". " + affected + ", for example "
+            + rank_lookup(c, f"topk(1, sum by ({RANK_ONLY}) (torch_compile_recompile_limit_hits_total{{MATCH}}))",
+                          RANK_OF_SAMPLE, "location")
+            + "." + see + " shows the guards that failed.",
+        ),
+        alert(
+            c, "TorchCompileGraphBreaks", after_warmup("torch_compile_graph_breaks_total"),
+            c.torch_compile_graph_break_for, c.torch_compile_graph_break_severity,
+            "torch.compile found new graph breaks after warm-up " + in_run,
+            f"torch.compile broke graphs in the last {window} on ranks that have run for more than {warmup} "
+            + in_run + ": a code path compiled late, or a recompilation that breaks. " + affected
+            + "; most graph breaks: " + most("torch_compile_graph_breaks_total", "graph breaks") + "."
+            + top("torch_compile_graph_breaks_total", "graph breaks")
+            + " The code between two graphs runs eagerly at every call." + see + " shows dynamo's reason.",
         ),
     ]
 

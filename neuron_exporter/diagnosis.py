@@ -7,7 +7,22 @@ A rank's document (``/diagnosis?format=json`` of a rank, and ``rank-R.diagnosis.
       "sites": [{"location": "train.py:42", "host_reads": {"item": 120}, "graph_cuts": {"item": 120},
                  "new_graphs": 1, "recompilations": 0, "frames": ["step (train.py:42)", "<module> (train.py:60)"],
                  "recompilation_causes": [{"uploads": {"train.py:30": {"before": "(32, 64)", "now": "(38, 64)"}},
-                                           "cause": "uploads changed shape"}]}]}]}
+                                           "cause": "uploads changed shape"}]}],
+      "torch_compile": {"mode": "full", "torch_version": "2.9.0", "compilations": 3, "recompilations": 1,
+                        "graph_breaks": 1, "recompile_limit_hits": 0, "compile_seconds": 1.5,
+                        "functions": [{"location": "train.py:12", "function": "step", "compilations": 2,
+                                       "recompilations": {"size_mismatch": 1}, "recompile_limit_hits": 0,
+                                       "compile_seconds": 1.2, "failed_guards": [
+                                           {"reason": "size_mismatch", "compile_id": "0/1",
+                                            "guard": "tensor 'x' size mismatch at index 0. expected 4, actual 5"}]}],
+                        "graph_break_sites": [{"location": "train.py:20", "reason": "print", "count": 1,
+                                               "message": "Failed to trace builtin operator ...",
+                                               "frames": ["step (train.py:20)"],
+                                               "compiling": "step (train.py:12, compile id 0/0)"}]}}]}
+
+``torch_compile`` (``neuron_exporter.training.torch_compile``) is torch.compile's account: the compiled functions
+by their first line, with the guards whose failure recompiled them, and the graph breaks by the user line that
+broke the graph.
 
 The node endpoint merges the documents of every rank. Used by the training process (to serve its own), the node
 endpoint and ``neuron-exporter diagnose``: it imports nothing else of the package.
@@ -66,9 +81,11 @@ def _counts(mapping) -> dict[str, float]:
     return {str(key): _number(value) for key, value in mapping.items()}
 
 
-def findings(document: dict) -> list[tuple[float, str, list[str]]]:
+def findings(document: dict) -> list[tuple[float | None, str, list[str]]]:
     """(count per step of a rank where it happens, title, detail lines) of every problem in the document, what costs
-    the most first (the count per step times the ranks; a recompilation weighs ten graph cuts)."""
+    the most first (the count per step times the ranks; a recompilation weighs ten graph cuts). torch.compile's
+    graph breaks and recompile-limit hits happen once, at compile time, and cost every step after it: they have
+    no count per step (None), and weigh as one graph cut and one recompilation per step."""
     problems: dict[tuple[str, str], dict] = {}
 
     def problem(kind: str, location: str) -> dict:
@@ -99,8 +116,12 @@ def findings(document: dict) -> list[tuple[float, str, list[str]]]:
             entry["steps"] += steps
             entry["count"] += count
             entry["ranks"].add(name)
+        _compile_problems(rank.get("torch_compile"), _number(rank.get("steps")), name, problem)
     result = []
     for (kind, where), entry in problems.items():
+        if kind.startswith("compile_"):
+            result.append(_compile_finding(kind, where, entry))
+            continue
         names = sorted(entry["ranks"], key=_rank_order)
         ranks = f"rank{'s' if len(names) != 1 else ''} {', '.join(names[:8])}{', ...' if len(names) > 8 else ''}"
         count = int(entry["count"])
@@ -121,6 +142,110 @@ def findings(document: dict) -> list[tuple[float, str, list[str]]]:
         weight = rate * len(names) * (RECOMPILATION_WEIGHT if kind == "recompile" else 1)
         result.append((weight, rate, title, advice + (entry["detail"] or [])))
     return [item[1:] for item in sorted(result, key=lambda item: -item[0])]
+
+
+def _compile_problems(part, steps: float, rank: str, problem: Callable[[str, str], dict]) -> None:
+    """Gather one rank's torch.compile findings: recompilations and limit hits by function, graph breaks by line."""
+    if not isinstance(part, dict):
+        return
+    for function in part.get("functions", []):
+        if not isinstance(function, dict) or not isinstance(function.get("location"), str):
+            continue
+        guards = [g for g in function.get("failed_guards", []) if isinstance(g, dict)]
+        for kind, count in (("compile_recompile", sum(_counts(function.get("recompilations")).values())),
+                            ("compile_limit", _number(function.get("recompile_limit_hits")))):
+            if not count:
+                continue
+            entry = problem(kind, function["location"])
+            entry["steps"] += steps  # training steps seen: none in a process that only compiles
+            entry["count"] += count
+            entry["ranks"].add(rank)
+            entry["function"] = str(function.get("function") or "")
+            for kind_name, kind_count in _counts(function.get("recompilations")).items():
+                entry.setdefault("reasons", {})
+                entry["reasons"][kind_name] = entry["reasons"].get(kind_name, 0) + kind_count
+            entry["guards"] = entry.get("guards") or [g for g in guards if isinstance(g.get("guard"), str)][-3:]
+    for site in part.get("graph_break_sites", []):
+        if not isinstance(site, dict) or not isinstance(site.get("location"), str):
+            continue
+        entry = problem("compile_break", f"{site['location']}\t{site.get('reason', 'other')}")
+        entry["steps"] += steps
+        entry["count"] += _number(site.get("count"))
+        entry["ranks"].add(rank)
+        if entry["detail"] is None:
+            message = str(site.get("message") or "").splitlines()
+            frames = [str(f) for f in site.get("frames", []) if isinstance(f, str)][:4]
+            compiling = [f"while compiling {site['compiling']}"] if isinstance(site.get("compiling"), str) and \
+                site.get("compiling") else []
+            entry["detail"] = [line.strip() for line in message[:2] if line.strip()] + frames + compiling
+
+
+COMPILE_RECOMPILE_ADVICE = {
+    "size_mismatch": "A tensor's shape changed: mark the dimension dynamic (torch._dynamo.mark_dynamic(x, 0) before "
+                     "the call, or torch.compile(..., dynamic=True)), or pad or bucket the inputs to a few fixed "
+                     "shapes (drop_last=True for the last batch).",
+    "value_changed": "A Python value the graph was specialized on changed (an int or float argument, a global, a "
+                     "step counter): pass it as a tensor, or keep it constant.",
+    "dtype_mismatch": "A tensor came with another dtype: cast the inputs to one dtype before the call.",
+    "device_mismatch": "A tensor came on another device: move the inputs to one device before the call.",
+    "requires_grad_mismatch": "requires_grad of an input changed between calls: keep it the same, or compile the "
+                              "training and evaluation steps as separate functions.",
+    "global_state": "Global state changed between calls (grad mode, autocast): compile the training and evaluation "
+                    "steps as separate functions.",
+}
+COMPILE_RECOMPILE_DEFAULT = ("A guard of the compiled code failed (shown below): make what it checks the same at "
+                             "every call, or mark it dynamic.")
+
+
+def _compile_finding(kind: str, where: str, entry: dict) -> tuple[float, float | None, str, list[str]]:
+    names = sorted(entry["ranks"], key=_rank_order)
+    ranks = f"rank{'s' if len(names) != 1 else ''} {', '.join(names[:8])}{', ...' if len(names) > 8 else ''}"
+    count = int(entry["count"])
+    function = f"{entry.get('function')}()" if entry.get("function") else "the function"
+    guards = [f"failed guard ({g.get('reason', 'other')}): {g['guard']}" for g in entry.get("guards", [])]
+    if kind == "compile_break":
+        location, reason = where.split("\t", 1)
+        title = (f"{location}: {count} torch.compile graph break{'s' if count != 1 else ''} "
+                 f"({_break_text(reason)}) ({ranks})")
+        advice = [_break_advice(reason)]
+        return len(names), None, title, advice + (entry["detail"] or [])
+    if kind == "compile_limit":
+        title = (f"{where}: {function} hit torch.compile's recompile limit and runs without compiling from then "
+                 f"on ({ranks})")
+        advice = ["It recompiled torch._dynamo.config.recompile_limit times (8 by default). Remove the cause of the "
+                  "recompilations below rather than raising the limit."]
+        return len(names) * RECOMPILATION_WEIGHT, None, title, advice + guards[-2:]
+    reasons = entry.get("reasons", {})
+    top = max(reasons, key=reasons.get) if reasons else "other"
+    shown = ", ".join(f"{name} {int(n)}" for name, n in sorted(reasons.items(), key=lambda item: -item[1]))
+    title = (f"{where}: {count} torch.compile recompilation{'s' if count != 1 else ''} of {function}: {shown} "
+             f"({ranks})")
+    rate = entry["count"] / entry["steps"] if entry["steps"] else None
+    weight = (rate if rate is not None else entry["count"]) * len(names) * RECOMPILATION_WEIGHT
+    advice = [COMPILE_RECOMPILE_ADVICE.get(top, COMPILE_RECOMPILE_DEFAULT)]
+    return weight, rate, title, advice + guards
+
+
+def _break_text(reason: str) -> str:
+    return {"print": "print or logging", "data_dependent_branch": "an if or while on a tensor's value",
+            "tensor_value": "a tensor's value read in Python (.item(), .tolist(), a data-dependent shape)",
+            "explicit": "torch._dynamo.graph_break()", "disabled_function": "a function torch.compile skips",
+            "autograd": "autograd inside the compiled function", "context_manager": "a context manager",
+            "store_attr": "an attribute assignment", "unsupported_builtin": "an unsupported builtin",
+            "unsupported_call": "an unsupported call"}.get(reason, reason)
+
+
+def _break_advice(reason: str) -> str:
+    common = " Check with torch.compile(..., fullgraph=True), which raises at the first graph break."
+    return {
+        "print": "Move the print or log call out of the compiled function, or log every N steps outside it.",
+        "data_dependent_branch": "Python control flow on a tensor's value: use torch.where, or torch.cond for "
+                                 "branches; keep the decision out of the compiled function.",
+        "tensor_value": "A tensor's value is needed in Python: keep it on the device, or set "
+                        "torch._dynamo.config.capture_scalar_outputs = True for .item().",
+        "autograd": "Call loss.backward() outside the compiled function (compile the model or the loss only).",
+    }.get(reason, "Dynamo could not trace this line: rewrite it with torch operations or move it out of the "
+                  "compiled function.") + common
 
 
 def _changes(changes: list[dict]) -> list[str]:
@@ -167,12 +292,31 @@ def page(make_document: Callable[[], dict]) -> Callable[[dict], tuple[bytes, str
 def render_text(document: dict) -> str:
     ranks = document.get("ranks", [])
     lines = [f"Diagnosis of {len(ranks)} rank{'s' if len(ranks) != 1 else ''}: what to fix first."]
+    compiled = _compile_summary(ranks)
+    if compiled:
+        lines.append(compiled)
     problems = findings(document)
     if not problems:
-        lines.append("No graph cuts, recompilations or CPU-fallback operators seen.")
+        lines.append("No graph cuts, recompilations, graph breaks or CPU-fallback operators seen.")
     for number, (rate, title, detail) in enumerate(problems, start=1):
         lines.append("")
-        lines.append(f"{number}. {title}: {rate:.2f} per step")
+        lines.append(f"{number}. {title}" + (f": {rate:.2f} per step" if rate is not None else ""))
         for line in detail:
             lines.extend(textwrap.wrap(line, WIDTH, initial_indent="   ", subsequent_indent="     ") or ["   "])
     return "\n".join(lines) + "\n"
+
+
+def _compile_summary(ranks: list) -> str | None:
+    """One line of torch.compile totals over the ranks that compiled anything; None if none did."""
+    parts = [rank.get("torch_compile") for rank in ranks if isinstance(rank, dict)]
+    parts = [p for p in parts if isinstance(p, dict) and (_number(p.get("compilations"))
+                                                          or _number(p.get("graph_breaks")))]
+    if not parts:
+        return None
+    total = {key: sum(_number(p.get(key)) for p in parts)
+             for key in ("compilations", "recompilations", "graph_breaks", "recompile_limit_hits", "compile_seconds")}
+    counting = " (counted without lines on this torch)" if any(p.get("mode") == "counting" for p in parts) else ""
+    return (f"torch.compile on {len(parts)} rank{'s' if len(parts) != 1 else ''}: {int(total['compilations'])} "
+            f"compilations, {int(total['recompilations'])} recompilations, {int(total['graph_breaks'])} graph "
+            f"breaks, {int(total['recompile_limit_hits'])} functions at the recompile limit, "
+            f"{total['compile_seconds']:.1f} s compiling{counting}.")

@@ -307,7 +307,7 @@ def test_configured_labels_survive_into_the_alert(tmp_path):
 def test_build_entry_point_writes_everything_from_a_config(tmp_path):
     written = build.build({"selector": 'job="training"', "graph_cuts_per_step": 1}, output_dir=tmp_path)
     assert sorted(p.relative_to(tmp_path).as_posix() for p in written) == [
-        "dashboards/fragmentation-recompiles.json", "dashboards/training-overview.json",
+        "dashboards/fragmentation-recompiles.json", "dashboards/torch-compile.json", "dashboards/training-overview.json",
         f"rules/{rules.ALERTS_FILE}", f"rules/{rules.RECORDING_FILE}"]
     alerts = yaml.safe_load((tmp_path / "rules" / rules.ALERTS_FILE).read_text())["groups"][0]["rules"]
     assert next(r for r in alerts if r["alert"] == "NeuronExporterDown")["expr"] == 'up{job="training"} == 0'

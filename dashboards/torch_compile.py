@@ -1,0 +1,144 @@
+"""The "torch.compile" dashboard: what dynamo compiles, recompiles and breaks, by function and line, whatever the
+backend (inductor, aot_eager, torch_xla's openxla, a vendor's)."""
+
+from __future__ import annotations
+
+from grafana_foundation_sdk.builders.dashboard import Dashboard, Row
+from grafana_foundation_sdk.models import dashboard as model
+
+from .config import DEFAULTS, Config
+from .panels import RANK_LEGEND, Queries, dashboard_links, finish, graph, merged_table, note, single_stat, variables
+
+UID = "neuron-exporter-torch-compile"
+
+SITE_REASON_COLUMNS = {"run_id": "Run", "location": "Site", "reason": "Reason"}
+SITE_COLUMNS = {"run_id": "Run", "location": "Site"}
+SITES = ("A function's site is its first line (a compiled module: the line that called it); a graph break's site "
+         "is the user line that broke the graph; other when the exporter's label budget is full. neuron-exporter "
+         "diagnose URL (or the endpoint's /diagnosis page) shows the guard that failed and dynamo's full reason.")
+
+COMPILE_TEXT = """
+**What it means.** `torch.compile` (dynamo) turns each Python function it compiles into graphs, guarded by
+checks on the inputs (shapes, dtypes, Python values). A *recompilation* happens when a guard fails: the function
+is compiled again for the new input, and the step waits. After `torch._dynamo.config.recompile_limit`
+recompilations (8 by default) the function *hits the recompile limit* and runs eagerly, uncompiled, from then on.
+A *graph break* is a line dynamo cannot put in a graph (`print`, an `if` on a tensor's value, `.item()`, an
+unsupported call): the function is split into several graphs with Python in between, at every call. Graph breaks
+and recompilations are counted when dynamo compiles, so after warm-up both should stay flat.
+
+**What to do.** *Recompilations by function* names the function and the kind of guard that failed:
+`size_mismatch` (mark the dimension dynamic with `torch._dynamo.mark_dynamic(x, 0)` or `dynamic=True`, or pad to
+a few fixed shapes), `value_changed` (a Python int or float argument changed: pass it as a tensor), `dtype_` /
+`device_` / `requires_grad_mismatch`, `global_state` (grad mode: compile train and eval steps separately).
+*Graph breaks by line* names each breaking line and why; compile with `fullgraph=True` to make the first break an
+error while you remove them. `neuron-exporter diagnose URL` shows the guards and dynamo's messages.
+"""
+
+
+def summary_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
+    def in_range(metric: str) -> str:
+        return f"sum(increase({metric}{{{q.rank}}}[$__range])) or vector(0)"
+
+    return (board.with_row(Row("torch.compile summary"))
+            .with_panel(single_stat(
+                "Compilations in range", "Frames compiled by torch.compile in the selected time range, all "
+                "selected ranks: first compilations and recompilations.",
+                "short", in_range("torch_compile_compilations_total"), width=6))
+            .with_panel(single_stat(
+                "torch.compile recompilations in range", "Recompilations (a guard of the compiled code failed) in "
+                "the selected time range, all selected ranks. A stable training loop has none after warm-up.",
+                "short", in_range("torch_compile_recompilations_total"),
+                steps=((None, "green"), (1, "orange"), (10, "red")), width=6))
+            .with_panel(single_stat(
+                "Graph breaks in range", "Graph breaks found while compiling in the selected time range, all "
+                "selected ranks. Each one splits a compiled function at every call.",
+                "short", in_range("torch_compile_graph_breaks_total"), steps=((None, "green"), (1, "orange")),
+                width=6))
+            .with_panel(single_stat(
+                "Functions at the recompile limit", "Compiled functions that hit the recompile limit on the "
+                "selected ranks and run without compiling from then on (counted once per function and process).",
+                "short", f"sum(torch_compile_recompile_limit_hits_total{{{q.rank}}}) or vector(0)",
+                steps=((None, "green"), (1, "red")), width=6)))
+
+
+def where_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
+    return (board.with_row(Row("Where: functions and lines"))
+            .with_panel(note("torch.compile: what it means, what to do",
+                             "How to read and fix the torch.compile panels of this dashboard.", COMPILE_TEXT,
+                             height=11))
+            .with_panel(merged_table(
+                "Recompilations by function", "Recompilations in the selected time range per run, compiled function "
+                "(its first line) and kind of failed guard (size_mismatch, value_changed, dtype_mismatch, ...), "
+                "and how many ranks recompiled there. " + SITES,
+                "short", SITE_REASON_COLUMNS,
+                (f"{q.increase('torch_compile_recompilations_total', 'run_id, location, reason')} > 0",
+                 "Recompilations in range", None),
+                (q.ranks_with("torch_compile_recompilations_total", "location, reason"), "Ranks", None)))
+            .with_panel(merged_table(
+                "Graph breaks by line", "Graph breaks found while compiling in the selected time range, per run, "
+                "user line and kind of reason (print, data_dependent_branch, tensor_value, unsupported_call, ...), "
+                "and how many ranks broke there. " + SITES,
+                "short", SITE_REASON_COLUMNS,
+                (f"{q.increase('torch_compile_graph_breaks_total', 'run_id, location, reason')} > 0",
+                 "Graph breaks in range", None),
+                (q.ranks_with("torch_compile_graph_breaks_total", "location, reason"), "Ranks", None)))
+            .with_panel(merged_table(
+                "Functions at the recompile limit by site", "Compiled functions that hit the recompile limit and run "
+                "without compiling, per run and function (its first line): on how many ranks. " + SITES,
+                "short", SITE_COLUMNS,
+                (f"count by (run_id, location) (sum by (run_id, rank, location) "
+                 f"(torch_compile_recompile_limit_hits_total{{{q.rank}}}) > 0)", "Ranks", None)))
+            .with_panel(merged_table(
+                "Compilations by function", "Frames compiled per run and function (its first line; a compiled "
+                "module: the line that called it): per rank since the process started (the mean over the ranks "
+                "that compiled it), in the selected time range (all selected ranks), and on how many ranks.",
+                "short", SITE_COLUMNS,
+                (f"avg by (run_id, location) (sum by (run_id, rank, location) "
+                 f"(torch_compile_compilations_total{{{q.rank}}}))", "Per rank", None),
+                (q.increase("torch_compile_compilations_total", "run_id, location"), "In range", None),
+                (f"count by (run_id, location) (sum by (run_id, rank, location) "
+                 f"(torch_compile_compilations_total{{{q.rank}}}))", "Ranks", None))))
+
+
+def rank_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
+    return (board.with_row(Row("By rank"))
+            .with_panel(graph(
+                "torch.compile recompilations per minute by rank", "Recompilations per minute on each rank. After "
+                "warm-up the line should stay at 0; the recompilation alert fires when it does not for "
+                f"{c.torch_compile_recompile_for}.",
+                "suffix:compiles/min", (f"60 * {q.rate('torch_compile_recompilations_total')}", RANK_LEGEND),
+                width=8))
+            .with_panel(graph(
+                "Graph breaks per minute by rank", "Graph breaks found per minute on each rank (at compile time, "
+                "so only while dynamo compiles).",
+                "suffix:breaks/min", (f"60 * {q.rate('torch_compile_graph_breaks_total')}", RANK_LEGEND),
+                width=8))
+            .with_panel(graph(
+                "torch.compile compilations per minute by rank", "Frames compiled per minute on each rank: first "
+                "compilations and recompilations.",
+                "suffix:compiles/min", (f"60 * {q.rate('torch_compile_compilations_total')}", RANK_LEGEND),
+                width=8))
+            .with_panel(graph(
+                "Share of time compiling by rank", "Seconds spent compiling (dynamo and the backend, forward and "
+                "backward graphs) per second of wall time, on each rank.",
+                "percentunit", (q.rate("torch_compile_compile_seconds_total"), RANK_LEGEND), width=12))
+            .with_panel(graph(
+                "Mean time per torch.compile compilation", "Compile time of one frame on average since the process "
+                "started, per rank: what each recompilation costs.",
+                "s", (f"sum by (run_id, rank) (torch_compile_compile_seconds_total{{{q.rank}}})"
+                      f" / sum by (run_id, rank) (torch_compile_compilations_total{{{q.rank}}})", RANK_LEGEND),
+                width=12)))
+
+
+def build(c: Config = DEFAULTS) -> model.Dashboard:
+    """The dashboard for configuration ``c`` (its selector)."""
+    q = Queries(c)
+    board = (Dashboard("neuron-exporter / torch.compile").uid(UID)
+             .description("What torch.compile (dynamo) compiles, recompiles and breaks, by function and line, per "
+                          "run and rank, whatever the backend.")
+             .tags(["neuron-exporter", "torch-compile"]).time("now-1h", "now").refresh("30s")
+             .tooltip(model.DashboardCursorSync.CROSSHAIR).links(dashboard_links()))
+    board = variables(board, q)
+    for row in (summary_row, where_row, rank_row):
+        board = row(board, c, q)
+    return finish(board)

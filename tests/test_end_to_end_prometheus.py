@@ -353,7 +353,27 @@ def test_dashboard_variables_list_the_run(run):
     assert set(found["op"]) == {"aten::lgamma", "aten::digamma"}
     assert found["instance"] == [run.instances[JOB]]
     assert found["cluster"] == found["namespace"] == []  # labels Prometheus adds in Kubernetes, not here
-    assert len(found["run_id"]) <= 1  # one run, once the ranks carry run_id
+    assert len(found["run_id"]) == 1  # the job's one run
+
+
+def test_the_runs_row_shows_each_of_two_concurrent_runs(run):
+    """Both trainings ran at once; each is its own run_id, and every per-run panel shows one series per run."""
+    board = json.loads((build.DASHBOARDS_DIR / "training-overview.json").read_text())
+    titles = ("Ranks by run", "Steps per second by run", "Graph cuts per training step by run",
+              "Step markers per training step by run")
+    panels = [panel for panel in board["panels"] if panel.get("title") in titles]
+    assert sorted(panel["title"] for panel in panels) == sorted(titles)
+    runs_by_job = {}
+    for panel in panels:
+        expr = substitute(panel["targets"][0]["expr"], **BOTH_JOBS)
+        series = run.query(expr)["data"]["result"]
+        runs = {(s["metric"].get("job"), s["metric"]["run_id"]) for s in series}
+        assert len(runs) == 2 and {job for job, _ in runs} == {JOB, TRAINER_JOB}, (panel["title"], series)
+        runs_by_job.setdefault(panel["title"], runs)
+    assert len({frozenset(runs) for runs in runs_by_job.values()}) == 1  # the same two runs in every panel
+    cuts = {s["metric"]["job"]: float(s["value"][1]) for s in run.query(substitute(
+        next(p for p in panels if p["title"] == titles[2])["targets"][0]["expr"], **BOTH_JOBS))["data"]["result"]}
+    assert cuts[TRAINER_JOB] > 1.0 and cuts[JOB] > 1.0  # 1.2 per step; 2 per step (lgamma, digamma)
 
 
 def test_the_metric_contract_is_what_the_exporter_serves(run):

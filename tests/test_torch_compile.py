@@ -107,7 +107,8 @@ def test_a_batch_size_that_changes_is_a_recompilation_by_size_mismatch_at_the_fu
     (entry,) = compile_part(found)["functions"]
     assert entry["function"] == "shapes" and entry["location"] == function
     last = 4 + recompilations
-    assert entry["failed_guards"][-1]["guard"] == f"tensor 'x' size mismatch at index 0. expected {last - 1}, actual {last}"
+    assert entry["failed_guards"][-1]["guard"] == (
+        f"tensor 'x' size mismatch at index 0. expected {last - 1}, actual {last}")
     assert f"{function}: {recompilations} torch.compile recompilations of shapes(): size_mismatch" in found["text"]
 
 
@@ -118,7 +119,7 @@ def test_a_python_int_that_changes_is_a_recompilation_by_value_changed():
     recompilations = series(found["metrics"], "torch_compile_recompilations_total")
     assert list(recompilations) == [(function, "value_changed")] and recompilations[(function, "value_changed")] >= 1
     (entry,) = compile_part(found)["functions"]
-    assert entry["failed_guards"][0]["guard"].startswith("n == 2 ")
+    assert entry["failed_guards"][-1]["guard"].startswith(f"n == {STEPS} ")  # n = 2, 3, ...: the last call's guard
 
 
 @pytest.mark.parametrize("scenario, reason, backend", [
@@ -134,7 +135,8 @@ def test_a_graph_break_is_named_by_its_line_and_reason(scenario, reason, backend
     (entry,) = compile_part(found)["graph_break_sites"]
     assert entry["location"] == site and entry["reason"] == reason and entry["count"] == 1
     assert entry["frames"][0].endswith(f"({site})")
-    assert entry["compiling"].startswith(f"{'noisy' if scenario == 'print' else 'branch'} ({line_of(scenario + ' function')}")
+    function = "noisy" if scenario == "print" else "branch"
+    assert entry["compiling"].startswith(f"{function} ({line_of(scenario + ' function')}, compile id 0/0)")
     assert f"{site}: 1 torch.compile graph break" in found["text"]
 
 
@@ -231,3 +233,31 @@ def test_a_graph_break_reason_is_reduced_to_a_bounded_reason(message, reason):
     from neuron_exporter.training.torch_compile import GRAPH_BREAK_REASONS, break_reason
 
     assert break_reason(message) == reason and reason in GRAPH_BREAK_REASONS
+
+
+def test_the_diagnosis_ranks_compile_findings_over_ranks_and_ignores_parts_of_the_wrong_shape():
+    from neuron_exporter import diagnosis
+
+    def rank(name: str, part) -> dict:
+        return {"rank": name, "local_rank": name, "steps": 10, "sites": [], "torch_compile": part}
+
+    part = {"mode": "full", "compilations": 3, "recompilations": 2, "graph_breaks": 1, "recompile_limit_hits": 0,
+            "compile_seconds": 1.25,
+            "functions": [{"location": "train.py:12", "function": "step", "compilations": 3,
+                           "recompilations": {"size_mismatch": 2}, "recompile_limit_hits": 0,
+                           "failed_guards": [{"reason": "size_mismatch", "compile_id": "0/2",
+                                              "guard": "tensor 'x' size mismatch at index 0. expected 5, actual 6"}]}],
+            "graph_break_sites": [{"location": "train.py:20", "reason": "print", "count": 1,
+                                   "message": "Failed to trace builtin operator\n  Explanation: print",
+                                   "frames": ["step (train.py:20)"], "compiling": "step (train.py:12, compile id 0/0)"}]}
+    document = diagnosis.merge([{"format": 1, "ranks": [rank("0", part), rank("1", part)]},
+                                {"format": 1, "ranks": [rank("2", "not a part"), rank("3", {"functions": [7]})]}])
+    text = diagnosis.render_text(document)
+    lines = text.splitlines()
+    assert lines[1] == ("torch.compile on 2 ranks: 6 compilations, 4 recompilations, 2 graph breaks, 0 functions at "
+                        "the recompile limit, 2.5 s compiling.")
+    assert lines[3] == ("1. train.py:12: 4 torch.compile recompilations of step(): size_mismatch 4 (ranks 0, 1): "
+                        "0.20 per step")
+    assert "failed guard (size_mismatch): tensor 'x' size mismatch at index 0. expected 5, actual 6" in text
+    assert "2. train.py:20: 2 torch.compile graph breaks (print or logging) (ranks 0, 1)\n" in text
+    assert "while compiling step (train.py:12, compile id 0/0)" in text

@@ -197,7 +197,8 @@ class ExporterHandle:
         own = self.diagnosis()
         if self._node_view is None:
             return own
-        return self._node_view.diagnosis(own=own if self.claimed else None)
+        # A process that compiled with torch.compile has something to show even before a torch_xla step (a GPU loop).
+        return self._node_view.diagnosis(own=own if self.claimed or self.torch_compile.compiled else None)
 
     def _render(self) -> bytes:
         own = generate_latest(self._rank_registry)

@@ -111,7 +111,8 @@ def break_reason(text: str | None) -> str:
 
 
 def _without_compile_id(text: str) -> str:
-    """``0/1: tensor 'x' ...`` -> ``tensor 'x' ...`` (dynamo prefixes the compile id of the entry whose guard failed)."""
+    """``0/1: tensor 'x' ...`` -> ``tensor 'x' ...``: dynamo prefixes the compile id of the entry whose guard
+    failed."""
     return re.sub(r"^!?[0-9/]+(_[0-9]+)?: ", "", text.strip())
 
 
@@ -550,6 +551,12 @@ class TorchCompileSource:
             function.guards.append({"reason": kind, "guard": guard, "compile_id": record.compile_id})
 
     # -- serving --------------------------------------------------------------------------------------------
+    @property
+    def compiled(self) -> bool:
+        """Whether dynamo compiled anything in this process since attach()."""
+        self.poll()
+        return bool(self.functions or self.breaks or self.compilations)
+
     def snapshot(self) -> tuple[list[FunctionRecord], list[BreakRecord], float, int]:
         """Copies of (functions, graph-break sites, compile seconds, compilations counted without records)."""
         self.poll()
@@ -595,11 +602,14 @@ class TorchCompileSource:
             "graph_breaks": sum(b.count for b in breaks),
             "recompile_limit_hits": sum(f.limit_hits for f in functions),
             "compile_seconds": round(seconds, 6),
-            "functions": [f.as_dict() for f in sorted(
-                functions, key=lambda f: (-f.limit_hits, -sum(f.recompilations.values()), -f.compilations))[:MAX_SHOWN]],
+            "functions": [f.as_dict() for f in sorted(functions, key=_worst_first)[:MAX_SHOWN]],
             "graph_break_sites": [b.as_dict() for b in sorted(breaks, key=lambda b: -b.count)[:MAX_SHOWN]],
             "records_missed": self.missed,
         }
+
+
+def _worst_first(function: FunctionRecord) -> tuple:
+    return -function.limit_hits, -sum(function.recompilations.values()), -function.compilations
 
 
 def _values(family: str, functions: list[FunctionRecord], breaks: list[BreakRecord]):

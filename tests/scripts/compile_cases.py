@@ -53,8 +53,7 @@ if "--no-attach" not in sys.argv:
 
     if "--untested-torch" in sys.argv:
         torch_compile.TESTED_TORCH = ()
-    handle = neuron_exporter.attach(port=0, addr="127.0.0.1", warmup_steps=2, spool_dir=tempfile.mkdtemp(),
-                                    node_view=False)  # its own /diagnosis, also before its first XLA step
+    handle = neuron_exporter.attach(port=0, addr="127.0.0.1", warmup_steps=2, spool_dir=tempfile.mkdtemp())
 
 device = torch_xla.device() if backend == "openxla" else torch.device("cpu")
 sink = io.StringIO()
@@ -150,7 +149,8 @@ own = {
     "compilations": [place(r.co_filename, r.co_firstlineno) for r in forward if r.fail_type is None],
     "recompilations": [[place(r.co_filename, r.co_firstlineno), r.recompile_reason] for r in forward
                        if r.recompile_reason and r.fail_type is None],
-    "limit_hits": [functions.get(r.compile_id.split("/")[0]) for r in forward if r.fail_type == "RecompileLimitExceeded"],
+    "limit_hits": [functions.get(r.compile_id.split("/")[0]) for r in forward
+                   if r.fail_type == "RecompileLimitExceeded"],
     "graph_breaks": logged_breaks,
     "compile_ids": [r.compile_id for r in forward],
     "compile_seconds": sum((r.duration_us or 0) / 1e6 for r in records),

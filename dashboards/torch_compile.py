@@ -7,7 +7,8 @@ from grafana_foundation_sdk.builders.dashboard import Dashboard, Row
 from grafana_foundation_sdk.models import dashboard as model
 
 from .config import DEFAULTS, Config
-from .panels import RANK_LEGEND, Queries, dashboard_links, finish, graph, merged_table, note, single_stat, variables
+from .panels import (BY_RANK, RANK_LEGEND, Queries, dashboard_links, finish, graph, merged_table, note, single_stat,
+                     variables)
 
 UID = "neuron-exporter-torch-compile"
 
@@ -33,6 +34,18 @@ a few fixed shapes), `value_changed` (a Python int or float argument changed: pa
 *Graph breaks by line* names each breaking line and why; compile with `fullgraph=True` to make the first break an
 error while you remove them. `neuron-exporter diagnose URL` shows the guards and dynamo's messages.
 """
+
+
+def watched(q: Queries, by: str) -> str:
+    """0 for each run (or rank) whose ranks report torch.compile, from the series every such rank exports
+    (``torch_compile_compile_seconds_total``, 0 until something compiles)."""
+    return f"0 * sum by ({by}) (torch_compile_compile_seconds_total{{{q.rank}}})"
+
+
+def or_none_found(q: Queries, expr: str, by: str = "run_id") -> str:
+    """``expr``, or 0 for a watched run (or rank) that has none of it: the panel says the run was watched and nothing
+    was found, instead of showing no data."""
+    return f"({expr}) or on ({by}) {watched(q, by)}"
 
 
 def summary_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
@@ -71,33 +84,36 @@ def where_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                 "(its first line) and kind of failed guard (size_mismatch, value_changed, dtype_mismatch, ...), "
                 "and how many ranks recompiled there. " + SITES,
                 "short", SITE_REASON_COLUMNS,
-                (f"{q.increase('torch_compile_recompilations_total', 'run_id, location, reason')} > 0",
-                 "Recompilations in range", None),
-                (q.ranks_with("torch_compile_recompilations_total", "location, reason"), "Ranks", None)))
+                (or_none_found(q, f"{q.increase('torch_compile_recompilations_total', 'run_id, location, reason')}"
+                                  " > 0"), "Recompilations in range", None),
+                (or_none_found(q, q.ranks_with("torch_compile_recompilations_total", "location, reason")), "Ranks",
+                 None)))
             .with_panel(merged_table(
                 "Graph breaks by line", "Graph breaks found while compiling in the selected time range, per run, "
                 "user line and kind of reason (print, data_dependent_branch, tensor_value, unsupported_call, ...), "
                 "and how many ranks broke there. " + SITES,
                 "short", SITE_REASON_COLUMNS,
-                (f"{q.increase('torch_compile_graph_breaks_total', 'run_id, location, reason')} > 0",
-                 "Graph breaks in range", None),
-                (q.ranks_with("torch_compile_graph_breaks_total", "location, reason"), "Ranks", None)))
+                (or_none_found(q, f"{q.increase('torch_compile_graph_breaks_total', 'run_id, location, reason')}"
+                                  " > 0"), "Graph breaks in range", None),
+                (or_none_found(q, q.ranks_with("torch_compile_graph_breaks_total", "location, reason")), "Ranks",
+                 None)))
             .with_panel(merged_table(
                 "Functions at the recompile limit by site", "Compiled functions that hit the recompile limit and run "
                 "without compiling, per run and function (its first line): on how many ranks. " + SITES,
                 "short", SITE_COLUMNS,
-                (f"count by (run_id, location) (sum by (run_id, rank, location) "
-                 f"(torch_compile_recompile_limit_hits_total{{{q.rank}}}) > 0)", "Ranks", None)))
+                (or_none_found(q, f"count by (run_id, location) (sum by (run_id, rank, location) "
+                                  f"(torch_compile_recompile_limit_hits_total{{{q.rank}}}) > 0)"), "Ranks", None)))
             .with_panel(merged_table(
                 "Compilations by function", "Frames compiled per run and function (its first line; a compiled "
                 "module: the line that called it): per rank since the process started (the mean over the ranks "
                 "that compiled it), in the selected time range (all selected ranks), and on how many ranks.",
                 "short", SITE_COLUMNS,
-                (f"avg by (run_id, location) (sum by (run_id, rank, location) "
-                 f"(torch_compile_compilations_total{{{q.rank}}}))", "Per rank", None),
-                (q.increase("torch_compile_compilations_total", "run_id, location"), "In range", None),
-                (f"count by (run_id, location) (sum by (run_id, rank, location) "
-                 f"(torch_compile_compilations_total{{{q.rank}}}))", "Ranks", None))))
+                (or_none_found(q, f"avg by (run_id, location) (sum by (run_id, rank, location) "
+                                  f"(torch_compile_compilations_total{{{q.rank}}}))"), "Per rank", None),
+                (or_none_found(q, q.increase("torch_compile_compilations_total", "run_id, location")), "In range",
+                 None),
+                (or_none_found(q, f"count by (run_id, location) (sum by (run_id, rank, location) "
+                                  f"(torch_compile_compilations_total{{{q.rank}}}))"), "Ranks", None))))
 
 
 def rank_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
@@ -106,27 +122,29 @@ def rank_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                 "torch.compile recompilations per minute by rank", "Recompilations per minute on each rank. After "
                 "warm-up the line should stay at 0; the recompilation alert fires when it does not for "
                 f"{c.torch_compile_recompile_for}.",
-                "suffix:compiles/min", (f"60 * {q.rate('torch_compile_recompilations_total')}", RANK_LEGEND),
+                "suffix:compiles/min",
+                (or_none_found(q, f"60 * {q.rate('torch_compile_recompilations_total')}", BY_RANK), RANK_LEGEND),
                 width=8))
             .with_panel(graph(
                 "Graph breaks per minute by rank", "Graph breaks found per minute on each rank (at compile time, "
                 "so only while dynamo compiles).",
-                "suffix:breaks/min", (f"60 * {q.rate('torch_compile_graph_breaks_total')}", RANK_LEGEND),
+                "suffix:breaks/min",
+                (or_none_found(q, f"60 * {q.rate('torch_compile_graph_breaks_total')}", BY_RANK), RANK_LEGEND),
                 width=8))
             .with_panel(graph(
                 "torch.compile compilations per minute by rank", "Frames compiled per minute on each rank: first "
                 "compilations and recompilations.",
-                "suffix:compiles/min", (f"60 * {q.rate('torch_compile_compilations_total')}", RANK_LEGEND),
+                "suffix:compiles/min",
+                (or_none_found(q, f"60 * {q.rate('torch_compile_compilations_total')}", BY_RANK), RANK_LEGEND),
                 width=8))
             .with_panel(graph(
                 "Share of time compiling by rank", "Seconds spent compiling (dynamo and the backend, forward and "
                 "backward graphs) per second of wall time, on each rank.",
                 "percentunit", (q.rate("torch_compile_compile_seconds_total"), RANK_LEGEND), width=12))
             .with_panel(graph(
-                "Mean time per torch.compile compilation", "Compile time of one frame on average since the process "
-                "started, per rank: what each recompilation costs.",
-                "s", (f"sum by (run_id, rank) (torch_compile_compile_seconds_total{{{q.rank}}})"
-                      f" / sum by (run_id, rank) (torch_compile_compilations_total{{{q.rank}}})", RANK_LEGEND),
+                "Time compiling since the start by rank", "Seconds spent compiling since the process started, on "
+                "each rank (dynamo and the backend); divided by Compilations by function, what a compilation costs.",
+                "s", (f"sum by (run_id, rank) (torch_compile_compile_seconds_total{{{q.rank}}})", RANK_LEGEND),
                 width=12)))
 
 

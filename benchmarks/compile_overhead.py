@@ -47,12 +47,13 @@ def make_step(backend: str):
     return step
 
 
-def run_block(step, steps: int) -> float:
-    """Seconds per step over one block."""
-    start = time.perf_counter()
+def run_block(step, steps: int) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of the training thread) per step over one block; the CPU time leaves out the
+    time the thread waited for a core, which other processes of a busy machine take."""
+    start, start_cpu = time.perf_counter(), time.thread_time()
     for _ in range(steps):
         step()
-    return (time.perf_counter() - start) / steps
+    return (time.perf_counter() - start) / steps, (time.thread_time() - start_cpu) / steps
 
 
 def compilations() -> int:
@@ -67,17 +68,19 @@ def measure(backend: str, rounds: int, steps: int) -> None:
         run_block(step, 30)
     before = compilations()
     per_step: dict[str, list[float]] = {"bare": [], "attach()": []}
+    cpu_per_step: dict[str, list[float]] = {"bare": [], "attach()": []}
     hook_seconds = 0.0  # the exporter's own time in its step hook and host-read wrappers, attached blocks
     for round_index in range(rounds):
         order = list(per_step) if round_index % 2 == 0 else list(reversed(per_step))  # who goes first alternates
         for variant in order:
             if variant == "bare":
-                seconds = run_block(step, steps)
+                seconds, cpu = run_block(step, steps)
             else:
                 with neuron_exporter.attach(port=0, addr="127.0.0.1") as handle:
-                    seconds = run_block(step, steps)
+                    seconds, cpu = run_block(step, steps)
                     hook_seconds += handle.stats.hook_seconds
             per_step[variant].append(seconds)
+            cpu_per_step[variant].append(cpu)
     compiled_since = compilations() - before
     with neuron_exporter.attach(port=0, addr="127.0.0.1"):
         own = hooks_per_step()
@@ -91,6 +94,9 @@ def measure(backend: str, rounds: int, steps: int) -> None:
           f"({(attached - bare) * 1e6:+.1f} us/step)")
     print(f"  median of the rounds' own ratios x{paired:.3f}; fastest block attached / fastest block bare "
           f"x{fastest:.3f}")
+    bare_cpu, attached_cpu = (statistics.median(cpu_per_step[v]) for v in ("bare", "attach()"))
+    print(f"  CPU time of the training thread: bare {bare_cpu * 1e6:.1f} us/step, attach() {attached_cpu * 1e6:.1f} "
+          f"us/step, x{attached_cpu / bare_cpu:.3f}")
     print(f"  the exporter's own time on the training thread: {hook_seconds / (rounds * steps) * 1e6:.2f} us/step in "
           f"its step hook and host-read wrappers (torch_xla step markers), {own * 1e6:.2f} us/step in its "
           f"optimizer-step hooks (step counting, and the check for new compilation records)")

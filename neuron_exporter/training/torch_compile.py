@@ -389,6 +389,7 @@ class TorchCompileSource:
 
     def after_fork(self) -> None:
         """In a forked child: count from zero, as the child's own."""
+        self._lock = threading.RLock()  # another thread of the parent may have held it at the fork
         with self._lock:
             newest, utils = self._newest, self._utils
             frames = dict(self._frames)

@@ -55,6 +55,25 @@ def samples(exposition: str) -> dict[tuple[str, frozenset], float]:
     return result
 
 
+def series(exposition: str, name: str) -> dict[tuple, float]:
+    """{(label values but the rank's own labels (run_id, rank, local_rank), sorted by label name): value} of one
+    family."""
+    found = {}
+    for (sample, labels), v in samples(exposition).items():
+        if sample == name:
+            found[tuple(value for key, value in sorted(labels) if key not in ("rank", "local_rank", "run_id"))] = v
+    return found
+
+
+def marked_line(script: Path, site: str) -> str:
+    """``tests/scripts/<script>:N`` of the line of ``script`` marked ``# site: <site>`` (as the exporter names it,
+    from the repository root)."""
+    for number, line in enumerate(script.read_text().splitlines(), start=1):
+        if line.endswith(f"# site: {site}"):
+            return f"{script.relative_to(ROOT)}:{number}"
+    raise AssertionError(f"no line of {script.name} marked {site}")
+
+
 def value(exposition: str, name: str, **labels: str) -> float | None:
     """The value of the one sample called ``name`` whose labels include ``labels``; None if there is none."""
     found = [v for (n, ls), v in samples(exposition).items() if n == name and set(labels.items()) <= ls]

@@ -384,7 +384,11 @@ def test_the_metric_contract_is_what_the_exporter_serves(run):
     scraped = {series["metric"]["__name__"] for series in result}
     not_exported = {name for name in scraped if name.startswith(("scrape_", "ALERTS"))} | PROMETHEUS_OWN | set(
         rules.RECORDING_RULES)
-    assert scraped - not_exported == CONTRACT_METRICS - PROMETHEUS_OWN
+    # No function is compiled with torch.compile in these runs, so these families have no series here; the
+    # torch.compile tests scrape them from real compiled runs.
+    not_compiled = {"torch_compile_compilations_total", "torch_compile_recompilations_total",
+                    "torch_compile_graph_breaks_total", "torch_compile_recompile_limit_hits_total"}
+    assert scraped - not_exported == CONTRACT_METRICS - PROMETHEUS_OWN - not_compiled
 
 
 def table_rows(run: Prometheus, dashboard: str, title: str, job: str) -> list[dict]:

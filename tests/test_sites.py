@@ -6,10 +6,9 @@ Each case runs tests/scripts/where.py in its own process with real torch_xla, an
 from __future__ import annotations
 
 import json
-import re
 
 import pytest
-from conftest import SCRIPTS, TrainingRun, samples, scrape, total
+from conftest import SCRIPTS, TrainingRun, marked_line, scrape, series, total
 
 STEPS = 6
 WARMUP = 2
@@ -17,20 +16,7 @@ SCRIPT = SCRIPTS / "where.py"
 
 
 def line_of(site: str) -> str:
-    """``tests/scripts/where.py:N`` of the line marked ``# site: <site>``."""
-    for number, line in enumerate(SCRIPT.read_text().splitlines(), start=1):
-        if re.search(rf"# site: {site}$", line):
-            return f"tests/scripts/where.py:{number}"
-    raise AssertionError(f"no line marked {site}")
-
-
-def series(exposition: str, name: str) -> dict[tuple, float]:
-    """{(label values but rank and local_rank, sorted by label name): value} of one family."""
-    found = {}
-    for (sample, labels), v in samples(exposition).items():
-        if sample == name:
-            found[tuple(value for key, value in sorted(labels) if key not in ("rank", "local_rank"))] = v
-    return found
+    return marked_line(SCRIPT, site)
 
 
 def run(scenario: str, *args: str) -> tuple[str, dict]:
@@ -94,7 +80,8 @@ def test_an_eval_loop_and_logging_steps_are_new_graphs_never_recompilations():
     assert series(exposition, "xla_graph_cuts_total") == {("item", line_of("logging")): STEPS // 3}
 
 
-@pytest.mark.parametrize("scenario", ["item", "print", "lgamma", "shapes", "eval_logging"])
+@pytest.mark.parametrize("scenario", ["item", "bool", "print", "tolist", "lgamma", "roi_align", "shapes",
+                                      "eval_logging"])
 def test_torch_xla_compiles_and_executes_the_same_with_and_without_the_exporter(scenario):
     _, attached = run(scenario)
     _, bare = run(scenario, "--no-attach")

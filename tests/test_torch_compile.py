@@ -9,13 +9,12 @@ over HTTP, /metrics and /diagnosis) and without attach(); torch compiles and bre
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 from collections import Counter
 
 import pytest
-from conftest import ROOT, SCRIPTS, TrainingRun, samples, scrape, total
+from conftest import ROOT, SCRIPTS, TrainingRun, marked_line, scrape, series, total
 
 SCRIPT = SCRIPTS / "compile_cases.py"
 STEPS = 5
@@ -23,20 +22,7 @@ BACKENDS = ["eager", "aot_eager", "inductor", "openxla"]
 
 
 def line_of(site: str) -> str:
-    """``tests/scripts/compile_cases.py:N`` of the line marked ``# site: <site>``."""
-    for number, line in enumerate(SCRIPT.read_text().splitlines(), start=1):
-        if re.search(rf"# site: {site}$", line):
-            return f"tests/scripts/compile_cases.py:{number}"
-    raise AssertionError(f"no line marked {site}")
-
-
-def series(exposition: str, name: str) -> dict[tuple, float]:
-    """{(label values but the rank's own labels, sorted by label name): value} of one family."""
-    found = {}
-    for (sample, labels), v in samples(exposition).items():
-        if sample == name:
-            found[tuple(value for key, value in sorted(labels) if key not in ("rank", "local_rank", "run_id"))] = v
-    return found
+    return marked_line(SCRIPT, site)
 
 
 def run(scenario: str, backend: str, *args: str, bare: bool = True) -> dict:

@@ -38,7 +38,7 @@ def values(exposition: str) -> dict[str, float]:
     result = {}
     for family in text_string_to_metric_families(exposition):
         for s in family.samples:
-            labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()) if k not in ("rank", "local_rank"))
+            labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()) if k not in ("rank", "local_rank", "run_id"))
             result[f"{s.name}{{{labels}}}"] = s.value
     return result
 

@@ -80,7 +80,8 @@ class ExporterHandle:
         self._node_view = NodeView(options, run_id=rank_labels()["run_id"]) if options.node_view else None
         self._hook = StepHook(self._before_sync, self._on_sync)
         self._optimizer_hook = OptimizerHook(self._on_optimizer_created, self._on_optimizer_step)
-        self._host_reads = HostReadHook(self._on_host_read, self._on_upload, self.reader.compile_counters)
+        self._host_reads = HostReadHook(self._site_of_read, self._on_host_read, self._on_upload,
+                                        self.reader.compile_counters)
         self._counters_before = (0, 0)
         self._graphs_after = self.reader.compile_counters()[0]
         self._server: MetricsServer | None = None
@@ -120,14 +121,21 @@ class ExporterHandle:
             self.stats.record_error("step", error)
         self.stats.hook_seconds += time.perf_counter() - start
 
-    def _on_host_read(self, cause: str, frame, graphs: int, compiles: int) -> None:
+    def _site_of_read(self, frame) -> tuple[str, list[str] | None] | None:
         start = time.perf_counter()
         try:
             location = self.sites.site(frame)
-            frames = None if location in self.attribution.sites else self.sites.frames(frame)
-            self.tracker.on_host_read(cause, location, frames, graphs, compiles)
+            site = location, None if location in self.attribution.sites else self.sites.frames(frame)
         except Exception as error:  # noqa: BLE001
             self.stats.record_error("step", error)
+            site = None
+        self.stats.hook_seconds += time.perf_counter() - start
+        return site
+
+    def _on_host_read(self, cause: str, site, graphs: int, compiles: int) -> None:
+        start = time.perf_counter()
+        if site is not None:
+            self.tracker.on_host_read(cause, *site, graphs, compiles)
         self.stats.hook_seconds += time.perf_counter() - start
 
     def _on_upload(self, frame, shapes: tuple) -> None:

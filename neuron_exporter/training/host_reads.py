@@ -40,9 +40,12 @@ MISSING = object()
 
 
 class HostReadHook:
-    def __init__(self, on_read: Callable, on_upload: Callable, graph_counters: Callable[[], tuple[int, int]]):
-        """``on_read(cause, frame, graphs, compiles)`` and ``on_upload(frame, shapes)`` are called on the thread
-        of the read or upload and must not raise; ``graph_counters()`` gives (graphs run, compilations)."""
+    def __init__(self, site_of: Callable, on_read: Callable, on_upload: Callable,
+                 graph_counters: Callable[[], tuple[int, int]]):
+        """``site_of(frame)`` names the reading line, ``on_read(cause, site, graphs, compiles)`` records the read,
+        ``on_upload(frame, shapes)`` an upload; all are called on the thread of the read or upload and must not
+        raise. ``graph_counters()`` gives (graphs run, compilations)."""
+        self._site_of = site_of
         self._on_read = on_read
         self._on_upload = on_upload
         self._counters = graph_counters
@@ -59,12 +62,15 @@ class HostReadHook:
             return original(tensor, *args, **kwargs)
         local.depth = 1
         graphs, compiles = self._counters()
+        # The site is found before the read: the graph the read may run leaves the CPU caches cold, and the less
+        # that runs after it, the less the read costs.
+        site = self._site_of(sys._getframe(2))
         try:
             return original(tensor, *args, **kwargs)
         finally:
             local.depth = 0
             graphs_after, compiles_after = self._counters()
-            self._on_read(cause, sys._getframe(2), graphs_after - graphs, compiles_after - compiles)
+            self._on_read(cause, site, graphs_after - graphs, compiles_after - compiles)
 
     def _wrap_read(self, name: str, cause: str):
         original = getattr(torch.Tensor, name)

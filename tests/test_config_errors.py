@@ -85,7 +85,7 @@ def test_a_file_name_with_control_characters(tmp_path):
     ('web_config_file: "web\\0.yml"\n', ':1: web_config_file: "web\\x00.yml" has a NUL character'),
     ('log_level: "\\e[31m' + "x" * 1000 + '"\n', f':1: log_level: "\\x1b[31m{"x" * 72}..." is not a log level'),
     ("? " + "k" * 5000 + "\n: 1\n", f':1: unknown key "{"k" * 80}..." (known: addr, port, '),
-    ("*" + "a" * 5000 + "\n", f":1: invalid YAML: found undefined alias 'aaa"),
+    ("*" + "a" * 5000 + "\n", ":1: invalid YAML: found undefined alias 'aaa"),
 ])
 def test_values_no_option_can_hold(tmp_path, text, expected):
     path = config(tmp_path, text)

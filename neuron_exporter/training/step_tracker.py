@@ -54,7 +54,6 @@ class StepState:
     syncs: int = 0
     markers: int = 0  # step markers that ran at least one graph
     steps: int = 0
-    graph_cuts: int = 0  # graphs run between step markers: a host read or a CPU fallback cut the graph
     fragmented_steps: int = 0
     optimizer_steps: bool = False  # steps are training steps (optimizer steps), not step markers
     last_step_end: float | None = None  # time.perf_counter() at the last step end
@@ -161,7 +160,6 @@ class StepTracker:
         self._graphs, self._compiles = graphs_total, compiles_total
         if self.attribution is not None and (cuts or compiled_before or compiled_at_marker or extra is not None):
             self.attribution.step_marker(cuts, compiled_before, compiled_at_marker, self.in_warmup, extra)
-        state.graph_cuts += cuts
         state.markers += at_marker > 0
         self._step_graphs += cuts + at_marker
         self._step_cuts += cuts
@@ -195,7 +193,7 @@ class StepTracker:
         with self._lock:
             state = self._state
             return StepState(
-                syncs=state.syncs, markers=state.markers, steps=state.steps, graph_cuts=state.graph_cuts,
+                syncs=state.syncs, markers=state.markers, steps=state.steps,
                 fragmented_steps=state.fragmented_steps,
                 optimizer_steps=state.optimizer_steps, last_step_end=state.last_step_end,
                 step_duration=_copy(state.step_duration), graphs_per_step=_copy(state.graphs_per_step),

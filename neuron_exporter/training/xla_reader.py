@@ -31,10 +31,6 @@ class XlaReader:
     def counter(self, name: str) -> int:
         return self._counter_value(name) or 0  # None for a counter that is unknown or at 0
 
-    def graphs(self) -> int:
-        """Graphs run so far: CachedCompile + UncachedCompile (every graph goes through the cache lookup)."""
-        return self.counter("CachedCompile") + self.counter("UncachedCompile")
-
     def fallback_counts(self) -> dict[str, int]:
         """Executions of each CPU-fallback operator so far (every namespace; a few counter reads)."""
         return {name: self.counter(name) for name in self._fallback_ops() if name != HOST_SCALAR_READ_OP}

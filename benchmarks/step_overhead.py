@@ -1,23 +1,34 @@
 """What attach() costs per training step, next to the two ways torch_xla offers to watch a loop.
 
 One small MLP training loop on the XLA CPU device, run in blocks of steps, in variants interleaved in one
-process (so machine noise hits them all alike): bare; with neuron_exporter.attach(); with
-met.metrics_report() read every step; with torch_xla's own XLA_METRICS_FILE dump (the report appended to a
-file at every sync); and the same loop with one loss.item() per step (a host read that cuts the graph), bare and
-with attach(). Prints each variant's median time per step and its ratio to its bare loop, and the exporter's own
-time on the training thread (its step hook and host-read wrappers), per step.
+process in a random order each round (so machine noise and the order of blocks hit them all alike): bare; with
+neuron_exporter.attach(); with met.metrics_report() read every step; with torch_xla's own XLA_METRICS_FILE dump
+(the report appended to a file at every sync); and the same loop with one loss.item() per step (a host read that
+cuts the graph), bare and with attach().
 
-    PJRT_DEVICE=CPU python benchmarks/step_overhead.py [--rounds 15] [--steps 60]
+attach() is measured in its steady state, as a job that trains for hours sees it: each attached block attaches,
+runs --settle steps untimed (the server and spool threads start, the first steps claim the rank), then times
+--steps steps, then detaches; its bare loop runs as many steps untimed first. The time attach() itself takes is
+printed apart.
+
+Prints, per variant, the median time per step and the median over rounds of its ratio to its bare loop in the same
+round (with the interquartile range of those ratios); then the exporter's own time on the training thread (its
+step hook and host-read wrappers) per step, and the CPU time of its threads (HTTP server, spool writer) per step.
+
+    PJRT_DEVICE=CPU python benchmarks/step_overhead.py [--rounds 40] [--steps 30] [--settle 100]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import random
 import statistics
 import tempfile
+import threading
 import time
 
+import psutil
 import torch
 
 import torch_xla
@@ -25,6 +36,10 @@ import torch_xla.debug.metrics as met
 import torch_xla.debug.metrics_saver as metrics_saver
 
 import neuron_exporter
+
+BARE, ATTACHED, REPORT, DUMP = "bare", "attach()", "metrics_report() every step", "XLA_METRICS_FILE dump"
+BARE_READ, ATTACHED_READ = "bare, .item() per step", "attach(), .item() per step"
+BARE_OF = {ATTACHED: BARE, REPORT: BARE, DUMP: BARE, ATTACHED_READ: BARE_READ}
 
 
 def make_step(device, read_loss: bool = False):
@@ -55,55 +70,99 @@ def run_block(step, steps: int, after_step=None) -> float:
     return (time.perf_counter() - start) / steps
 
 
+def exporter_threads_cpu_seconds() -> float:
+    """CPU time used so far by the exporter's own threads (named neuron-exporter-*) in this process."""
+    ids = {thread.native_id for thread in threading.enumerate() if thread.name.startswith("neuron-exporter")}
+    return sum(t.user_time + t.system_time for t in psutil.Process().threads() if t.id in ids)
+
+
+class Attached:
+    """Totals over the attached blocks of one variant."""
+
+    def __init__(self):
+        self.steps = 0
+        self.hook_seconds = 0.0
+        self.thread_seconds = 0.0
+        self.attach_seconds: list[float] = []
+
+
+def run_attached(step, args, totals: Attached) -> float:
+    start = time.perf_counter()
+    handle = neuron_exporter.attach(port=0, addr="127.0.0.1")
+    totals.attach_seconds.append(time.perf_counter() - start)
+    try:
+        run_block(step, args.settle)
+        hook_before, threads_before = handle.stats.hook_seconds, exporter_threads_cpu_seconds()
+        seconds = run_block(step, args.steps)
+        totals.hook_seconds += handle.stats.hook_seconds - hook_before
+        totals.thread_seconds += exporter_threads_cpu_seconds() - threads_before
+        totals.steps += args.steps
+    finally:
+        handle.detach()
+    return seconds
+
+
+def quartiles(values: list[float]) -> tuple[float, float]:
+    q = statistics.quantiles(values, n=4)
+    return q[0], q[2]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=15)
-    parser.add_argument("--steps", type=int, default=60, help="steps per block")
+    parser.add_argument("--rounds", type=int, default=40)
+    parser.add_argument("--steps", type=int, default=30, help="timed steps per block")
+    parser.add_argument("--settle", type=int, default=100, help="untimed steps after attach() in attached blocks")
+    parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
 
-    step = make_step(torch_xla.device())
-    item_step = make_step(torch_xla.device(), read_loss=True)
-    run_block(step, 20)  # compile and warm the cache
-    run_block(item_step, 20)
+    steps = {False: make_step(torch_xla.device()), True: make_step(torch_xla.device(), read_loss=True)}
+    run_block(steps[False], 20)  # compile and warm the cache
+    run_block(steps[True], 20)
     dump = os.path.join(tempfile.mkdtemp(), "metrics.txt")
-    per_step: dict[str, list[float]] = {"bare": [], "attach()": [], "metrics_report() every step": [],
-                                        "XLA_METRICS_FILE dump": [], "bare, .item() per step": [],
-                                        "attach(), .item() per step": []}
-    hook = {"attach()": [0.0, 0], "attach(), .item() per step": [0.0, 0]}  # exporter seconds, steps
+    per_step: dict[str, list[float]] = {variant: [] for variant in (BARE, ATTACHED, REPORT, DUMP, BARE_READ,
+                                                                     ATTACHED_READ)}
+    attached = {ATTACHED: Attached(), ATTACHED_READ: Attached()}
+    order = random.Random(args.seed)
 
-    for round_index in range(args.rounds):
-        order = list(per_step)
-        order = order[round_index % len(order):] + order[:round_index % len(order)]  # rotate who goes first
-        for variant in order:
-            if variant in ("bare", "bare, .item() per step"):
-                seconds = run_block(step if variant == "bare" else item_step, args.steps)
-            elif variant in hook:
-                with neuron_exporter.attach(port=0, addr="127.0.0.1") as handle:
-                    seconds = run_block(step if variant == "attach()" else item_step, args.steps)
-                    hook[variant][0] += handle.stats.hook_seconds
-                    hook[variant][1] += args.steps
-            elif variant == "metrics_report() every step":
+    for _ in range(args.rounds):
+        for variant in order.sample(list(per_step), len(per_step)):
+            step = steps[variant in (BARE_READ, ATTACHED_READ)]
+            if variant in attached:
+                seconds = run_attached(step, args, attached[variant])
+            elif variant == REPORT:
                 seconds = run_block(step, args.steps, after_step=met.metrics_report)
-            else:
+            elif variant == DUMP:
                 metrics_saver._TLS.metrics_file = dump  # what XLA_METRICS_FILE=<path> makes sync() use
                 try:
                     seconds = run_block(step, args.steps)
                 finally:
                     metrics_saver._TLS.metrics_file = None
                 os.truncate(dump, 0)
+            else:
+                run_block(step, args.settle)  # as the attached blocks do
+                seconds = run_block(step, args.steps)
             per_step[variant].append(seconds)
 
-    medians = {variant: statistics.median(times) for variant, times in per_step.items()}
-    print(f"{args.rounds} rounds x {args.steps} steps per variant, interleaved; median time per step:")
-    for variant, median in medians.items():
-        bare = medians["bare, .item() per step" if ".item()" in variant else "bare"]
-        print(f"  {variant:30s} {median * 1e6:9.1f} us/step   x{median / bare:.3f} of its bare loop")
-    for variant, (seconds, steps) in hook.items():
-        print(f"  {variant}: the exporter's own time on the training thread {seconds / steps * 1e6:.2f} us per step")
+    print(f"{args.rounds} rounds x {args.steps} timed steps per variant, in a random order each round "
+          f"(attach() settled for {args.settle} steps first); median time per step, and the median ratio to its "
+          f"bare loop in the same round:")
+    ratios = {}
+    for variant, times in per_step.items():
+        line = f"  {variant:30s} {statistics.median(times) * 1e6:9.1f} us/step"
+        if variant in BARE_OF:
+            ratios[variant] = [t / b for t, b in zip(times, per_step[BARE_OF[variant]])]
+            low, high = quartiles(ratios[variant])
+            line += f"   x{statistics.median(ratios[variant]):.3f} (middle half of rounds x{low:.3f} to x{high:.3f})"
+        print(line)
+    for variant, totals in attached.items():
+        print(f"  {variant}: the exporter's own time on the training thread {totals.hook_seconds / totals.steps * 1e6:.2f}"
+              f" us/step; its threads' CPU time {totals.thread_seconds / totals.steps * 1e6:.2f} us/step; "
+              f"attach() itself {statistics.median(totals.attach_seconds) * 1e3:.1f} ms")
+    bare = statistics.median(per_step[BARE])
     # The end-to-end difference of attach() is often within the noise (even below bare); its own time is not.
-    exporter = max(medians["attach()"] - medians["bare"], hook["attach()"][0] / hook["attach()"][1])
-    for variant in ("metrics_report() every step", "XLA_METRICS_FILE dump"):
-        cost = medians[variant] - medians["bare"]
+    exporter = max(statistics.median(per_step[ATTACHED]) - bare, attached[ATTACHED].hook_seconds / attached[ATTACHED].steps)
+    for variant in (REPORT, DUMP):
+        cost = statistics.median(per_step[variant]) - bare
         print(f"  {variant} adds {cost * 1e6:.0f} us/step: {cost / exporter:.0f}x what attach() adds")
 
 

@@ -80,8 +80,8 @@ class ExporterHandle:
         self._node_view = NodeView(options, run_id=rank_labels()["run_id"]) if options.node_view else None
         self._hook = StepHook(self._before_sync, self._on_sync)
         self._optimizer_hook = OptimizerHook(self._on_optimizer_created, self._on_optimizer_step)
-        self._host_reads = HostReadHook(self._site_of_read, self._on_host_read, self._on_upload,
-                                        self.reader.compile_counters)
+        self._host_reads = HostReadHook(self._before_read, self._after_read, self._on_upload)
+        self._graphs_by_reads = 0  # graphs run by host reads since the last step marker
         self._counters_before = (0, 0)
         self._graphs_after = self.reader.compile_counters()[0]
         self._server: MetricsServer | None = None
@@ -110,32 +110,42 @@ class ExporterHandle:
             graphs, compiles = self.reader.compile_counters()
             graphs_before, compiles_before = self._counters_before
             extra = None
-            if compiles != compiles_before or graphs_before != self._graphs_after:  # rare: name what it needs now
+            # Graphs run since the last marker that no host read ran: a CPU fallback may have cut them.
+            unexplained = graphs_before - self._graphs_after != self._graphs_by_reads
+            self._graphs_by_reads = 0
+            if compiles != compiles_before or unexplained:  # rare: name what it needs now
                 frame = sys._getframe(2)  # the step marker's caller (past the hook's wrapper)
                 site = (self.sites.site(frame), self.sites.frames(frame)) if compiles != compiles_before else None
-                cut = graphs_before != self._graphs_after
-                extra = (site, self.reader.fallback_executions() if cut else None)
+                extra = (site, self.reader.fallback_executions() if unexplained else None)
             self._graphs_after = graphs
             self.tracker.on_sync(graphs_before, compiles_before, graphs, compiles, start, extra)
         except Exception as error:  # noqa: BLE001 (never into the training loop)
             self.stats.record_error("step", error)
         self.stats.hook_seconds += time.perf_counter() - start
 
-    def _site_of_read(self, frame) -> tuple[str, list[str] | None] | None:
+    def _before_read(self, frame) -> tuple | None:
+        """Before a host read: (graphs run, compilations, site, its frames if the site is new), or None."""
         start = time.perf_counter()
         try:
+            graphs, compiles = self.reader.compile_counters()
             location = self.sites.site(frame)
-            site = location, None if location in self.attribution.sites else self.sites.frames(frame)
+            token = graphs, compiles, location, None if location in self.attribution.sites else self.sites.frames(frame)
         except Exception as error:  # noqa: BLE001
             self.stats.record_error("step", error)
-            site = None
+            token = None
         self.stats.hook_seconds += time.perf_counter() - start
-        return site
+        return token
 
-    def _on_host_read(self, cause: str, site, graphs: int, compiles: int) -> None:
+    def _after_read(self, cause: str, token: tuple | None) -> None:
         start = time.perf_counter()
-        if site is not None:
-            self.tracker.on_host_read(cause, *site, graphs, compiles)
+        if token is not None:
+            try:
+                graphs, compiles = self.reader.compile_counters()
+                ran = graphs - token[0]
+                self._graphs_by_reads += ran
+                self.tracker.on_host_read(cause, token[2], token[3], ran, compiles - token[1])
+            except Exception as error:  # noqa: BLE001
+                self.stats.record_error("step", error)
         self.stats.hook_seconds += time.perf_counter() - start
 
     def _on_upload(self, frame, shapes: tuple) -> None:
@@ -152,9 +162,10 @@ class ExporterHandle:
         except Exception as error:  # noqa: BLE001
             self.stats.record_error("step", error)
 
-    def _on_optimizer_step(self) -> None:
+    def _on_optimizer_step(self, optimizer, args, kwargs) -> None:
         try:
-            self.tracker.on_optimizer_step()
+            self.tracker.optimizer_steps += 1
+            self.torch_compile.check()
         except Exception as error:  # noqa: BLE001
             self.stats.record_error("step", error)
 

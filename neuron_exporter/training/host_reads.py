@@ -2,8 +2,8 @@
 
 A host read (``.item()``, ``if t:``, ``int(t)``, ``.tolist()``, ``.cpu()``, ``.to("cpu")``, ``.numpy()``, printing or
 formatting a tensor) needs the tensor's value, so the pending graph runs there: a graph cut. Each wrapper takes a
-fast path for anything but an XLA tensor; for an XLA tensor it reads the compile counters around the call and
-reports the read, its site, and whether it ran a graph and a compilation. A read inside another (``print(t)``
+fast path for anything but an XLA tensor; for an XLA tensor it calls its owner before and after the read, which
+reads the compile counters around it and records the read, its site, and whether it ran a graph and a compilation. A read inside another (``print(t)``
 calls several) counts once. Results and exceptions are the original method's.
 
 Uploads (``Tensor.to(device)`` of a CPU tensor, and ``_xla_tensors_from_aten``, which the parallel loaders use)
@@ -40,15 +40,14 @@ MISSING = object()
 
 
 class HostReadHook:
-    def __init__(self, site_of: Callable, on_read: Callable, on_upload: Callable,
-                 graph_counters: Callable[[], tuple[int, int]]):
-        """``site_of(frame)`` names the reading line, ``on_read(cause, site, graphs, compiles)`` records the read,
-        ``on_upload(frame, shapes)`` an upload; all are called on the thread of the read or upload and must not
-        raise. ``graph_counters()`` gives (graphs run, compilations)."""
-        self._site_of = site_of
-        self._on_read = on_read
+    def __init__(self, before_read: Callable, after_read: Callable, on_upload: Callable):
+        """``before_read(frame)`` runs before a read of device data made from ``frame`` and returns a token (what
+        the read is to be compared with: the counters, the site), ``after_read(cause, token)`` after it, whether it
+        raised or not; ``on_upload(frame, shapes)`` records an upload. All run on the thread of the read or upload
+        and must not raise."""
+        self._before_read = before_read
+        self._after_read = after_read
         self._on_upload = on_upload
-        self._counters = graph_counters
         self._local = threading.local()
         self._originals: dict[str, object] = {}  # method -> the class attribute it replaced, MISSING if inherited
         self._from_aten = None
@@ -61,16 +60,14 @@ class HostReadHook:
         if getattr(local, "depth", 0):
             return original(tensor, *args, **kwargs)
         local.depth = 1
-        graphs, compiles = self._counters()
         # The site is found before the read: the graph the read may run leaves the CPU caches cold, and the less
         # that runs after it, the less the read costs.
-        site = self._site_of(sys._getframe(2))
+        token = self._before_read(sys._getframe(2))
         try:
             return original(tensor, *args, **kwargs)
         finally:
             local.depth = 0
-            graphs_after, compiles_after = self._counters()
-            self._on_read(cause, site, graphs_after - graphs, compiles_after - compiles)
+            self._after_read(cause, token)
 
     def _wrap_read(self, name: str, cause: str):
         original = getattr(torch.Tensor, name)

@@ -16,8 +16,9 @@ from .dynamo_skip import never_compiled
 
 class OptimizerHook:
     def __init__(self, on_created: Callable[[], None], on_step: Callable[[], None]):
-        """``on_created`` runs when an optimizer is made, ``on_step`` after every optimizer step, on the thread that
-        made or stepped it; neither may raise."""
+        """``on_created()`` runs when an optimizer is made, ``on_step(optimizer, args, kwargs)`` after every optimizer
+        step (it is the post hook itself, one call fewer per step), on the thread that made or stepped it; neither may
+        raise."""
         self._on_created = on_created
         self._on_step = on_step
         self._handle = None
@@ -26,11 +27,8 @@ class OptimizerHook:
     def install(self) -> None:
         from torch.optim.optimizer import Optimizer, register_optimizer_step_post_hook
 
-        def optimizer_stepped(optimizer, args, kwargs):
-            self._on_step()
-
-        never_compiled(optimizer_stepped)
-        self._handle = register_optimizer_step_post_hook(optimizer_stepped)
+        never_compiled(self._on_step)
+        self._handle = register_optimizer_step_post_hook(self._on_step)
         original = getattr(Optimizer, "_patch_step_function", None)
         if original is None:
             return

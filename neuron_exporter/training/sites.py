@@ -48,7 +48,12 @@ class SiteFinder:
         self._roots = sorted({os.path.abspath(p) + os.sep for p in sys.path if p and os.path.isdir(p)},
                              key=len, reverse=True)
         self._cwd = os.path.abspath(cwd or os.getcwd()) + os.sep
-        self._names: dict[CodeType, str | None] = {}  # code object -> its file as shown, None if skipped
+        # Keyed by id(): a code object's own hash covers its constants and bytecode, and costs up to a microsecond.
+        # The entry holds the code object, so its id cannot be reused while the entry exists.
+        self._names: dict[int, tuple[CodeType, str | None]] = {}  # -> (code, its file as shown, None if skipped)
+        # (id of a code object in _names, instruction offset) of a frame that is a site -> "path:line". Working out a
+        # frame's line number scans its code's line table, which is long for a long training loop.
+        self._lines: dict[tuple[int, int], str] = {}
 
     def _skipped(self, path: str) -> bool:
         if path.startswith(self._packages):
@@ -56,9 +61,9 @@ class SiteFinder:
         return path.startswith(self._stdlib) and not path.startswith(self._site_packages)
 
     def _name(self, code: CodeType) -> str | None:
-        name = self._names.get(code, "")
-        if name != "":
-            return name
+        known = self._names.get(id(code))
+        if known is not None:
+            return known[1]
         path = code.co_filename
         if path.startswith("<"):  # <string>, <stdin> are the user's; <frozen importlib._bootstrap> is not
             name = None if path.startswith("<frozen") else path
@@ -66,7 +71,7 @@ class SiteFinder:
             path = os.path.abspath(path)
             name = None if self._skipped(path) else self._shown(path)
         if len(self._names) < 100_000:
-            self._names[code] = name
+            self._names[id(code)] = code, name
         return name
 
     def _shown(self, path: str) -> str:
@@ -79,10 +84,19 @@ class SiteFinder:
 
     def site(self, frame: FrameType | None) -> str:
         """``path:line`` of the innermost frame outside the skipped code, or ``unknown``."""
+        names, lines = self._names, self._lines
         while frame is not None:
-            name = self._name(frame.f_code)
+            code = frame.f_code
+            known = names.get(id(code))
+            name = known[1] if known is not None else self._name(code)
             if name is not None:
-                return f"{name}:{frame.f_lineno}"
+                key = id(code), frame.f_lasti
+                location = lines.get(key)
+                if location is None:
+                    location = f"{name}:{frame.f_lineno}"
+                    if known is not None and len(lines) < 20_000:  # only a code object that _names keeps alive
+                        lines[key] = location
+                return location
             frame = frame.f_back
         return UNKNOWN
 

@@ -19,7 +19,6 @@ GRAPHS_PER_STEP_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, float("inf"))
 FLUSH_EVERY = 64  # markers recorded before the training thread accounts them itself
 # Events, kept in the order they happened until they are accounted
 OPTIMIZER_CREATED = "optimizer created"
-OPTIMIZER_STEPPED = "optimizer stepped"
 SYNC, READ, UPLOAD = "sync", "read", "upload"  # the first item of an event tuple
 
 
@@ -92,6 +91,10 @@ class StepTracker:
         # graph ran the CPU caches are cold, and every line there costs the training thread several times what it
         # costs a few events later. Appending to a deque is atomic, so readers on other threads can flush.
         self._pending: deque = deque()
+        # Optimizer steps (any torch.optim optimizer, on any thread) since the last recorded marker, which carries
+        # them: whether an optimizer stepped between two markers is all that matters. The owner's optimizer hook adds
+        # to it directly, the cheapest thing it can do on the training thread.
+        self.optimizer_steps = 0
         self._optimizer_stepped = False  # since the last step end
         self._steps_of_kind = 0  # steps since the step kind was last chosen: warm-up counts these
         self._step_graphs = 0
@@ -102,25 +105,25 @@ class StepTracker:
         """A ``torch.optim`` optimizer was made: from now on, steps are training steps."""
         self._pending.append(OPTIMIZER_CREATED)
 
-    def on_optimizer_step(self) -> None:
-        """An optimizer finished ``step()`` (any ``torch.optim`` optimizer, on the thread that stepped it)."""
-        self._pending.append(OPTIMIZER_STEPPED)
-
     def on_sync(self, graphs_before: int, compiles_before: int, graphs_total: int, compiles_total: int,
                 now: float, extra=None) -> None:
         """One step marker, given CachedCompile+UncachedCompile and UncachedCompile before it and after it."""
-        self._record((SYNC, graphs_before, compiles_before, graphs_total, compiles_total, now, extra))
+        stepped, self.optimizer_steps = self.optimizer_steps, 0
+        pending = self._pending
+        pending.append((SYNC, graphs_before, compiles_before, graphs_total, compiles_total, now, extra, stepped))
+        if len(pending) >= FLUSH_EVERY:
+            self.flush()
 
     def on_host_read(self, cause: str, location: str, frames, graphs: int, compiles: int) -> None:
         """A host read of device data that ran ``graphs`` graphs and ``compiles`` compilations (for attribution)."""
-        self._record((READ, cause, location, frames, graphs, compiles))
+        pending = self._pending
+        pending.append((READ, cause, location, frames, graphs, compiles))
+        if len(pending) >= FLUSH_EVERY:
+            self.flush()
 
     def on_upload(self, location: str, shapes: tuple) -> None:
-        self._record((UPLOAD, location, shapes))
-
-    def _record(self, event) -> None:
         pending = self._pending
-        pending.append(event)
+        pending.append((UPLOAD, location, shapes))
         if len(pending) >= FLUSH_EVERY:
             self.flush()
 
@@ -133,11 +136,11 @@ class StepTracker:
                 event = pending.popleft()
                 if event is OPTIMIZER_CREATED:
                     self._count_training_steps()
-                elif event is OPTIMIZER_STEPPED:
-                    self._count_training_steps()
-                    self._optimizer_stepped = True
                 elif event[0] is SYNC:
-                    self._account_sync(*event[1:])
+                    if event[-1]:  # optimizer steps since the marker before
+                        self._count_training_steps()
+                        self._optimizer_stepped = True
+                    self._account_sync(*event[1:-1])
                 elif self.attribution is not None:
                     if event[0] is READ:
                         self.attribution.host_read(*event[1:], self.in_warmup)

@@ -278,7 +278,6 @@ class TorchCompileSource:
         self._places: Places | None = None
         self._utils = None  # torch._dynamo.utils, whose _compilation_metrics may be replaced by a new deque
         self._callbacks = None
-        self._optimizer_hook = None
         self._graph_break_module = None
         self._original_log_graph_break = None
         self._wrapper = None
@@ -315,7 +314,6 @@ class TorchCompileSource:
     def _install_full(self) -> None:
         import torch._dynamo.symbolic_convert as symbolic_convert
         import torch._dynamo.utils as dynamo_utils
-        from torch.optim.optimizer import register_optimizer_step_post_hook
 
         self._places = Places()
         self._utils = dynamo_utils
@@ -326,12 +324,6 @@ class TorchCompileSource:
                 self._newest = record
         self._register_callbacks(self._on_compile_start, self._poll_callback)
         source = self
-
-        def optimizer_stepped(optimizer, args, kwargs):
-            source.check()
-
-        never_compiled(optimizer_stepped)
-        self._optimizer_hook = register_optimizer_step_post_hook(optimizer_stepped)
         original = symbolic_convert.log_graph_break
 
         def log_graph_break(*args, **kwargs):
@@ -376,9 +368,6 @@ class TorchCompileSource:
                 except ValueError:
                     pass
             self._callbacks = None
-        if self._optimizer_hook is not None:
-            self._optimizer_hook.remove()
-            self._optimizer_hook = None
         if self._wrapper is not None:
             if self._graph_break_module.log_graph_break is self._wrapper:
                 self._graph_break_module.log_graph_break = self._original_log_graph_break
@@ -420,7 +409,8 @@ class TorchCompileSource:
         self._poll_callback()
 
     def check(self) -> None:
-        """After an optimizer step: read the ring only if it has a record not read yet."""
+        """After an optimizer step (the owner's optimizer hook calls this): read the ring only if it has a record not
+        read yet, so a loop without step markers (inductor on a GPU) is read as it trains."""
         utils = self._utils
         if utils is None:
             return

@@ -39,9 +39,11 @@ class XlaReader:
         return sum(self.fallback_counts().values())
 
     def compile_counters(self) -> tuple[int, int]:
-        """(graphs run = CachedCompile + UncachedCompile, UncachedCompile): what the step hook needs."""
-        uncached = self.counter("UncachedCompile")
-        return self.counter("CachedCompile") + uncached, uncached
+        """(graphs run = CachedCompile + UncachedCompile, UncachedCompile): what the step hook needs. It runs twice
+        per step marker and per host read, so it calls the binding directly rather than through ``counter``."""
+        value = self._counter_value
+        uncached = value("UncachedCompile") or 0
+        return (value("CachedCompile") or 0) + uncached, uncached
 
     def snapshot(self) -> Snapshot:
         snapshot = Snapshot()

@@ -82,6 +82,14 @@ def fallback_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                 (q.per_run_step("xla_cpu_fallback_ops_total", "op", matchers=op), "Calls per step", None),
                 (q.ranks_with("xla_cpu_fallback_ops_total", "op", matchers=op), "Ranks", "short")))
             .with_panel(instant_table(
+                "Where fallback operators are called", "The source line of each call of a CPU-fallback operator, "
+                "per run, and how many ranks called it there: forward at the line that calls it, backward at the "
+                "line that called backward(). Only ranks that run with fallback_sites on "
+                "(NEURON_EXPORTER_FALLBACK_SITES=1) report it: it watches one step when an operator first falls back.",
+                "short", f"count by (run_id, op, location, pass) (last_over_time(xla_cpu_fallback_site_info{{{op}}}"
+                         f"[$__range]))",
+                {"run_id": "Run", "op": "Operator", "location": "Line", "pass": "Pass"}, "Ranks"))
+            .with_panel(instant_table(
                 "Fallback calls by rank and operator", "Calls of each operator without an XLA lowering in the "
                 "selected time range, per run, rank and operator.",
                 "short", q.increase("xla_cpu_fallback_ops_total", "run_id, rank, op", matchers=op),

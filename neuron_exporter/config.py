@@ -92,6 +92,10 @@ class Options:
         100, "At most this many `op` label values per operator family; the rest are counted as `op=\"other\"`.")
     max_site_series: int = _option(
         50, "At most this many `location` label values per family; the rest are counted as `location=\"other\"`.")
+    fallback_sites: bool = _option(
+        False, "Name the source line of each CPU-fallback operator: the step after one first falls back runs under a "
+               "dispatch mode that sees every operator call. Costs microseconds per operator for that one step, and "
+               "may compile it once more (not counted as a recompilation).")
     run_id: str | None = _option(
         None, "The run's identity, the `run_id` label of every series (default: torchrun's or Slurm's job id, else "
               "the launching process); every process of a run must have the same.")

@@ -4,6 +4,8 @@ A rank's document (``/diagnosis?format=json`` of a rank, and ``rank-R.diagnosis.
 
     {"format": 1, "ranks": [{"rank": "0", "local_rank": "0", "pid": 42, "steps": 120, "graph_cuts": 120,
       "new_graphs": 3, "recompilations": 0, "cpu_fallback_ops": {"aten::lgamma": 120},
+      "cpu_fallback_sites": [{"op": "aten::lgamma", "location": "train.py:38", "pass": "forward",
+                              "frames": ["forward (train.py:38)"]}],
       "sites": [{"location": "train.py:42", "host_reads": {"item": 120}, "graph_cuts": {"item": 120},
                  "new_graphs": 1, "recompilations": 0, "frames": ["step (train.py:42)", "<module> (train.py:60)"],
                  "recompilation_causes": [{"uploads": {"train.py:30": {"before": "(32, 64)", "now": "(38, 64)"}},
@@ -111,11 +113,13 @@ def findings(document: dict) -> list[tuple[float | None, str, list[str]]]:
                 entry["ranks"].add(name)
                 changes = [c for c in site.get("recompilation_causes", []) if isinstance(c, dict)]
                 entry["detail"] = entry["detail"] or frames + _changes(changes[-1:] if changes else [])
+        called = _fallback_calls(rank.get("cpu_fallback_sites"))
         for op, count in _counts(rank.get("cpu_fallback_ops")).items():
             entry = problem("fallback", op)
             entry["steps"] += steps
             entry["count"] += count
             entry["ranks"].add(name)
+            entry["detail"] = entry["detail"] or called.get(op)
         _compile_problems(rank.get("torch_compile"), _number(rank.get("steps")), name, problem)
     result = []
     for (kind, where), entry in problems.items():
@@ -134,6 +138,9 @@ def findings(document: dict) -> list[tuple[float | None, str, list[str]]]:
             advice = ["No XLA lowering: every call cuts the graph and copies tensors to the host and back. Replace "
                       "the operator, or ask for a lowering (aten:: ops: torch_xla; others: register an XLA "
                       "implementation with torch.library)."]
+            if not entry["detail"]:
+                advice.append("To name the line that calls it, run with NEURON_EXPORTER_FALLBACK_SITES=1 (one step "
+                              "is watched when an operator first falls back).")
         else:
             cause = kind.split(":", 1)[1]
             title = f"{where}: {count} graph cuts by {_cause_text(cause)} ({ranks})"
@@ -142,6 +149,21 @@ def findings(document: dict) -> list[tuple[float | None, str, list[str]]]:
         weight = rate * len(names) * (RECOMPILATION_WEIGHT if kind == "recompile" else 1)
         result.append((weight, rate, title, advice + (entry["detail"] or [])))
     return [item[1:] for item in sorted(result, key=lambda item: -item[0])]
+
+
+def _fallback_calls(sites) -> dict[str, list[str]]:
+    """Operator -> the lines that say where the fallback probe saw it called."""
+    calls: dict[str, list[str]] = {}
+    for site in sites if isinstance(sites, list) else []:
+        if not isinstance(site, dict) or not isinstance(site.get("op"), str) or not isinstance(site.get("location"),
+                                                                                                str):
+            continue
+        where = (f"called from the backward pass of {site['location']}" if site.get("pass") == "backward"
+                 else f"called at {site['location']}")
+        frames = [str(f) for f in site.get("frames", []) if isinstance(f, str)][:4] if isinstance(
+            site.get("frames"), list) else []
+        calls.setdefault(site["op"], []).extend([where] + [f"  {frame}" for frame in frames])
+    return calls
 
 
 def _compile_problems(part, steps: float, rank: str, problem: Callable[[str, str], dict]) -> None:

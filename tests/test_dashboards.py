@@ -22,7 +22,7 @@ CONTRACT_COUNTERS_AND_GAUGES = {
     "xla_graph_executions_total", "xla_execute_seconds_total",
     "xla_device_to_host_transfers_total", "xla_transfer_from_device_seconds_total",
     "xla_host_to_device_transfers_total", "xla_transfer_to_device_seconds_total",
-    "xla_cpu_fallback_ops_total", "xla_host_scalar_reads_total",
+    "xla_cpu_fallback_ops_total", "xla_cpu_fallback_site_info", "xla_host_scalar_reads_total",
     "xla_lowered_ops_total", "xla_events_total", "xla_metric_samples_total", "xla_metric_seconds_total",
     "xla_metric_bytes_total", "xla_metric_value_total",
     "xla_process_resident_memory_bytes", "xla_process_cpu_seconds_total", "xla_process_threads",

@@ -432,3 +432,8 @@ def test_site_tables_name_the_lines_of_the_training_scripts(run):
     operators = {row["op"]: row for row in table_rows(run, "fragmentation-recompiles.json", "Fallback operators", JOB)}
     assert set(operators) == {"aten::lgamma", "aten::digamma"}, operators
     assert all(0.9 <= row["A"] <= 1.1 and row["B"] == 1 for row in operators.values()), operators
+    called = {(row["op"], row["pass"]): row["location"]
+              for row in table_rows(run, "fragmentation-recompiles.json", "Where fallback operators are called", JOB)}
+    assert set(called) == {("aten::lgamma", "forward"), ("aten::digamma", "backward")}, called
+    assert is_site(called["aten::lgamma", "forward"], site("fallback_and_shapes.py", "lgamma")), called
+    assert is_site(called["aten::digamma", "backward"], site("fallback_and_shapes.py", "backward")), called

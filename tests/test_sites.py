@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from neuron_exporter import diagnosis
+
 from conftest import SCRIPTS, TrainingRun, marked_line, scrape, series, total
 
 STEPS = 6
@@ -51,11 +53,44 @@ def test_a_host_read_in_the_step_is_a_cut_named_by_cause_and_line(scenario, caus
                                                           "torchvision::_roi_align_backward"})])
 def test_cpu_fallbacks_of_every_namespace_are_counted_and_their_cuts_named(scenario, ops):
     pytest.importorskip("torchvision") if scenario == "roi_align" else None
-    exposition, _ = run(scenario)
+    exposition, xla = run(scenario)
     assert series(exposition, "xla_cpu_fallback_ops_total") == {(op,): STEPS for op in ops}
     # one cut per fallback operator per step (forward and backward), both from the C++ fallback: no Python line
     assert series(exposition, "xla_graph_cuts_total") == {("cpu_fallback", "unknown"): 2 * STEPS}
     assert total(exposition, "xla_recompilations_total") == 0
+    assert series(exposition, "xla_cpu_fallback_site_info") == {}  # the probe is off by default
+    assert "NEURON_EXPORTER_FALLBACK_SITES=1" in diagnosis.render_text(xla["diagnosis"])
+
+
+@pytest.mark.parametrize("scenario, forward, backward", [
+    ("lgamma", "aten::lgamma", "aten::digamma"),
+    ("roi_align", "torchvision::roi_align", "torchvision::_roi_align_backward")])
+def test_the_fallback_probe_names_the_line_of_each_fallback_operator(scenario, forward, backward):
+    pytest.importorskip("torchvision") if scenario == "roi_align" else None
+    exposition, result = run(scenario, "--fallback-sites")
+    # The forward call at its line (torchvision's own code is a site, named from its package root, with the script's
+    # line among its frames); the backward one, from the autograd thread, at the line that called backward().
+    (rank,) = result["diagnosis"]["ranks"]
+    sites = {(s["op"], s["pass"]): s for s in rank["cpu_fallback_sites"]}
+    assert set(sites) == {(forward, "forward"), (backward, "backward")}
+    forward_site = sites[(forward, "forward")]
+    if scenario == "roi_align":
+        assert forward_site["location"].startswith("torchvision/ops/roi_align.py:")
+        assert any(f"({line_of(scenario)})" in frame for frame in forward_site["frames"])
+    else:
+        assert forward_site["location"] == line_of(scenario)
+    assert sites[(backward, "backward")]["location"] == line_of("backward")
+    assert series(exposition, "xla_cpu_fallback_site_info") == {
+        (forward_site["location"], forward, "forward"): 1, (line_of("backward"), backward, "backward"): 1}
+    text = diagnosis.render_text(result["diagnosis"])
+    assert f"called at {forward_site['location']}" in text
+    assert f"called from the backward pass of {line_of('backward')}" in text
+    assert "NEURON_EXPORTER_FALLBACK_SITES" not in text  # the advice to turn it on, for operators it has not named
+    # the step it watched is still counted, and its compilations are not taken for the job's
+    assert series(exposition, "xla_cpu_fallback_ops_total") == {(forward,): STEPS, (backward,): STEPS}
+    assert series(exposition, "xla_graph_cuts_total") == {("cpu_fallback", "unknown"): 2 * STEPS}
+    assert total(exposition, "xla_recompilations_total") == 0
+    assert total(exposition, "xla_steps_total") == STEPS
 
 
 def test_a_shape_that_changes_every_step_is_a_recompilation_at_the_step_marker():

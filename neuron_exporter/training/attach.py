@@ -82,6 +82,12 @@ class ExporterHandle:
         self._optimizer_hook = OptimizerHook(self._on_optimizer_created, self._on_optimizer_step)
         self._host_reads = HostReadHook(self._before_read, self._after_read, self._on_upload)
         self._graphs_by_reads = 0  # graphs run by host reads since the last step marker
+        self._probe = None
+        if options.fallback_sites:
+            from .fallback_probe import FallbackProbe
+
+            self._probe = FallbackProbe(self.sites, self._on_fallback_site,
+                                        lambda error: self.stats.record_error("step", error))
         self._counters_before = (0, 0)
         self._graphs_after = self.reader.compile_counters()[0]
         self._server: MetricsServer | None = None
@@ -113,15 +119,30 @@ class ExporterHandle:
             # Graphs run since the last marker that no host read ran: a CPU fallback may have cut them.
             unexplained = graphs_before - self._graphs_after != self._graphs_by_reads
             self._graphs_by_reads = 0
+            fallbacks = None
             if compiles != compiles_before or unexplained:  # rare: name what it needs now
                 frame = sys._getframe(2)  # the step marker's caller (past the hook's wrapper)
                 site = (self.sites.site(frame), self.sites.frames(frame)) if compiles != compiles_before else None
-                extra = (site, self.reader.fallback_executions() if unexplained else None)
+                fallbacks = self.reader.fallback_counts() if unexplained else None
+                extra = (site, sum(fallbacks.values()) if fallbacks is not None else None)
             self._graphs_after = graphs
             self.tracker.on_sync(graphs_before, compiles_before, graphs, compiles, start, extra)
+            if self._probe is not None:
+                self._watch_fallbacks(fallbacks)
         except Exception as error:  # noqa: BLE001 (never into the training loop)
             self.stats.record_error("step", error)
         self.stats.hook_seconds += time.perf_counter() - start
+
+    def _watch_fallbacks(self, fallbacks: dict[str, int] | None) -> None:
+        """After a marker: end the fallback probe's watch of the step that ended, and watch the next one if an
+        operator fell back that the probe has not watched."""
+        if self._probe.active and self._probe.disarm():
+            self.tracker.on_probe(False)
+        if fallbacks and self._probe.arm(fallbacks):
+            self.tracker.on_probe(True)
+
+    def _on_fallback_site(self, op: str, location: str, frames: list[str], backward: bool) -> None:
+        self.attribution.fallback_site(op, location, frames, backward)
 
     def _before_read(self, frame) -> tuple | None:
         """Before a host read: (graphs run, compilations, site, its frames if the site is new), or None."""
@@ -260,6 +281,8 @@ class ExporterHandle:
                 return
             self._detached = True
             self._hook.uninstall()
+            if self._probe is not None:
+                self._probe.disarm()
             self._optimizer_hook.uninstall()
             self._host_reads.uninstall()
             self.torch_compile.uninstall()

@@ -50,6 +50,20 @@ class SiteRecord:
                 "recompilation_causes": list(self.changes)}
 
 
+@dataclass
+class FallbackSite:
+    """Where a CPU-fallback operator was called, as the fallback probe saw it."""
+
+    op: str
+    location: str
+    frames: list[str]
+    backward: bool  # called from the backward pass: the location is the line that called backward()
+
+    def as_dict(self) -> dict:
+        return {"op": self.op, "location": self.location, "frames": list(self.frames),
+                "pass": "backward" if self.backward else "forward"}
+
+
 class Attribution:
     def __init__(self):
         self._lock = threading.Lock()
@@ -60,6 +74,8 @@ class Attribution:
         self._attributed_cuts = 0  # graphs run by host reads since the last step marker
         self._attributed_compiles = 0
         self._fallbacks_seen = 0  # CPU-fallback executions at the last marker that cut graphs
+        self.probing = False  # a step watched by the fallback probe: its compilations are the probe's, not the job's
+        self._fallback_sites: dict[tuple[str, str], FallbackSite] = {}  # (operator, location) -> where it was called
 
     def _site(self, location: str, frames=None) -> SiteRecord:
         record = self.sites.get(location)
@@ -87,6 +103,16 @@ class Attribution:
                 self._attributed_compiles += compiles
                 if len(self._prior) < MAX_PRIOR:
                     self._prior.append(location)
+
+    def fallback_site(self, op: str, location: str, frames: list[str], backward: bool) -> None:
+        """The fallback probe saw ``op`` called at ``location`` (any thread)."""
+        with self._lock:
+            if (op, location) in self._fallback_sites or len(self._fallback_sites) < MAX_SITES:
+                self._fallback_sites[(op, location)] = FallbackSite(op, location, frames, backward)
+
+    def fallback_sites(self) -> list[FallbackSite]:
+        with self._lock:
+            return list(self._fallback_sites.values())
 
     def upload(self, location: str, shapes: tuple) -> None:
         """Host data sent to the device from ``location``, with these shapes."""
@@ -120,7 +146,7 @@ class Attribution:
             self._attributed_cuts = self._attributed_compiles = 0
 
     def _compile(self, location: str, compiles: int, in_warmup: bool) -> None:
-        if not compiles:
+        if not compiles or self.probing:
             return
         graph = (location, *self._prior)
         record = self._site(location)
@@ -150,6 +176,7 @@ class Attribution:
                 "new_graphs": sum(r.new_graphs for r in records),
                 "recompilations": sum(r.recompilations for r in records),
                 "cpu_fallback_ops": dict(fallback_ops),
+                "cpu_fallback_sites": [site.as_dict() for site in self.fallback_sites()],
                 "sites": [r.as_dict() for r in records]}
 
     def records(self) -> list[SiteRecord]:

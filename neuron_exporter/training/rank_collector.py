@@ -30,7 +30,7 @@ class RankCollector:
         self.tracker = tracker
         self.stats = stats
         self.attribution = attribution or Attribution()
-        self._site_budgets = {family: LabelBudget(max_site_series) for family in SITE_FAMILIES}
+        self._site_budgets = {family: LabelBudget(max_site_series) for family in (*SITE_FAMILIES, FALLBACK_SITES)}
         self._totals = MonotonicSnapshots()
         self._fallback_budget = LabelBudget(max_op_series)
         self._lowered_budget = LabelBudget(max_op_series)
@@ -101,6 +101,16 @@ class RankCollector:
             for key, value in sorted(values.items()):
                 family.add_metric(list(labels.values()) + list(key), value)
             yield family
+        family = GaugeMetricFamily(FALLBACK_SITES, "Where a CPU-fallback operator was called, as the fallback_sites "
+                                                   "option's probe saw it (pass: forward, or backward for a call from "
+                                                   "the backward pass, named by the line that called backward()); "
+                                                   "always 1", labels=list(labels) + ["op", "location", "pass"])
+        budget = self._site_budgets[FALLBACK_SITES]
+        shown = {(self._fallback_budget.label_for(site.op), budget.label_for(site.location),
+                  "backward" if site.backward else "forward") for site in self.attribution.fallback_sites()}
+        for key in sorted(shown):
+            family.add_metric(list(labels.values()) + list(key), 1)
+        yield family
 
     def _xla_families(self, labels: dict[str, str]) -> Iterator[Metric]:
         snapshot = self._totals.read(self.reader.snapshot)
@@ -140,6 +150,7 @@ class RankCollector:
                             self.tracker.warmup_steps)
 
 
+FALLBACK_SITES = "xla_cpu_fallback_site_info"
 SITE_FAMILIES = {
     "xla_graph_cuts": ("Graphs run before a step marker, by cause (the host read: item, bool, print, ...; "
                        "cpu_fallback; unattributed) and source line", ["cause", "location"]),

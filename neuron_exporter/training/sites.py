@@ -75,6 +75,11 @@ class SiteFinder:
         return name
 
     def _shown(self, path: str) -> str:
+        # An installed package is named from its root (transformers/masking_utils.py), even when the environment
+        # lives under the working directory (a .venv in the repository).
+        for directory in self._site_packages:
+            if path.startswith(directory):
+                return path[len(directory):]
         if path.startswith(self._cwd):
             return path[len(self._cwd):]
         for directory in self._roots:  # the longest sys.path entry holding it: the package's root

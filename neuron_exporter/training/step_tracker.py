@@ -19,6 +19,7 @@ GRAPHS_PER_STEP_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, float("inf"))
 FLUSH_EVERY = 64  # markers recorded before the training thread accounts them itself
 # Events, kept in the order they happened until they are accounted
 OPTIMIZER_CREATED = "optimizer created"
+PROBE_ON, PROBE_OFF = "fallback probe on", "fallback probe off"  # the steps the fallback probe watches
 SYNC, READ, UPLOAD = "sync", "read", "upload"  # the first item of an event tuple
 
 
@@ -105,6 +106,10 @@ class StepTracker:
         """A ``torch.optim`` optimizer was made: from now on, steps are training steps."""
         self._pending.append(OPTIMIZER_CREATED)
 
+    def on_probe(self, watching: bool) -> None:
+        """The fallback probe starts (after a marker) or stops (after the next one) watching a step."""
+        self._pending.append(PROBE_ON if watching else PROBE_OFF)
+
     def on_sync(self, graphs_before: int, compiles_before: int, graphs_total: int, compiles_total: int,
                 now: float, extra=None) -> None:
         """One step marker, given CachedCompile+UncachedCompile and UncachedCompile before it and after it."""
@@ -136,6 +141,9 @@ class StepTracker:
                 event = pending.popleft()
                 if event is OPTIMIZER_CREATED:
                     self._count_training_steps()
+                elif event is PROBE_ON or event is PROBE_OFF:
+                    if self.attribution is not None:
+                        self.attribution.probing = event is PROBE_ON
                 elif event[0] is SYNC:
                     if event[-1]:  # optimizer steps since the marker before
                         self._count_training_steps()

@@ -35,9 +35,6 @@ class XlaReader:
         """Executions of each CPU-fallback operator so far (every namespace; a few counter reads)."""
         return {name: self.counter(name) for name in self._fallback_ops() if name != HOST_SCALAR_READ_OP}
 
-    def fallback_executions(self) -> int:
-        return sum(self.fallback_counts().values())
-
     def compile_counters(self) -> tuple[int, int]:
         """(graphs run = CachedCompile + UncachedCompile, UncachedCompile): what the step hook needs. It runs twice
         per step marker and per host read, so it calls the binding directly rather than through ``counter``."""

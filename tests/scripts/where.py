@@ -1,7 +1,7 @@
 """Training loops that cut graphs, fall back to the CPU or recompile at known lines, to check what the exporter
 says about where and why.
 
-Usage: python where.py SCENARIO STEPS [--no-attach]
+Usage: python where.py SCENARIO STEPS [--no-attach] [--fallback-sites]
 
 Lines the tests look for carry a ``# site:`` comment. Prints one JSON line ({"url", "xla": torch_xla's own
 counters, "graph_breaks": dynamo's count for the compile scenario}) when the loop is done, then waits for stdin to
@@ -26,7 +26,8 @@ handle = None
 if "--no-attach" not in sys.argv:
     import neuron_exporter
 
-    handle = neuron_exporter.attach(port=0, addr="127.0.0.1", warmup_steps=2, spool_dir=tempfile.mkdtemp())
+    handle = neuron_exporter.attach(port=0, addr="127.0.0.1", warmup_steps=2, spool_dir=tempfile.mkdtemp(),
+                                    fallback_sites="--fallback-sites" in sys.argv)
 torch.manual_seed(0)
 device = torch_xla.device()
 model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)).to(device)
@@ -53,7 +54,7 @@ def train_step(x, y):
         pooled = torchvision.ops.roi_align(hidden.reshape(1, 2, 4, 32), boxes, output_size=2)  # site: roi_align
         hidden = hidden + pooled.sum()
     loss = loss_fn(model[2](hidden), y)
-    loss.backward()
+    loss.backward()  # site: backward
     optimizer.step()
     if scenario == "item":
         loss.item()  # site: item

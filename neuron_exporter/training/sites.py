@@ -17,7 +17,8 @@ from types import CodeType, FrameType
 import torch
 
 UNKNOWN = "unknown"
-MAX_FRAMES = 4  # user frames kept for the detailed view: the site and the callers above it
+MAX_FRAMES = 4  # frames kept for the detailed view: the site and the callers above it
+MAX_LIBRARY_FRAMES = 16  # for a site in an installed package, up to the first frame outside one (the user's script)
 
 
 def _directory(module) -> str:
@@ -50,7 +51,8 @@ class SiteFinder:
         self._cwd = os.path.abspath(cwd or os.getcwd()) + os.sep
         # Keyed by id(): a code object's own hash covers its constants and bytecode, and costs up to a microsecond.
         # The entry holds the code object, so its id cannot be reused while the entry exists.
-        self._names: dict[int, tuple[CodeType, str | None]] = {}  # -> (code, its file as shown, None if skipped)
+        # -> (code, its file as shown or None if skipped, whether the file is in an installed package)
+        self._names: dict[int, tuple[CodeType, str | None, bool]] = {}
         # (id of a code object in _names, instruction offset) of a frame that is a site -> "path:line". Working out a
         # frame's line number scans its code's line table, which is long for a long training loop.
         self._lines: dict[tuple[int, int], str] = {}
@@ -61,18 +63,24 @@ class SiteFinder:
         return path.startswith(self._stdlib) and not path.startswith(self._site_packages)
 
     def _name(self, code: CodeType) -> str | None:
+        return self._known(code)[1]
+
+    def _known(self, code: CodeType) -> tuple[CodeType, str | None, bool]:
         known = self._names.get(id(code))
         if known is not None:
-            return known[1]
+            return known
         path = code.co_filename
+        library = False
         if path.startswith("<"):  # <string>, <stdin> are the user's; <frozen importlib._bootstrap> is not
             name = None if path.startswith("<frozen") else path
         else:
             path = os.path.abspath(path)
+            library = path.startswith(self._site_packages)
             name = None if self._skipped(path) else self._shown(path)
+        known = code, name, library
         if len(self._names) < 100_000:
-            self._names[id(code)] = code, name
-        return name
+            self._names[id(code)] = known
+        return known
 
     def _shown(self, path: str) -> str:
         # An installed package is named from its root (transformers/masking_utils.py), even when the environment
@@ -106,11 +114,16 @@ class SiteFinder:
         return UNKNOWN
 
     def frames(self, frame: FrameType | None, limit: int = MAX_FRAMES) -> list[str]:
-        """The site and up to ``limit - 1`` user frames above it, innermost first (for the detailed view)."""
+        """The site and the frames above it, innermost first, for the detailed view: ``limit`` of them, or for a site
+        in an installed package (transformers) as many as reach the first frame outside one (the user's script)."""
         found = []
-        while frame is not None and len(found) < limit:
-            name = self._name(frame.f_code)
+        user_seen = False
+        while frame is not None and len(found) < MAX_LIBRARY_FRAMES:
+            _, name, library = self._known(frame.f_code)
             if name is not None:
                 found.append(f"{frame.f_code.co_name} ({name}:{frame.f_lineno})")
+                user_seen = user_seen or not library
+                if len(found) >= limit and user_seen:
+                    break
             frame = frame.f_back
         return found

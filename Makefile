@@ -19,7 +19,7 @@ SDK_TESTS = $(shell $(PY) -c 'import grafana_foundation_sdk' 2>/dev/null || echo
 XLA_TESTS := attach_lifecycle attach_scenarios concurrent_scrapes end_to_end_prometheus launchers multirank \
   run_command runs sites torch_compile training_steps
 
-.PHONY: venv demo test test-fast fuzz dashboards prometheus bench clean
+.PHONY: venv demo test test-fast test-trainer fuzz dashboards prometheus bench clean
 
 venv: $(STAMP)
 
@@ -42,10 +42,21 @@ demo: venv prometheus
 	$(PY) examples/demo.py
 
 test: venv prometheus
-	$(PY) -m pytest $(patsubst %,--ignore=tests/test_%.py,$(SDK_TESTS))
+	$(PY) -m pytest -m 'not trainer' $(patsubst %,--ignore=tests/test_%.py,$(SDK_TESTS))
 
 test-fast: venv prometheus
-	$(PY) -m pytest $(patsubst %,--ignore=tests/test_%.py,$(sort $(XLA_TESTS) $(SDK_TESTS)))
+	$(PY) -m pytest -m 'not trainer' $(patsubst %,--ignore=tests/test_%.py,$(sort $(XLA_TESTS) $(SDK_TESTS)))
+
+# A real Hugging Face Trainer run (a few minutes): transformers and accelerate go into the same virtual environment,
+# with torch held at the version the xla extra pins.
+TRAINER_STAMP := $(VENV)/.installed-trainer
+$(TRAINER_STAMP): $(STAMP)
+	$(PY) -c 'import torch; print("torch==" + torch.__version__.split("+")[0])' > $(VENV)/constraints.txt
+	$(PY) -m pip install --quiet -c $(VENV)/constraints.txt -e '.[$(EXTRAS),trainer]'
+	touch $@
+
+test-trainer: $(TRAINER_STAMP)
+	$(PY) -m pytest -m trainer tests/test_hf_trainer.py
 
 fuzz: venv
 	NEURON_EXPORTER_FUZZ_CASES=20000 $(PY) -m pytest -q -k fuzz

@@ -98,7 +98,7 @@ def findings(document: dict) -> list[tuple[float | None, str, list[str]]]:
         name = str(rank.get("rank"))
         for site in rank.get("sites", []):
             location = site["location"]
-            frames = [str(f) for f in site.get("frames", []) if isinstance(f, str)][:4]
+            frames = [str(f) for f in site.get("frames", []) if isinstance(f, str)][:5]
             for cause, count in _counts(site.get("graph_cuts")).items():
                 entry = problem(f"cut:{cause}", location)
                 entry["steps"] += steps
@@ -160,7 +160,7 @@ def _fallback_calls(sites) -> dict[str, list[str]]:
             continue
         where = (f"called from the backward pass of {site['location']}" if site.get("pass") == "backward"
                  else f"called at {site['location']}")
-        frames = [str(f) for f in site.get("frames", []) if isinstance(f, str)][:4] if isinstance(
+        frames = [str(f) for f in site.get("frames", []) if isinstance(f, str)][:5] if isinstance(
             site.get("frames"), list) else []
         calls.setdefault(site["op"], []).extend([where] + [f"  {frame}" for frame in frames])
     return calls

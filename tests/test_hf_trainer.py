@@ -49,10 +49,12 @@ def test_the_cut_in_transformers_masking_code_is_named_at_its_line(trainer_run):
     assert total(exposition, "xla_fragmented_steps_total") == STEPS
     (rank,) = result["diagnosis"]["ranks"]
     (site,) = [s for s in rank["sites"] if s["location"] in {location for _, location in masking}]
-    # the detail goes up to the line of the script that started training
-    assert any(f"({marked_line(SCRIPTS / 'hf_trainer.py', 'train')})" in frame for frame in site["frames"]) or \
-        len(site["frames"]) == 4, site["frames"]
-    assert "transformers/masking_utils.py:" in result["text"].split("\n\n")[1], result["text"]
+    # the detail goes from transformers' line up to the line of the script that started training
+    assert site["frames"][0].endswith(f"({site['location']})"), site["frames"]
+    assert site["frames"][-1] == f"<module> ({marked_line(SCRIPTS / 'hf_trainer.py', 'train')})", site["frames"]
+    first = result["text"].split("\n\n")[1]  # the first finding: what to fix first
+    assert first.startswith(f"1. {site['location']}: {STEPS} graph cuts by a tensor used as a Python bool"), first
+    assert marked_line(SCRIPTS / "hf_trainer.py", "train") in first, first
 
 
 def test_torch_xla_counts_the_same_graphs_as_the_exporter(trainer_run):

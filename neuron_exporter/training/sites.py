@@ -18,7 +18,7 @@ import torch
 
 UNKNOWN = "unknown"
 MAX_FRAMES = 4  # frames kept for the detailed view: the site and the callers above it
-MAX_LIBRARY_FRAMES = 16  # for a site in an installed package, up to the first frame outside one (the user's script)
+MAX_WALK = 200  # frames walked at most, looking for the user's line above a site in an installed package
 
 
 def _directory(module) -> str:
@@ -114,16 +114,16 @@ class SiteFinder:
         return UNKNOWN
 
     def frames(self, frame: FrameType | None, limit: int = MAX_FRAMES) -> list[str]:
-        """The site and the frames above it, innermost first, for the detailed view: ``limit`` of them, or for a site
-        in an installed package (transformers) as many as reach the first frame outside one (the user's script)."""
-        found = []
-        user_seen = False
-        while frame is not None and len(found) < MAX_LIBRARY_FRAMES:
+        """The site and the frames above it, innermost first, for the detailed view: ``limit`` of them, and if they
+        are all in installed packages (a cut inside transformers), the first frame outside one too: the line of the
+        user's script that led there."""
+        found, user_seen = [], False
+        for _ in range(MAX_WALK):
+            if frame is None or (len(found) >= limit and user_seen):
+                break
             _, name, library = self._known(frame.f_code)
-            if name is not None:
+            if name is not None and (len(found) < limit or not library):
                 found.append(f"{frame.f_code.co_name} ({name}:{frame.f_lineno})")
                 user_seen = user_seen or not library
-                if len(found) >= limit and user_seen:
-                    break
             frame = frame.f_back
         return found

@@ -43,7 +43,8 @@ class Tokens(torch.utils.data.Dataset):
 
 arguments = TrainingArguments(output_dir=tempfile.mkdtemp(), max_steps=steps, per_device_train_batch_size=4,
                               logging_steps=logging_steps, save_strategy="no", report_to=[],
-                              dataloader_drop_last=True, disable_tqdm=True, learning_rate=1e-3)
+                              dataloader_drop_last=True, disable_tqdm=True, learning_rate=1e-3,
+                              optim="adamw_torch")  # the fused default has no XLA kernel
 trainer = Trainer(model=model, args=arguments, train_dataset=Tokens())
 trainer.train()  # site: train
 

@@ -155,12 +155,14 @@ def main() -> None:
             line += f"   x{statistics.median(ratios[variant]):.3f} (middle half of rounds x{low:.3f} to x{high:.3f})"
         print(line)
     for variant, totals in attached.items():
-        print(f"  {variant}: the exporter's own time on the training thread {totals.hook_seconds / totals.steps * 1e6:.2f}"
-              f" us/step; its threads' CPU time {totals.thread_seconds / totals.steps * 1e6:.2f} us/step; "
+        print(f"  {variant}: the exporter's own time on the training thread "
+              f"{totals.hook_seconds / totals.steps * 1e6:.2f} us/step; its threads' CPU time "
+              f"{totals.thread_seconds / totals.steps * 1e6:.2f} us/step; "
               f"attach() itself {statistics.median(totals.attach_seconds) * 1e3:.1f} ms")
     bare = statistics.median(per_step[BARE])
     # The end-to-end difference of attach() is often within the noise (even below bare); its own time is not.
-    exporter = max(statistics.median(per_step[ATTACHED]) - bare, attached[ATTACHED].hook_seconds / attached[ATTACHED].steps)
+    exporter = max(statistics.median(per_step[ATTACHED]) - bare,
+                   attached[ATTACHED].hook_seconds / attached[ATTACHED].steps)
     for variant in (REPORT, DUMP):
         cost = statistics.median(per_step[variant]) - bare
         print(f"  {variant} adds {cost * 1e6:.0f} us/step: {cost / exporter:.0f}x what attach() adds")

@@ -1,8 +1,9 @@
 """``attach()``: one line in a training script turns every torch_xla step into Prometheus metrics.
 
 What runs where:
-- on the training thread, around each step marker: four counter reads and a little arithmetic (``StepHook``), and
-  after each optimizer step a flag (``OptimizerHook``);
+- on the training thread, around each step marker: four counter reads and a little arithmetic (``StepHook``);
+  after each optimizer step a count (``OptimizerHook``); around each host read of an XLA tensor, four counter reads
+  and its site (``HostReadHook``);
 - on the HTTP thread, at scrape time: the full torch_xla snapshot and the rendering (``RankCollector``);
 - on the spool thread, every ``spool_interval_seconds``: this rank's exposition written to the spool directory,
   where the node endpoint (the daemon, or the rank that holds the port) picks it up.
@@ -314,6 +315,7 @@ class ExporterHandle:
         self.collector.attribution = self.attribution
         self.tracker = StepTracker(self.options.warmup_steps, *self.reader.compile_counters(), self.attribution)
         self.collector.tracker = self.tracker
+        self._graphs_after, self._graphs_by_reads = self.reader.compile_counters()[0], 0
         self.torch_compile.after_fork()
         self._process_start = psutil.Process().create_time()
         if self._node_view is not None:

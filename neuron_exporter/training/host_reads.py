@@ -3,8 +3,8 @@
 A host read (``.item()``, ``if t:``, ``int(t)``, ``.tolist()``, ``.cpu()``, ``.to("cpu")``, ``.numpy()``, printing or
 formatting a tensor) needs the tensor's value, so the pending graph runs there: a graph cut. Each wrapper takes a
 fast path for anything but an XLA tensor; for an XLA tensor it calls its owner before and after the read, which
-reads the compile counters around it and records the read, its site, and whether it ran a graph and a compilation. A read inside another (``print(t)``
-calls several) counts once. Results and exceptions are the original method's.
+reads the compile counters around it and records the read, its site, and whether it ran a graph and a compilation.
+A read inside another (``print(t)`` calls several) counts once. Results and exceptions are the original method's.
 
 Uploads (``Tensor.to(device)`` of a CPU tensor, and ``_xla_tensors_from_aten``, which the parallel loaders use)
 are recorded with their shapes, to name the input whose shape changed at a recompilation.

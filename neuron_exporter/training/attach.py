@@ -79,7 +79,7 @@ class ExporterHandle:
         if registry is not None:  # e.g. the registry the application already serves
             registry.register(self.collector)
         self._node_view = NodeView(options, run_id=rank_labels()["run_id"]) if options.node_view else None
-        self._hook = StepHook(self._before_sync, self._on_sync)
+        self._hook = StepHook(self._step_marker)
         self._optimizer_hook = OptimizerHook(self._on_optimizer_created, self._on_optimizer_step)
         self._host_reads = HostReadHook(self._before_read, self._after_read, self._on_upload)
         self._graphs_by_reads = 0  # graphs run by host reads since the last step marker
@@ -89,7 +89,6 @@ class ExporterHandle:
 
             self._probe = FallbackProbe(self.sites, self._on_fallback_site,
                                         lambda error: self.stats.record_error("step", error))
-        self._counters_before = (0, 0)
         self._graphs_after = self.reader.compile_counters()[0]
         self._server: MetricsServer | None = None
         self._stop = threading.Event()
@@ -100,39 +99,57 @@ class ExporterHandle:
         self._crashed = False
 
     # -- the training thread ------------------------------------------------------------------------------
-    def _before_sync(self) -> None:
-        start = time.perf_counter()
-        try:
-            self._counters_before = self.reader.compile_counters()
-        except Exception as error:  # noqa: BLE001 (never into the training loop)
-            self._counters_before = None  # this marker is not accounted; one failure is counted for it
-            self.stats.record_error("step", error)
-        self.stats.hook_seconds += time.perf_counter() - start
+    def _step_marker(self, original, hook: StepHook):
+        """The wrapper of torch_xla's step marker: the compile counters before and after it, one record for the
+        tracker, and, rarely, what needs the moment (the marker's line when it compiled, the fallback counters when
+        a graph was cut that no host read explains). Written as one function: it runs at every step."""
+        handle = self
+        perf_counter = time.perf_counter
 
-    def _on_sync(self) -> None:
-        start = time.perf_counter()
-        if self._counters_before is None:
-            return
-        try:
-            graphs, compiles = self.reader.compile_counters()
-            graphs_before, compiles_before = self._counters_before
-            extra = None
-            # Graphs run since the last marker that no host read ran: a CPU fallback may have cut them.
-            unexplained = graphs_before - self._graphs_after != self._graphs_by_reads
-            self._graphs_by_reads = 0
-            fallbacks = None
-            if compiles != compiles_before or unexplained:  # rare: name what it needs now
-                frame = sys._getframe(2)  # the step marker's caller (past the hook's wrapper)
-                site = (self.sites.site(frame), self.sites.frames(frame)) if compiles != compiles_before else None
-                fallbacks = self.reader.fallback_counts() if unexplained else None
-                extra = (site, sum(fallbacks.values()) if fallbacks is not None else None)
-            self._graphs_after = graphs
-            self.tracker.on_sync(graphs_before, compiles_before, graphs, compiles, start, extra)
-            if self._probe is not None:
-                self._watch_fallbacks(fallbacks)
-        except Exception as error:  # noqa: BLE001 (never into the training loop)
-            self.stats.record_error("step", error)
-        self.stats.hook_seconds += time.perf_counter() - start
+        def step_marker(*args, **kwargs):
+            if not hook.active:
+                return original(*args, **kwargs)
+            start = perf_counter()
+            try:
+                before = handle.reader.compile_counters()
+            except Exception as error:  # noqa: BLE001 (never into the training loop)
+                before = None  # this marker is not accounted; one failure is counted for it
+                handle.stats.record_error("step", error)
+            own = perf_counter() - start
+            result = original(*args, **kwargs)  # its exceptions reach the caller unchanged
+            if before is None:
+                return result
+            now = perf_counter()
+            try:
+                graphs, compiles = handle.reader.compile_counters()
+                graphs_before, compiles_before = before
+                # Graphs run since the last marker that no host read ran: a CPU fallback may have cut them.
+                unexplained = graphs_before - handle._graphs_after != handle._graphs_by_reads
+                handle._graphs_by_reads = 0
+                handle._graphs_after = graphs
+                if compiles != compiles_before or unexplained or handle._probe is not None:
+                    handle._unusual_sync(graphs_before, compiles_before, graphs, compiles, now, unexplained)
+                else:
+                    handle.tracker.on_sync(graphs_before, compiles_before, graphs, compiles, now)
+            except Exception as error:  # noqa: BLE001
+                handle.stats.record_error("step", error)
+            handle.stats.hook_seconds += own + perf_counter() - now
+            return result
+
+        return step_marker
+
+    def _unusual_sync(self, graphs_before: int, compiles_before: int, graphs: int, compiles: int, now: float,
+                      unexplained: bool) -> None:
+        """A marker that compiled, or after a cut no host read explains, or with the fallback probe on."""
+        frame = sys._getframe(2)  # the step marker's caller (past this and the wrapper)
+        site = (self.sites.site(frame), self.sites.frames(frame)) if compiles != compiles_before else None
+        fallbacks = self.reader.fallback_counts() if unexplained else None
+        extra = None
+        if site is not None or fallbacks is not None:
+            extra = (site, sum(fallbacks.values()) if fallbacks is not None else None)
+        self.tracker.on_sync(graphs_before, compiles_before, graphs, compiles, now, extra)
+        if self._probe is not None:
+            self._watch_fallbacks(fallbacks)
 
     def _watch_fallbacks(self, fallbacks: dict[str, int] | None) -> None:
         """After a marker: end the fallback probe's watch of the step that ended, and watch the next one if an

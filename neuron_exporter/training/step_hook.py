@@ -22,13 +22,15 @@ def _xlac():
 
 
 class StepHook:
-    def __init__(self, before_sync: Callable[[], None], on_sync: Callable[[], None]):
-        """``before_sync`` runs before every step marker, ``on_sync`` after it returns; neither may raise (the hook
-        does not catch)."""
-        self._before_sync = before_sync
-        self._on_sync = on_sync
+    def __init__(self, make_wrapper: Callable[[Callable, StepHook], Callable]):
+        """``make_wrapper(original, hook)`` returns the function that replaces the binding: it calls ``original`` with
+        the caller's arguments and returns its result (its exceptions reach the caller unchanged), and while
+        ``hook.active`` is False it does nothing else. The owner writes the whole wrapper, so that the step marker
+        pays for one Python call, not three."""
+        self._make_wrapper = make_wrapper
         self._original = None
         self._wrapper = None
+        self.active = False
 
     @property
     def installed(self) -> bool:
@@ -39,30 +41,19 @@ class StepHook:
         original = xlac._xla_step_marker
         if hasattr(original, MARK):
             raise RuntimeError("the neuron-exporter step hook is already installed")
-        hook = self
-
-        def step_marker(*args, **kwargs):
-            hook._before_sync()
-            result = original(*args, **kwargs)  # its exceptions reach the caller unchanged
-            hook._on_sync()
-            return result
-
+        step_marker = self._make_wrapper(original, self)
         never_compiled(step_marker)
         setattr(step_marker, MARK, original)
         self._original, self._wrapper = original, step_marker
+        self.active = True
         xlac._xla_step_marker = step_marker
 
     def uninstall(self) -> None:
         if self._wrapper is None:
             return
+        self.active = False
         xlac = _xlac()
         if xlac._xla_step_marker is self._wrapper:
             xlac._xla_step_marker = self._original
-        else:
-            # Someone wrapped the binding after us; unwrapping theirs would drop their hook. Go inert instead.
-            self._before_sync = self._on_sync = _nothing
+        # else someone wrapped the binding after us; unwrapping theirs would drop their hook: ours stays, inert.
         self._original = self._wrapper = None
-
-
-def _nothing() -> None:
-    return None

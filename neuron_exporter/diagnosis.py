@@ -286,12 +286,16 @@ def _cause_text(cause: str) -> str:
     return {"item": ".item()", "bool": "a tensor used as a Python bool (if t:)", "int": "int(t)",
             "float": "float(t)", "index": "a tensor used as an index", "tolist": ".tolist()",
             "numpy": ".numpy()", "cpu": ".cpu() or .to('cpu')", "print": "printing or formatting a tensor",
-            "cpu_fallback": "operators that run on the CPU", "unattributed": "an unseen host read"}.get(cause, cause)
+            "cpu_fallback": "operators that run on the CPU", "unattributed": "an unseen host read",
+            "sync_tensors": "a sync of chosen tensors (xm.mesh_reduce, xm.save)"}.get(cause, cause)
 
 
 def _cut_advice(cause: str) -> str:
     if cause == "cpu_fallback":
         return "An operator with no XLA lowering ran before the step's end; see the CPU-fallback operators."
+    if cause == "sync_tensors":
+        return ("torch_xla ran the graph of the tensors it was given before the step's end (to reduce them across "
+                "processes or save them): do it after the step marker, or less often.")
     if cause == "unattributed":
         return ("A graph ran before the step's end, but no Python host read was seen (torch.equal, allclose, "
                 "nonzero, boolean-mask indexing, or work on another thread).")

@@ -47,14 +47,18 @@ def test_the_cut_in_transformers_masking_code_is_named_at_its_line(trainer_run):
     assert {cause for cause, _ in masking} == {"bool"}, masking
     assert sum(masking.values()) == STEPS, masking  # one forward pass per step
     assert total(exposition, "xla_fragmented_steps_total") == STEPS
+    # every other cut is named too: the logging steps' xm.mesh_reduce of the loss (a sync of chosen tensors)
+    others = {key: count for key, count in cuts.items() if key not in masking}
+    assert {cause for cause, _ in others} <= {"sync_tensors", "item"}, cuts
+    assert sum(count for (cause, _), count in others.items() if cause == "sync_tensors") == STEPS // LOGGING_STEPS
     (rank,) = result["diagnosis"]["ranks"]
     (site,) = [s for s in rank["sites"] if s["location"] in {location for _, location in masking}]
     # the detail goes from transformers' line up to the line of the script that started training
     assert site["frames"][0].endswith(f"({site['location']})"), site["frames"]
     assert site["frames"][-1] == f"<module> ({marked_line(SCRIPTS / 'hf_trainer.py', 'train')})", site["frames"]
-    first = result["text"].split("\n\n")[1]  # the first finding: what to fix first
-    assert first.startswith(f"1. {site['location']}: {STEPS} graph cuts by a tensor used as a Python bool"), first
-    assert marked_line(SCRIPTS / "hf_trainer.py", "train") in first, first
+    (finding,) = [block for block in result["text"].split("\n\n")
+                  if f"{site['location']}: {STEPS} graph cuts by a tensor used as a Python bool" in block]
+    assert marked_line(SCRIPTS / "hf_trainer.py", "train") in finding, finding
 
 
 def test_torch_xla_counts_the_same_graphs_as_the_exporter(trainer_run):

@@ -48,6 +48,15 @@ def test_a_host_read_in_the_step_is_a_cut_named_by_cause_and_line(scenario, caus
     assert total(exposition, "xla_new_graphs_total") == xla["xla"]["UncachedCompile"]
 
 
+def test_a_partial_sync_of_chosen_tensors_is_a_cut_named_at_its_line_but_no_host_read():
+    # xm.save (like xm.mesh_reduce) syncs the tensors it is given through torch_xla's binding, not a Tensor method
+    exposition, xla = run("save")
+    assert series(exposition, "xla_graph_cuts_total") == {("sync_tensors", line_of("save")): STEPS}
+    assert series(exposition, "xla_host_reads_total") == {}
+    assert total(exposition, "xla_recompilations_total") == 0
+    assert total(exposition, "xla_new_graphs_total") == xla["xla"]["UncachedCompile"]
+
+
 @pytest.mark.parametrize("scenario, ops", [("lgamma", {"aten::lgamma", "aten::digamma"}),
                                            ("roi_align", {"torchvision::roi_align",
                                                           "torchvision::_roi_align_backward"})])
@@ -115,7 +124,7 @@ def test_an_eval_loop_and_logging_steps_are_new_graphs_never_recompilations():
     assert series(exposition, "xla_graph_cuts_total") == {("item", line_of("logging")): STEPS // 3}
 
 
-@pytest.mark.parametrize("scenario", ["item", "bool", "print", "tolist", "lgamma", "roi_align", "shapes",
+@pytest.mark.parametrize("scenario", ["item", "bool", "print", "tolist", "save", "lgamma", "roi_align", "shapes",
                                       "eval_logging"])
 def test_torch_xla_compiles_and_executes_the_same_with_and_without_the_exporter(scenario):
     _, attached = run(scenario)

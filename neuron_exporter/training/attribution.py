@@ -30,6 +30,10 @@ MAX_PRIOR = 8  # earlier graph sites in one step that name a graph
 MAX_CHANGES = 5  # shape changes kept per site for the detailed view
 UNATTRIBUTED = "unattributed"
 CPU_FALLBACK = "cpu_fallback"
+# torch_xla's partial sync of chosen tensors (xm.mesh_reduce and xm.save before they copy to the host, xm.unlazy,
+# torch_xla.utils.serialization, the dynamo bridge before it runs a compiled graph): it runs their graph there, a
+# cut, with no Tensor method in between. Counted as a cut of this cause, not as a host read.
+SYNC_TENSORS = "sync_tensors"
 
 
 @dataclass
@@ -95,7 +99,8 @@ class Attribution:
         """A host read of device data at ``location``, which ran ``graphs`` graphs and ``compiles`` compilations."""
         with self._lock:
             record = self._site(location, frames)
-            record.causes[cause] = record.causes.get(cause, 0) + 1
+            if cause != SYNC_TENSORS:  # a sync of chosen tensors cuts the graph but reads nothing
+                record.causes[cause] = record.causes.get(cause, 0) + 1
             if graphs:
                 record.cuts[cause] = record.cuts.get(cause, 0) + graphs
                 self._attributed_cuts += graphs

@@ -6,6 +6,9 @@ fast path for anything but an XLA tensor; for an XLA tensor it calls its owner b
 reads the compile counters around it and records the read, its site, and whether it ran a graph and a compilation.
 A read inside another (``print(t)`` calls several) counts once. Results and exceptions are the original method's.
 
+torch_xla's partial sync of chosen tensors (``_xla_sync_multi``: ``xm.mesh_reduce``, ``xm.save``) is wrapped the same way:
+it cuts the graph without a Tensor method, and its cuts are named ``sync_tensors``.
+
 Uploads (``Tensor.to(device)`` of a CPU tensor, and ``_xla_tensors_from_aten``, which the parallel loaders use)
 are recorded with their shapes, to name the input whose shape changed at a recompilation.
 
@@ -21,6 +24,7 @@ from collections.abc import Callable
 
 import torch
 
+from .attribution import SYNC_TENSORS
 from .dynamo_skip import never_compiled
 
 # Tensor method -> cause, the label value of xla_host_reads_total{cause}
@@ -51,6 +55,7 @@ class HostReadHook:
         self._local = threading.local()
         self._originals: dict[str, object] = {}  # method -> the class attribute it replaced, MISSING if inherited
         self._from_aten = None
+        self._sync_multi = None
         self._compiling = 0
         self._dynamo_callbacks = None
 
@@ -111,6 +116,15 @@ class HostReadHook:
         never_compiled(_xla_tensors_from_aten)
         return _xla_tensors_from_aten
 
+    def _wrap_sync_multi(self, original):
+        hook = self
+
+        def _xla_sync_multi(tensors, *args, **kwargs):
+            return hook._read(original, SYNC_TENSORS, tensors, args, kwargs)
+
+        never_compiled(_xla_sync_multi)
+        return _xla_sync_multi
+
     # -- life cycle -----------------------------------------------------------------------------------------
     def install(self) -> None:
         self._put_on()
@@ -119,6 +133,8 @@ class HostReadHook:
         xlac = torch_xla._XLAC
         self._from_aten = xlac._xla_tensors_from_aten
         xlac._xla_tensors_from_aten = self._wrap_from_aten(self._from_aten)
+        self._sync_multi = xlac._xla_sync_multi
+        xlac._xla_sync_multi = self._wrap_sync_multi(self._sync_multi)
         self._watch_dynamo()
 
     def uninstall(self) -> None:
@@ -127,7 +143,8 @@ class HostReadHook:
             import torch_xla
 
             torch_xla._XLAC._xla_tensors_from_aten = self._from_aten
-            self._from_aten = None
+            torch_xla._XLAC._xla_sync_multi = self._sync_multi
+            self._from_aten = self._sync_multi = None
         if self._dynamo_callbacks is not None:
             from torch._dynamo.callback import callback_handler
 

@@ -66,6 +66,10 @@ def train_step(x, y):
             print(loss)  # site: print
     elif scenario == "tolist":
         loss.tolist()  # site: tolist
+    elif scenario == "save":
+        import torch_xla.core.xla_model as xm
+
+        xm.save({"loss": loss}, f"{tempfile.gettempdir()}/where-save-{id(out)}.pt")  # site: save
     torch_xla.sync()  # site: sync
     return loss
 

@@ -6,8 +6,8 @@ fast path for anything but an XLA tensor; for an XLA tensor it calls its owner b
 reads the compile counters around it and records the read, its site, and whether it ran a graph and a compilation.
 A read inside another (``print(t)`` calls several) counts once. Results and exceptions are the original method's.
 
-torch_xla's partial sync of chosen tensors (``_xla_sync_multi``: ``xm.mesh_reduce``, ``xm.save``) is wrapped the same way:
-it cuts the graph without a Tensor method, and its cuts are named ``sync_tensors``.
+torch_xla's partial sync of chosen tensors (``_xla_sync_multi``: ``xm.mesh_reduce``, ``xm.save``) is wrapped the
+same way: it cuts the graph without a Tensor method, and its cuts are named ``sync_tensors``.
 
 Uploads (``Tensor.to(device)`` of a CPU tensor, and ``_xla_tensors_from_aten``, which the parallel loaders use)
 are recorded with their shapes, to name the input whose shape changed at a recompilation.

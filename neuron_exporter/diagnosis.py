@@ -77,6 +77,12 @@ def _number(value) -> float:
     return value if isinstance(value, (int, float)) and not isinstance(value, bool) else 0
 
 
+def _frames(entry: dict, limit: int) -> list[str]:
+    """The first ``limit`` frames of a site's ``frames`` list (none if it is not a list of strings)."""
+    frames = entry.get("frames")
+    return [f for f in frames if isinstance(f, str)][:limit] if isinstance(frames, list) else []
+
+
 def _counts(mapping) -> dict[str, float]:
     if not isinstance(mapping, dict):
         return {}
@@ -98,7 +104,7 @@ def findings(document: dict) -> list[tuple[float | None, str, list[str]]]:
         name = str(rank.get("rank"))
         for site in rank.get("sites", []):
             location = site["location"]
-            frames = [str(f) for f in site.get("frames", []) if isinstance(f, str)][:5]
+            frames = _frames(site, 5)
             for cause, count in _counts(site.get("graph_cuts")).items():
                 entry = problem(f"cut:{cause}", location)
                 entry["steps"] += steps
@@ -160,8 +166,7 @@ def _fallback_calls(sites) -> dict[str, list[str]]:
             continue
         where = (f"called from the backward pass of {site['location']}" if site.get("pass") == "backward"
                  else f"called at {site['location']}")
-        frames = [str(f) for f in site.get("frames", []) if isinstance(f, str)][:5] if isinstance(
-            site.get("frames"), list) else []
+        frames = _frames(site, 5)
         calls.setdefault(site["op"], []).extend([where] + [f"  {frame}" for frame in frames])
     return calls
 
@@ -196,7 +201,7 @@ def _compile_problems(part, steps: float, rank: str, problem: Callable[[str, str
         entry["ranks"].add(rank)
         if entry["detail"] is None:
             message = str(site.get("message") or "").splitlines()
-            frames = [str(f) for f in site.get("frames", []) if isinstance(f, str)][:4]
+            frames = _frames(site, 4)
             compiling = [f"while compiling {site['compiling']}"] if isinstance(site.get("compiling"), str) and \
                 site.get("compiling") else []
             entry["detail"] = [line.strip() for line in message[:2] if line.strip()] + frames + compiling

@@ -67,11 +67,11 @@ class ExporterHandle:
         self.reader = XlaReader()
         self.sites = SiteFinder()
         self.attribution = Attribution()
-        self.tracker = StepTracker(options.warmup_steps, *self.reader.compile_counters(), self.attribution)
+        counters = self.reader.compile_counters()
+        self.tracker = StepTracker(options.warmup_steps, *counters, self.attribution)
         self.collector = RankCollector(self.reader, self.tracker, self.stats, options.max_op_series,
                                        self.attribution, options.max_site_series)
-        self.torch_compile = TorchCompileSource(options.max_site_series,
-                                                lambda error: self.stats.record_error("step", error))
+        self.torch_compile = TorchCompileSource(options.max_site_series, self._step_error)
         self.collector.add_part("torch_compile", self.torch_compile.families)
         self._rank_registry = CollectorRegistry(auto_describe=False)
         self._rank_registry.register(self.collector)
@@ -87,9 +87,8 @@ class ExporterHandle:
         if options.fallback_sites:
             from .fallback_probe import FallbackProbe
 
-            self._probe = FallbackProbe(self.sites, self._on_fallback_site,
-                                        lambda error: self.stats.record_error("step", error))
-        self._graphs_after = self.reader.compile_counters()[0]
+            self._probe = FallbackProbe(self.sites, self._on_fallback_site, self._step_error)
+        self._graphs_after = counters[0]  # graphs run when the last step marker ended
         self._server: MetricsServer | None = None
         self._stop = threading.Event()
         self._spool_thread: threading.Thread | None = None
@@ -99,6 +98,9 @@ class ExporterHandle:
         self._crashed = False
 
     # -- the training thread ------------------------------------------------------------------------------
+    def _step_error(self, error: BaseException) -> None:
+        self.stats.record_error("step", error)
+
     def _step_marker(self, original, hook: StepHook):
         """The wrapper of torch_xla's step marker: the compile counters before and after it, one record for the
         tracker, and, rarely, what needs the moment (the marker's line when it compiled, the fallback counters when
@@ -330,9 +332,10 @@ class ExporterHandle:
         self.collector.stats = self.stats
         self.attribution = Attribution()
         self.collector.attribution = self.attribution
-        self.tracker = StepTracker(self.options.warmup_steps, *self.reader.compile_counters(), self.attribution)
+        counters = self.reader.compile_counters()
+        self.tracker = StepTracker(self.options.warmup_steps, *counters, self.attribution)
         self.collector.tracker = self.tracker
-        self._graphs_after, self._graphs_by_reads = self.reader.compile_counters()[0], 0
+        self._graphs_after, self._graphs_by_reads = counters[0], 0
         self.torch_compile.after_fork()
         self._process_start = psutil.Process().create_time()
         if self._node_view is not None:

@@ -49,6 +49,7 @@ class SiteFinder:
         self._roots = sorted({os.path.abspath(p) + os.sep for p in sys.path if p and os.path.isdir(p)},
                              key=len, reverse=True)
         self._cwd = os.path.abspath(cwd or os.getcwd()) + os.sep
+        self._files: dict[str, tuple[str, bool, bool]] = {}  # file -> (as shown, skipped, in an installed package)
         # Keyed by id(): a code object's own hash covers its constants and bytecode, and costs up to a microsecond.
         # The entry holds the code object, so its id cannot be reused while the entry exists.
         # -> (code, its file as shown or None if skipped, whether the file is in an installed package)
@@ -62,24 +63,26 @@ class SiteFinder:
             return True
         return path.startswith(self._stdlib) and not path.startswith(self._site_packages)
 
-    def _name(self, code: CodeType) -> str | None:
-        return self._known(code)[1]
+    def _file(self, filename: str) -> tuple[str, bool, bool]:
+        """(the file as shown, whether it is skipped, whether it is in an installed package), cached per file."""
+        known = self._files.get(filename)
+        if known is None:
+            if filename.startswith("<"):  # <string>, <stdin> are the user's; <frozen importlib._bootstrap> is not
+                known = (filename, filename.startswith("<frozen"), False)
+            else:
+                path = os.path.abspath(filename)
+                known = (self._shown(path), self._skipped(path), path.startswith(self._site_packages))
+            if len(self._files) < 100_000:
+                self._files[filename] = known
+        return known
 
     def _known(self, code: CodeType) -> tuple[CodeType, str | None, bool]:
         known = self._names.get(id(code))
-        if known is not None:
-            return known
-        path = code.co_filename
-        library = False
-        if path.startswith("<"):  # <string>, <stdin> are the user's; <frozen importlib._bootstrap> is not
-            name = None if path.startswith("<frozen") else path
-        else:
-            path = os.path.abspath(path)
-            library = path.startswith(self._site_packages)
-            name = None if self._skipped(path) else self._shown(path)
-        known = code, name, library
-        if len(self._names) < 100_000:
-            self._names[id(code)] = known
+        if known is None:
+            shown, skipped, library = self._file(code.co_filename)
+            known = code, None if skipped else shown, library
+            if len(self._names) < 100_000:
+                self._names[id(code)] = known
         return known
 
     def _shown(self, path: str) -> str:
@@ -101,7 +104,7 @@ class SiteFinder:
         while frame is not None:
             code = frame.f_code
             known = names.get(id(code))
-            name = known[1] if known is not None else self._name(code)
+            name = (known or self._known(code))[1]
             if name is not None:
                 key = id(code), frame.f_lasti
                 location = lines.get(key)

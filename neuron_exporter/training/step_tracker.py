@@ -114,21 +114,18 @@ class StepTracker:
                 now: float, extra=None) -> None:
         """One step marker, given CachedCompile+UncachedCompile and UncachedCompile before it and after it."""
         stepped, self.optimizer_steps = self.optimizer_steps, 0
-        pending = self._pending
-        pending.append((SYNC, graphs_before, compiles_before, graphs_total, compiles_total, now, extra, stepped))
-        if len(pending) >= FLUSH_EVERY:
-            self.flush()
+        self._record((SYNC, graphs_before, compiles_before, graphs_total, compiles_total, now, extra, stepped))
 
     def on_host_read(self, cause: str, location: str, frames, graphs: int, compiles: int) -> None:
         """A host read of device data that ran ``graphs`` graphs and ``compiles`` compilations (for attribution)."""
-        pending = self._pending
-        pending.append((READ, cause, location, frames, graphs, compiles))
-        if len(pending) >= FLUSH_EVERY:
-            self.flush()
+        self._record((READ, cause, location, frames, graphs, compiles))
 
     def on_upload(self, location: str, shapes: tuple) -> None:
+        self._record((UPLOAD, location, shapes))
+
+    def _record(self, event) -> None:
         pending = self._pending
-        pending.append((UPLOAD, location, shapes))
+        pending.append(event)
         if len(pending) >= FLUSH_EVERY:
             self.flush()
 

@@ -168,22 +168,6 @@ def private_api_problems() -> list[str]:
 class Places(SiteFinder):
     """Source lines as the site tables show them (``train.py:42``, ``transformers/models/x.py:120``)."""
 
-    def __init__(self):
-        super().__init__()
-        self._files: dict[str, tuple[str, bool]] = {}  # file -> (as shown, skipped)
-
-    def _file(self, filename: str) -> tuple[str, bool]:
-        known = self._files.get(filename)
-        if known is None:
-            if filename.startswith("<"):
-                known = (filename, filename.startswith("<frozen"))
-            else:
-                path = os.path.abspath(filename)
-                known = (self._shown(path), self._skipped(path))
-            if len(self._files) < 100_000:
-                self._files[filename] = known
-        return known
-
     def function(self, filename: str | None, line: int | None) -> str:
         """``file:line`` of a compiled function (its first line), wherever it is, torch's own code included."""
         return self.function_of(filename, line)[0]
@@ -192,7 +176,7 @@ class Places(SiteFinder):
         """(``file:line``, whether the file is torch's, this package's or the standard library's)."""
         if not filename:
             return UNKNOWN, True
-        shown, skipped = self._file(filename)
+        shown, skipped, _ = self._file(filename)
         return f"{shown}:{line}", skipped
 
     def user_site(self, stack: list[tuple[str, int, str]]) -> tuple[str, list[str]]:
@@ -201,7 +185,7 @@ class Places(SiteFinder):
         frames, innermost first."""
         frames, site = [], None
         for filename, line, name in reversed(stack):
-            shown, skipped = self._file(filename)
+            shown, skipped, _ = self._file(filename)
             if skipped:
                 continue
             site = site or f"{shown}:{line}"

@@ -43,9 +43,9 @@ from .optimizer_hook import OptimizerHook
 from .self_metrics import SelfStats
 from .sites import SiteFinder
 from .step_hook import StepHook
-from .step_tracker import StepTracker
+from .step_tracker import FLUSH_EVERY, READ, SYNC, StepTracker
 from .torch_compile import TorchCompileSource
-from .xla_reader import XlaReader
+from .xla_reader import CACHED_COMPILE, UNCACHED_COMPILE, XlaReader
 
 AUTOSTART_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "autostart_path")
 
@@ -81,14 +81,15 @@ class ExporterHandle:
         self._node_view = NodeView(options, run_id=rank_labels()["run_id"]) if options.node_view else None
         self._hook = StepHook(self._step_marker)
         self._optimizer_hook = OptimizerHook(self._on_optimizer_created, self._on_optimizer_step)
-        self._host_reads = HostReadHook(self._before_read, self._after_read, self._on_upload)
-        self._graphs_by_reads = 0  # graphs run by host reads since the last step marker
+        self._host_reads = HostReadHook(self._host_read, self._on_upload)
         self._probe = None
         if options.fallback_sites:
             from .fallback_probe import FallbackProbe
 
             self._probe = FallbackProbe(self.sites, self._on_fallback_site, self._step_error)
-        self._graphs_after = counters[0]  # graphs run when the last step marker ended
+        # Graphs run as far as the exporter can tell: the count when the last step marker ended, plus the graphs host
+        # reads ran since. A marker that finds more was preceded by a cut no host read explains.
+        self._graphs_seen = counters[0]
         self._server: MetricsServer | None = None
         self._stop = threading.Event()
         self._spool_thread: threading.Thread | None = None
@@ -102,9 +103,11 @@ class ExporterHandle:
         self.stats.record_error("step", error)
 
     def _step_marker(self, original, hook: StepHook):
-        """The wrapper of torch_xla's step marker: the compile counters before and after it, one record for the
+        """The wrapper of torch_xla's step marker: the compile counters before and after it, one event for the
         tracker, and, rarely, what needs the moment (the marker's line when it compiled, the fallback counters when
-        a graph was cut that no host read explains). Written as one function: it runs at every step."""
+        a graph was cut that no host read explains). Written as one function that calls nothing in Python: it runs at
+        every step, right after the graph ran, when every extra call costs several times what it costs warm. The
+        handle's parts are looked up at each call, because a forked child replaces them."""
         handle = self
         perf_counter = time.perf_counter
 
@@ -113,26 +116,32 @@ class ExporterHandle:
                 return original(*args, **kwargs)
             start = perf_counter()
             try:
-                before = handle.reader.compile_counters()
+                value = handle.reader.counter_value
+                compiles_before = value(UNCACHED_COMPILE) or 0
+                graphs_before = (value(CACHED_COMPILE) or 0) + compiles_before
             except Exception as error:  # noqa: BLE001 (never into the training loop)
-                before = None  # this marker is not accounted; one failure is counted for it
-                handle.stats.record_error("step", error)
+                handle.stats.record_error("step", error)  # this marker is not accounted; one failure is counted
+                value = None
             own = perf_counter() - start
             result = original(*args, **kwargs)  # its exceptions reach the caller unchanged
-            if before is None:
+            if value is None:
                 return result
             now = perf_counter()
             try:
-                graphs, compiles = handle.reader.compile_counters()
-                graphs_before, compiles_before = before
+                compiles = value(UNCACHED_COMPILE) or 0
+                graphs = (value(CACHED_COMPILE) or 0) + compiles
                 # Graphs run since the last marker that no host read ran: a CPU fallback may have cut them.
-                unexplained = graphs_before - handle._graphs_after != handle._graphs_by_reads
-                handle._graphs_by_reads = 0
-                handle._graphs_after = graphs
+                unexplained = graphs_before != handle._graphs_seen
+                handle._graphs_seen = graphs
                 if compiles != compiles_before or unexplained or handle._probe is not None:
                     handle._unusual_sync(graphs_before, compiles_before, graphs, compiles, now, unexplained)
-                else:
-                    handle.tracker.on_sync(graphs_before, compiles_before, graphs, compiles, now)
+                else:  # tracker.on_sync(graphs_before, compiles_before, graphs, compiles, now), inlined
+                    tracker = handle.tracker
+                    stepped, tracker.optimizer_steps = tracker.optimizer_steps, 0
+                    pending = tracker.pending
+                    pending.append((SYNC, graphs_before, compiles_before, graphs, compiles, now, None, stepped))
+                    if len(pending) >= FLUSH_EVERY:
+                        tracker.flush()
             except Exception as error:  # noqa: BLE001
                 handle.stats.record_error("step", error)
             handle.stats.hook_seconds += own + perf_counter() - now
@@ -164,30 +173,41 @@ class ExporterHandle:
     def _on_fallback_site(self, op: str, location: str, frames: list[str], backward: bool) -> None:
         self.attribution.fallback_site(op, location, frames, backward)
 
-    def _before_read(self, frame) -> tuple | None:
-        """Before a host read: (graphs run, compilations, site, its frames if the site is new), or None."""
-        start = time.perf_counter()
+    def _host_read(self, original, cause: str, tensor, args, kwargs, frame):
+        """A host read of an XLA tensor, made from ``frame`` (HostReadHook's ``read``): the compile counters and the
+        site before it, the counters after it, one event for the tracker. Written as one function, like the step
+        marker's wrapper; its exceptions are the original method's only."""
+        perf_counter = time.perf_counter
+        start = perf_counter()
         try:
-            graphs, compiles = self.reader.compile_counters()
+            value = self.reader.counter_value
+            compiles_before = value(UNCACHED_COMPILE) or 0
+            graphs_before = (value(CACHED_COMPILE) or 0) + compiles_before
+            # The site is found before the read: the graph the read may run leaves the CPU caches cold, and the less
+            # that runs after it, the less the read costs.
             location = self.sites.site(frame)
-            token = graphs, compiles, location, None if location in self.attribution.sites else self.sites.frames(frame)
-        except Exception as error:  # noqa: BLE001
-            self.stats.record_error("step", error)
-            token = None
-        self.stats.hook_seconds += time.perf_counter() - start
-        return token
-
-    def _after_read(self, cause: str, token: tuple | None) -> None:
-        start = time.perf_counter()
-        if token is not None:
-            try:
-                graphs, compiles = self.reader.compile_counters()
-                ran = graphs - token[0]
-                self._graphs_by_reads += ran
-                self.tracker.on_host_read(cause, token[2], token[3], ran, compiles - token[1])
-            except Exception as error:  # noqa: BLE001
-                self.stats.record_error("step", error)
-        self.stats.hook_seconds += time.perf_counter() - start
+            frames = None if location in self.attribution.sites else self.sites.frames(frame)
+        except Exception as error:  # noqa: BLE001 (never into the training loop)
+            self.stats.record_error("step", error)  # this read is not accounted; one failure is counted
+            value = None
+        own = perf_counter() - start
+        try:
+            return original(tensor, *args, **kwargs)
+        finally:
+            now = perf_counter()
+            if value is not None:
+                try:
+                    compiles = value(UNCACHED_COMPILE) or 0
+                    graphs = (value(CACHED_COMPILE) or 0) + compiles - graphs_before
+                    self._graphs_seen += graphs
+                    tracker = self.tracker
+                    pending = tracker.pending
+                    pending.append((READ, cause, location, frames, graphs, compiles - compiles_before))
+                    if len(pending) >= FLUSH_EVERY:
+                        tracker.flush()
+                except Exception as error:  # noqa: BLE001
+                    self.stats.record_error("step", error)
+            self.stats.hook_seconds += own + perf_counter() - now
 
     def _on_upload(self, frame, shapes: tuple) -> None:
         start = time.perf_counter()
@@ -335,7 +355,7 @@ class ExporterHandle:
         counters = self.reader.compile_counters()
         self.tracker = StepTracker(self.options.warmup_steps, *counters, self.attribution)
         self.collector.tracker = self.tracker
-        self._graphs_after, self._graphs_by_reads = counters[0], 0
+        self._graphs_seen = counters[0]
         self.torch_compile.after_fork()
         self._process_start = psutil.Process().create_time()
         if self._node_view is not None:

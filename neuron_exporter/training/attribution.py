@@ -98,14 +98,17 @@ class Attribution:
     def host_read(self, cause: str, location: str, frames, graphs: int, compiles: int, in_warmup: bool) -> None:
         """A host read of device data at ``location``, which ran ``graphs`` graphs and ``compiles`` compilations."""
         with self._lock:
-            record = self._site(location, frames)
+            record = self.sites.get(location)
+            if record is None or frames:
+                record = self._site(location, frames)
             if cause != SYNC_TENSORS:  # a sync of chosen tensors cuts the graph but reads nothing
                 record.causes[cause] = record.causes.get(cause, 0) + 1
             if graphs:
                 record.cuts[cause] = record.cuts.get(cause, 0) + graphs
                 self._attributed_cuts += graphs
-                self._compile(location, compiles, in_warmup)
-                self._attributed_compiles += compiles
+                if compiles:
+                    self._compile(location, compiles, in_warmup)
+                    self._attributed_compiles += compiles
                 if len(self._prior) < MAX_PRIOR:
                     self._prior.append(location)
 
@@ -147,7 +150,7 @@ class Attribution:
                 location, frames = marker_site or (UNKNOWN, [])
                 self._site(location, frames)
                 self._compile(location, compiles_at_marker, in_warmup)
-            self._prior = []
+            self._prior.clear()
             self._attributed_cuts = self._attributed_compiles = 0
 
     def _compile(self, location: str, compiles: int, in_warmup: bool) -> None:

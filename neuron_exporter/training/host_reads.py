@@ -2,8 +2,8 @@
 
 A host read (``.item()``, ``if t:``, ``int(t)``, ``.tolist()``, ``.cpu()``, ``.to("cpu")``, ``.numpy()``, printing or
 formatting a tensor) needs the tensor's value, so the pending graph runs there: a graph cut. Each wrapper takes a
-fast path for anything but an XLA tensor; for an XLA tensor it calls its owner before and after the read, which
-reads the compile counters around it and records the read, its site, and whether it ran a graph and a compilation.
+fast path for anything but an XLA tensor; for an XLA tensor its owner makes the read, reading the compile counters
+around it and recording the read, its site, and whether it ran a graph and a compilation.
 A read inside another (``print(t)`` calls several) counts once. Results and exceptions are the original method's.
 
 torch_xla's partial sync of chosen tensors (``_xla_sync_multi``: ``xm.mesh_reduce``, ``xm.save``) is wrapped the
@@ -44,13 +44,12 @@ MISSING = object()
 
 
 class HostReadHook:
-    def __init__(self, before_read: Callable, after_read: Callable, on_upload: Callable):
-        """``before_read(frame)`` runs before a read of device data made from ``frame`` and returns a token (what
-        the read is to be compared with: the counters, the site), ``after_read(cause, token)`` after it, whether it
-        raised or not; ``on_upload(frame, shapes)`` records an upload. All run on the thread of the read or upload
-        and must not raise."""
-        self._before_read = before_read
-        self._after_read = after_read
+    def __init__(self, read: Callable, on_upload: Callable):
+        """``read(original, cause, tensor, args, kwargs, frame)`` makes a read of device data from ``frame``: it calls
+        ``original(tensor, *args, **kwargs)`` once and returns its result (its exceptions reach the caller unchanged),
+        and records the read around it. ``on_upload(frame, shapes)`` records an upload. Both run on the thread of the
+        read or upload and raise nothing of their own."""
+        self._owner_read = read
         self._on_upload = on_upload
         self._local = threading.local()
         self._originals: dict[str, object] = {}  # method -> the class attribute it replaced, MISSING if inherited
@@ -65,23 +64,23 @@ class HostReadHook:
         if getattr(local, "depth", 0):
             return original(tensor, *args, **kwargs)
         local.depth = 1
-        # The site is found before the read: the graph the read may run leaves the CPU caches cold, and the less
-        # that runs after it, the less the read costs.
-        token = self._before_read(sys._getframe(2))
         try:
-            return original(tensor, *args, **kwargs)
+            return self._owner_read(original, cause, tensor, args, kwargs, sys._getframe(2))
         finally:
             local.depth = 0
-            self._after_read(cause, token)
 
     def _wrap_read(self, name: str, cause: str):
         original = getattr(torch.Tensor, name)
-        hook = self
+        hook, local = self, self._local
 
-        def read(tensor, *args, **kwargs):
-            if not tensor.is_xla:
+        def read(tensor, *args, **kwargs):  # hook._read, inlined: these are the reads a training loop makes
+            if not tensor.is_xla or getattr(local, "depth", 0):
                 return original(tensor, *args, **kwargs)
-            return hook._read(original, cause, tensor, args, kwargs)
+            local.depth = 1
+            try:
+                return hook._owner_read(original, cause, tensor, args, kwargs, sys._getframe(1))
+            finally:
+                local.depth = 0
 
         read.__name__, read.__qualname__, read.__doc__ = name, f"Tensor.{name}", original.__doc__
         never_compiled(read)

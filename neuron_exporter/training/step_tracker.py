@@ -16,11 +16,15 @@ from dataclasses import dataclass, field
 STEP_DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
                          120.0, 300.0, 600.0, 1800.0, float("inf"))
 GRAPHS_PER_STEP_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, float("inf"))
-FLUSH_EVERY = 64  # markers recorded before the training thread accounts them itself
-# Events, kept in the order they happened until they are accounted
+FLUSH_EVERY = 64  # events recorded before the training thread accounts them itself
+# Events, kept in the order they happened until they are accounted. Each is a tuple:
+#   (SYNC, graphs before, compilations before, graphs after, compilations after, perf_counter() after, extra,
+#    optimizer steps since the marker before): a step marker (see on_sync)
+#   (READ, cause, location, frames or None, graphs run, compilations): a host read (see Attribution.host_read)
+#   (UPLOAD, location, shapes); (OPTIMIZER_CREATED,); (PROBE_ON,) and (PROBE_OFF,): the step the fallback probe watches
+SYNC, READ, UPLOAD = "sync", "read", "upload"
 OPTIMIZER_CREATED = "optimizer created"
-PROBE_ON, PROBE_OFF = "fallback probe on", "fallback probe off"  # the steps the fallback probe watches
-SYNC, READ, UPLOAD = "sync", "read", "upload"  # the first item of an event tuple
+PROBE_ON, PROBE_OFF = "fallback probe on", "fallback probe off"
 
 
 @dataclass
@@ -61,11 +65,6 @@ class StepState:
     graphs_per_step: Histogram = field(default_factory=lambda: Histogram(GRAPHS_PER_STEP_BUCKETS))
 
 
-def _delta(now: int, before: int) -> int:
-    # The counters only go down when someone calls met.clear_counters(); count from zero again then.
-    return now - before if now >= before else now
-
-
 class StepTracker:
     """Which step markers end a step, and what each step ran.
 
@@ -90,8 +89,10 @@ class StepTracker:
         self._lock = threading.Lock()
         # Markers, optimizer events, host reads and uploads as they happen, accounted later in a batch: right after a
         # graph ran the CPU caches are cold, and every line there costs the training thread several times what it
-        # costs a few events later. Appending to a deque is atomic, so readers on other threads can flush.
-        self._pending: deque = deque()
+        # costs a few events later. Appending to a deque is atomic, so readers on other threads can flush. The owner's
+        # step marker and host-read wrappers append SYNC and READ events here themselves and call ``flush()`` once
+        # FLUSH_EVERY are pending: a Python call less on the hottest path.
+        self.pending: deque = deque()
         # Optimizer steps (any torch.optim optimizer, on any thread) since the last recorded marker, which carries
         # them: whether an optimizer stepped between two markers is all that matters. The owner's optimizer hook adds
         # to it directly, the cheapest thing it can do on the training thread.
@@ -104,11 +105,11 @@ class StepTracker:
     # -- the training thread: record only --------------------------------------------------------------------
     def on_optimizer_created(self) -> None:
         """A ``torch.optim`` optimizer was made: from now on, steps are training steps."""
-        self._pending.append(OPTIMIZER_CREATED)
+        self.pending.append((OPTIMIZER_CREATED,))
 
     def on_probe(self, watching: bool) -> None:
         """The fallback probe starts (after a marker) or stops (after the next one) watching a step."""
-        self._pending.append(PROBE_ON if watching else PROBE_OFF)
+        self.pending.append((PROBE_ON if watching else PROBE_OFF,))
 
     def on_sync(self, graphs_before: int, compiles_before: int, graphs_total: int, compiles_total: int,
                 now: float, extra=None) -> None:
@@ -116,15 +117,11 @@ class StepTracker:
         stepped, self.optimizer_steps = self.optimizer_steps, 0
         self._record((SYNC, graphs_before, compiles_before, graphs_total, compiles_total, now, extra, stepped))
 
-    def on_host_read(self, cause: str, location: str, frames, graphs: int, compiles: int) -> None:
-        """A host read of device data that ran ``graphs`` graphs and ``compiles`` compilations (for attribution)."""
-        self._record((READ, cause, location, frames, graphs, compiles))
-
     def on_upload(self, location: str, shapes: tuple) -> None:
         self._record((UPLOAD, location, shapes))
 
     def _record(self, event) -> None:
-        pending = self._pending
+        pending = self.pending
         pending.append(event)
         if len(pending) >= FLUSH_EVERY:
             self.flush()
@@ -133,24 +130,26 @@ class StepTracker:
     def flush(self) -> None:
         """Account every event recorded so far, in order."""
         with self._lock:
-            pending = self._pending
+            pending, attribution = self.pending, self.attribution
             while pending:
                 event = pending.popleft()
-                if event is OPTIMIZER_CREATED:
-                    self._count_training_steps()
-                elif event is PROBE_ON or event is PROBE_OFF:
-                    if self.attribution is not None:
-                        self.attribution.probing = event is PROBE_ON
-                elif event[0] is SYNC:
-                    if event[-1]:  # optimizer steps since the marker before
-                        self._count_training_steps()
+                kind = event[0]
+                if kind is SYNC:
+                    if event[7]:  # optimizer steps since the marker before
+                        if not self._state.optimizer_steps:
+                            self._count_training_steps()
                         self._optimizer_stepped = True
-                    self._account_sync(*event[1:-1])
-                elif self.attribution is not None:
-                    if event[0] is READ:
-                        self.attribution.host_read(*event[1:], self.in_warmup)
-                    else:
-                        self.attribution.upload(*event[1:])
+                    self._account_sync(event)
+                elif kind is OPTIMIZER_CREATED:
+                    self._count_training_steps()
+                elif attribution is None:
+                    continue
+                elif kind is READ:
+                    attribution.host_read(*event[1:], self.in_warmup)
+                elif kind is UPLOAD:
+                    attribution.upload(*event[1:])
+                else:
+                    attribution.probing = kind is PROBE_ON
 
     def _count_training_steps(self) -> None:
         if not self._state.optimizer_steps:
@@ -158,17 +157,21 @@ class StepTracker:
             self._steps_of_kind = 0  # warm-up counts training steps
             self._step_graphs = self._step_cuts = 0  # what ran before belongs to no training step
 
-    def _account_sync(self, graphs_before: int, compiles_before: int, graphs_total: int, compiles_total: int,
-                      now: float, extra) -> None:
+    def _account_sync(self, event: tuple) -> None:
+        _, graphs_before, compiles_before, graphs_total, compiles_total, now, extra, _ = event
         state = self._state
         state.syncs += 1
-        cuts, at_marker = _delta(graphs_before, self._graphs), _delta(graphs_total, graphs_before)
-        compiled_before, compiled_at_marker = _delta(compiles_before, self._compiles), _delta(compiles_total,
-                                                                                             compiles_before)
+        # The counters only go down when someone calls met.clear_counters(); count from zero again then.
+        graphs, compiles = self._graphs, self._compiles
+        cuts = graphs_before - graphs if graphs_before >= graphs else graphs_before
+        at_marker = graphs_total - graphs_before if graphs_total >= graphs_before else graphs_total
         self._graphs, self._compiles = graphs_total, compiles_total
+        compiled_before = compiles_before - compiles if compiles_before >= compiles else compiles_before
+        compiled_at_marker = compiles_total - compiles_before if compiles_total >= compiles_before else compiles_total
         if self.attribution is not None and (cuts or compiled_before or compiled_at_marker or extra is not None):
             self.attribution.step_marker(cuts, compiled_before, compiled_at_marker, self.in_warmup, extra)
-        state.markers += at_marker > 0
+        if at_marker:
+            state.markers += 1
         self._step_graphs += cuts + at_marker
         self._step_cuts += cuts
         if cuts + at_marker == 0 or (state.optimizer_steps and not self._optimizer_stepped):

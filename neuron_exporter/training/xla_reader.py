@@ -15,6 +15,7 @@ from ..snapshot import SECONDS, MetricValue, Snapshot, unit_of
 from ..snapshot_metrics import HOST_SCALAR_READ_OP
 
 NANOSECONDS_PER_SECOND = 1e9
+CACHED_COMPILE, UNCACHED_COMPILE = "CachedCompile", "UncachedCompile"  # every graph that runs passes one of them
 
 
 class XlaReader:
@@ -22,14 +23,14 @@ class XlaReader:
         import torch_xla  # noqa: F401  (the bindings below live in torch_xla._XLAC)
 
         xlac = torch_xla._XLAC
-        self._counter_value = xlac._xla_counter_value
+        self.counter_value = xlac._xla_counter_value  # name -> value, None if unknown or 0; the hot paths call it
         self._counter_names = xlac._xla_counter_names
         self._metric_names = xlac._xla_metric_names
         self._metric_data = xlac._xla_metric_data
         self._fallback_ops = xlac._get_executed_fallback_ops
 
     def counter(self, name: str) -> int:
-        return self._counter_value(name) or 0  # None for a counter that is unknown or at 0
+        return self.counter_value(name) or 0
 
     def fallback_counts(self) -> dict[str, int]:
         """Executions of each CPU-fallback operator so far (every namespace; a few counter reads)."""
@@ -38,9 +39,9 @@ class XlaReader:
     def compile_counters(self) -> tuple[int, int]:
         """(graphs run = CachedCompile + UncachedCompile, UncachedCompile): what the step hook needs. It runs twice
         per step marker and per host read, so it calls the binding directly rather than through ``counter``."""
-        value = self._counter_value
-        uncached = value("UncachedCompile") or 0
-        return (value("CachedCompile") or 0) + uncached, uncached
+        value = self.counter_value
+        uncached = value(UNCACHED_COMPILE) or 0
+        return (value(CACHED_COMPILE) or 0) + uncached, uncached
 
     def snapshot(self) -> Snapshot:
         snapshot = Snapshot()

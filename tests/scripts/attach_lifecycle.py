@@ -84,7 +84,7 @@ def broken(*args):
 
 handle.detach()
 handle = neuron_exporter.attach(port=0, addr="127.0.0.1", spool_dir=spool_dir)
-handle.reader.compile_counters = broken
+handle.reader.counter_value = broken
 train(3)
 handle.reader.snapshot = broken
 response = urllib.request.urlopen(handle.url)

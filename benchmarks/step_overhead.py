@@ -1,21 +1,22 @@
 """What attach() costs per training step, next to the two ways torch_xla offers to watch a loop.
 
 One small MLP training loop on the XLA CPU device, run in blocks of steps, in variants interleaved in one
-process in a random order each round (so machine noise and the order of blocks hit them all alike): bare; with
-neuron_exporter.attach(); with met.metrics_report() read every step; with torch_xla's own XLA_METRICS_FILE dump
-(the report appended to a file at every sync); and the same loop with one loss.item() per step (a host read that
-cuts the graph), bare and with attach().
+process: with neuron_exporter.attach(); with met.metrics_report() read every step; with torch_xla's own
+XLA_METRICS_FILE dump (the report appended to a file at every sync); and the same loop with one loss.item() per
+step (a host read that cuts the graph) with attach(). Each block runs right before or after a block of its bare
+loop (which first, at random), and the pairs run in a random order each round: the ratio of a pair sees the same
+moment of the machine, and the order of blocks hits every variant alike.
 
 attach() is measured in its steady state, as a job that trains for hours sees it: each attached block attaches,
 runs --settle steps untimed (the server and spool threads start, the first steps claim the rank), then times
 --steps steps, then detaches; its bare loop runs as many steps untimed first. The time attach() itself takes is
 printed apart.
 
-Prints, per variant, the median time per step and the median over rounds of its ratio to its bare loop in the same
-round (with the interquartile range of those ratios); then the exporter's own time on the training thread (its
+Prints, per variant, the median time per step and the median over rounds of its ratio to its bare block (with the
+interquartile range of those ratios); then the exporter's own time on the training thread (its
 step hook and host-read wrappers) per step, and the CPU time of its threads (HTTP server, spool writer) per step.
 
-    PJRT_DEVICE=CPU python benchmarks/step_overhead.py [--rounds 40] [--steps 30] [--settle 100]
+    PJRT_DEVICE=CPU python benchmarks/step_overhead.py [--rounds 120] [--steps 30] [--settle 100]
 """
 
 from __future__ import annotations
@@ -109,7 +110,7 @@ def quartiles(values: list[float]) -> tuple[float, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=40)
+    parser.add_argument("--rounds", type=int, default=120)
     parser.add_argument("--steps", type=int, default=30, help="timed steps per block")
     parser.add_argument("--settle", type=int, default=100, help="untimed steps after attach() in attached blocks")
     parser.add_argument("--seed", type=int, default=0)
@@ -121,36 +122,42 @@ def main() -> None:
     dump = os.path.join(tempfile.mkdtemp(), "metrics.txt")
     per_step: dict[str, list[float]] = {variant: [] for variant in (BARE, ATTACHED, REPORT, DUMP, BARE_READ,
                                                                      ATTACHED_READ)}
+    ratios: dict[str, list[float]] = {variant: [] for variant in BARE_OF}
     attached = {ATTACHED: Attached(), ATTACHED_READ: Attached()}
     order = random.Random(args.seed)
 
-    for _ in range(args.rounds):
-        for variant in order.sample(list(per_step), len(per_step)):
-            step = steps[variant in (BARE_READ, ATTACHED_READ)]
-            if variant in attached:
-                seconds = run_attached(step, args, attached[variant])
-            elif variant == REPORT:
-                seconds = run_block(step, args.steps, after_step=met.metrics_report)
-            elif variant == DUMP:
-                metrics_saver._TLS.metrics_file = dump  # what XLA_METRICS_FILE=<path> makes sync() use
-                try:
-                    seconds = run_block(step, args.steps)
-                finally:
-                    metrics_saver._TLS.metrics_file = None
-                os.truncate(dump, 0)
-            else:
-                run_block(step, args.settle)  # as the attached blocks do
+    def run(variant: str) -> float:
+        step = steps[variant in (BARE_READ, ATTACHED_READ)]
+        if variant in attached:
+            seconds = run_attached(step, args, attached[variant])
+        elif variant == REPORT:
+            seconds = run_block(step, args.steps, after_step=met.metrics_report)
+        elif variant == DUMP:
+            metrics_saver._TLS.metrics_file = dump  # what XLA_METRICS_FILE=<path> makes sync() use
+            try:
                 seconds = run_block(step, args.steps)
-            per_step[variant].append(seconds)
+            finally:
+                metrics_saver._TLS.metrics_file = None
+            os.truncate(dump, 0)
+        else:
+            run_block(step, args.settle)  # as the attached blocks do
+            seconds = run_block(step, args.steps)
+        per_step[variant].append(seconds)
+        return seconds
 
-    print(f"{args.rounds} rounds x {args.steps} timed steps per variant, in a random order each round "
-          f"(attach() settled for {args.settle} steps first); median time per step, and the median ratio to its "
-          f"bare loop in the same round:")
-    ratios = {}
+    for _ in range(args.rounds):
+        for variant in order.sample(list(BARE_OF), len(BARE_OF)):
+            pair = [variant, BARE_OF[variant]]
+            order.shuffle(pair)
+            seconds = dict(zip(pair, (run(pair[0]), run(pair[1]))))
+            ratios[variant].append(seconds[variant] / seconds[BARE_OF[variant]])
+
+    print(f"{args.rounds} rounds x {args.steps} timed steps per variant, each block next to a block of its bare loop "
+          f"(attach() settled for {args.settle} steps first); median time per step, and the median ratio to the "
+          f"bare block:")
     for variant, times in per_step.items():
         line = f"  {variant:30s} {statistics.median(times) * 1e6:9.1f} us/step"
         if variant in BARE_OF:
-            ratios[variant] = [t / b for t, b in zip(times, per_step[BARE_OF[variant]])]
             low, high = quartiles(ratios[variant])
             line += f"   x{statistics.median(ratios[variant]):.3f} (middle half of rounds x{low:.3f} to x{high:.3f})"
         print(line)

@@ -136,8 +136,7 @@ class StepTracker:
                 kind = event[0]
                 if kind is SYNC:
                     if event[7]:  # optimizer steps since the marker before
-                        if not self._state.optimizer_steps:
-                            self._count_training_steps()
+                        self._count_training_steps()
                         self._optimizer_stepped = True
                     self._account_sync(event)
                 elif kind is OPTIMIZER_CREATED:

@@ -37,8 +37,8 @@ class XlaReader:
         return {name: self.counter(name) for name in self._fallback_ops() if name != HOST_SCALAR_READ_OP}
 
     def compile_counters(self) -> tuple[int, int]:
-        """(graphs run = CachedCompile + UncachedCompile, UncachedCompile): what the step hook needs. It runs twice
-        per step marker and per host read, so it calls the binding directly rather than through ``counter``."""
+        """(graphs run = CachedCompile + UncachedCompile, UncachedCompile) now: where the step hook starts counting.
+        The step marker's wrapper and the host reads read the same two counters themselves, through ``counter_value``."""
         value = self.counter_value
         uncached = value(UNCACHED_COMPILE) or 0
         return (value(CACHED_COMPILE) or 0) + uncached, uncached

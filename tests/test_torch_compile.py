@@ -34,7 +34,7 @@ def run(scenario: str, backend: str, *args: str, bare: bool = True) -> dict:
     with attached:
         result = attached.result()
         url = result["url"]
-        found = {"metrics": scrape(url), "torch": result["torch"],
+        found = {"taken_while_training": result["taken_while_training"], "metrics": scrape(url), "torch": result["torch"],
                  "diagnosis": json.loads(scrape(url.replace("/metrics", "/diagnosis?format=json"))),
                  "text": scrape(url.replace("/metrics", "/diagnosis")), "url": url}
         if scenario == "limit":  # the command, on the live endpoint
@@ -155,6 +155,9 @@ def test_a_clean_compiled_training_loop_has_no_graph_break_and_no_recompilation(
     assert series(metrics, "torch_compile_compilations_total") == {(line_of("train call"),): 1}
     assert total(metrics, "torch_compile_compile_seconds_total") > 0
     assert total(metrics, "xla_steps_total") == (STEPS if backend == "openxla" else 0)
+    # the last compilation's record (the backward's, compiled at the first backward()) was read at the optimizer step
+    # after it, not only at the scrape
+    assert found["taken_while_training"]
 
 
 def test_an_untested_torch_is_counted_without_lines_and_said_once():

@@ -226,7 +226,8 @@ class ExporterHandle:
     def _on_optimizer_step(self, optimizer, args, kwargs) -> None:
         try:
             self.tracker.optimizer_steps += 1
-            self.torch_compile.check()
+            if self.torch_compile.record_pending:
+                self.torch_compile.check()
         except Exception as error:  # noqa: BLE001
             self.stats.record_error("step", error)
 

@@ -8,8 +8,8 @@ Whatever the backend (inductor, aot_eager, eager, torch_xla's openxla, a vendor'
   (``tensor 'x' size mismatch at index 0. expected 4, actual 5``), ``RecompileLimitExceeded`` when the function
   has recompiled too often and runs eagerly from then on, and the time spent. The ring is read at the start and
   end of every compilation (dynamo's compile callbacks; the end callback fires before that compilation's record is
-  added), after every optimizer step (one identity check of the ring's newest record) and at scrape time; each
-  record is taken once, by its compile id.
+  added), after the first optimizer step that follows a compilation, and at scrape time; each record is taken
+  once, by its compile id.
 - a call of ``torch._dynamo.symbolic_convert.log_graph_break`` for every graph break it finds while tracing, with
   the reason and the user's stack: wrapped here, so it costs something only while dynamo compiles.
 
@@ -265,6 +265,7 @@ class TorchCompileSource:
         self._graph_break_module = None
         self._original_log_graph_break = None
         self._wrapper = None
+        self.record_pending = False  # a compilation ended whose record may not have been read yet
         self._clear()
 
     def _clear(self) -> None:
@@ -306,7 +307,7 @@ class TorchCompileSource:
                 self._remember_frame(record)
                 self._seen_before(record)
                 self._newest = record
-        self._register_callbacks(self._on_compile_start, self._poll_callback)
+        self._register_callbacks(self._on_compile_start, self._on_compile_end)
         source = self
         original = symbolic_convert.log_graph_break
 
@@ -392,9 +393,15 @@ class TorchCompileSource:
             self._on_error(error)
         self._poll_callback()
 
+    def _on_compile_end(self, args=None) -> None:
+        self._poll_callback()
+        self.record_pending = True  # the record of this compilation is added after this callback
+
     def check(self) -> None:
-        """After an optimizer step (the owner's optimizer hook calls this): read the ring only if it has a record not
-        read yet, so a loop without step markers (inductor on a GPU) is read as it trains."""
+        """After an optimizer step that followed a compilation (the owner's optimizer hook calls this when
+        ``record_pending``): read the ring if it has a record not read yet, so a loop without step markers (inductor
+        on a GPU) is read as it trains, not only at the next compilation or scrape."""
+        self.record_pending = False
         utils = self._utils
         if utils is None:
             return

@@ -132,6 +132,9 @@ elif scenario == "train":
         end_step()
 else:
     raise SystemExit(f"unknown scenario {scenario}")
+# Whether the exporter had taken the newest compilation record before anything scraped it: in the training loop, the
+# optimizer step after a compilation reads it.
+taken_while_training = handle is not None and handle.torch_compile._newest is get_compilation_metrics()[-1]
 
 if backend == "openxla":
     torch_xla._XLAC._xla_wait_device_ops(devices=[])
@@ -155,5 +158,6 @@ own = {
     "compile_ids": [r.compile_id for r in forward],
     "compile_seconds": sum((r.duration_us or 0) / 1e6 for r in records),
 }
-print(json.dumps({"url": handle.url if handle else None, "torch": own}), flush=True)
+print(json.dumps({"url": handle.url if handle else None, "torch": own, "taken_while_training": taken_while_training}),
+      flush=True)
 sys.stdin.read()

@@ -47,8 +47,8 @@ test: venv prometheus
 test-fast: venv prometheus
 	$(PY) -m pytest -m 'not trainer' $(patsubst %,--ignore=tests/test_%.py,$(sort $(XLA_TESTS) $(SDK_TESTS)))
 
-# A real Hugging Face Trainer run (a few minutes): transformers and accelerate go into the same virtual environment,
-# with torch held at the version the xla extra pins.
+# A real Hugging Face Trainer run (seconds once installed): transformers and accelerate go into the same virtual
+# environment, with torch held at the version the xla extra pins.
 TRAINER_STAMP := $(VENV)/.installed-trainer
 $(TRAINER_STAMP): $(STAMP)
 	$(PY) -c 'import torch; print("torch==" + torch.__version__.split("+")[0])' > $(VENV)/constraints.txt

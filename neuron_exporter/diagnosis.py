@@ -161,8 +161,7 @@ def _fallback_calls(sites) -> dict[str, list[str]]:
     """Operator -> the lines that say where the fallback probe saw it called."""
     calls: dict[str, list[str]] = {}
     for site in sites if isinstance(sites, list) else []:
-        if not isinstance(site, dict) or not isinstance(site.get("op"), str) or not isinstance(site.get("location"),
-                                                                                                str):
+        if not isinstance(site, dict) or not all(isinstance(site.get(key), str) for key in ("op", "location")):
             continue
         where = (f"called from the backward pass of {site['location']}" if site.get("pass") == "backward"
                  else f"called at {site['location']}")

@@ -120,7 +120,7 @@ class ExporterHandle:
                 compiles_before = value(UNCACHED_COMPILE) or 0
                 graphs_before = (value(CACHED_COMPILE) or 0) + compiles_before
             except Exception as error:  # noqa: BLE001 (never into the training loop)
-                handle.stats.record_error("step", error)  # this marker is not accounted; one failure is counted
+                handle._step_error(error)  # this marker is not accounted; one failure is counted
                 value = None
             own = perf_counter() - start
             result = original(*args, **kwargs)  # its exceptions reach the caller unchanged
@@ -143,7 +143,7 @@ class ExporterHandle:
                     if len(pending) >= FLUSH_EVERY:
                         tracker.flush()
             except Exception as error:  # noqa: BLE001
-                handle.stats.record_error("step", error)
+                handle._step_error(error)
             handle.stats.hook_seconds += own + perf_counter() - now
             return result
 
@@ -188,7 +188,7 @@ class ExporterHandle:
             location = self.sites.site(frame)
             frames = None if location in self.attribution.sites else self.sites.frames(frame)
         except Exception as error:  # noqa: BLE001 (never into the training loop)
-            self.stats.record_error("step", error)  # this read is not accounted; one failure is counted
+            self._step_error(error)  # this read is not accounted; one failure is counted
             value = None
         own = perf_counter() - start
         try:
@@ -206,7 +206,7 @@ class ExporterHandle:
                     if len(pending) >= FLUSH_EVERY:
                         tracker.flush()
                 except Exception as error:  # noqa: BLE001
-                    self.stats.record_error("step", error)
+                    self._step_error(error)
             self.stats.hook_seconds += own + perf_counter() - now
 
     def _on_upload(self, frame, shapes: tuple) -> None:
@@ -214,14 +214,14 @@ class ExporterHandle:
         try:
             self.tracker.on_upload(self.sites.site(frame), shapes)
         except Exception as error:  # noqa: BLE001
-            self.stats.record_error("step", error)
+            self._step_error(error)
         self.stats.hook_seconds += time.perf_counter() - start
 
     def _on_optimizer_created(self) -> None:
         try:
             self.tracker.on_optimizer_created()
         except Exception as error:  # noqa: BLE001
-            self.stats.record_error("step", error)
+            self._step_error(error)
 
     def _on_optimizer_step(self, optimizer, args, kwargs) -> None:
         try:
@@ -229,7 +229,7 @@ class ExporterHandle:
             if self.torch_compile.record_pending:
                 self.torch_compile.check()
         except Exception as error:  # noqa: BLE001
-            self.stats.record_error("step", error)
+            self._step_error(error)
 
     @property
     def claimed(self) -> bool:

@@ -63,9 +63,12 @@ class FallbackSite:
     frames: list[str]
     backward: bool  # called from the backward pass: the location is the line that called backward()
 
+    @property
+    def pass_name(self) -> str:
+        return "backward" if self.backward else "forward"
+
     def as_dict(self) -> dict:
-        return {"op": self.op, "location": self.location, "frames": list(self.frames),
-                "pass": "backward" if self.backward else "forward"}
+        return {"op": self.op, "location": self.location, "frames": list(self.frames), "pass": self.pass_name}
 
 
 class Attribution:
@@ -98,17 +101,14 @@ class Attribution:
     def host_read(self, cause: str, location: str, frames, graphs: int, compiles: int, in_warmup: bool) -> None:
         """A host read of device data at ``location``, which ran ``graphs`` graphs and ``compiles`` compilations."""
         with self._lock:
-            record = self.sites.get(location)
-            if record is None or frames:
-                record = self._site(location, frames)
+            record = self._site(location, frames)
             if cause != SYNC_TENSORS:  # a sync of chosen tensors cuts the graph but reads nothing
                 record.causes[cause] = record.causes.get(cause, 0) + 1
             if graphs:
                 record.cuts[cause] = record.cuts.get(cause, 0) + graphs
                 self._attributed_cuts += graphs
-                if compiles:
-                    self._compile(location, compiles, in_warmup)
-                    self._attributed_compiles += compiles
+                self._compile(location, compiles, in_warmup)
+                self._attributed_compiles += compiles
                 if len(self._prior) < MAX_PRIOR:
                     self._prior.append(location)
 

@@ -71,16 +71,12 @@ class HostReadHook:
 
     def _wrap_read(self, name: str, cause: str):
         original = getattr(torch.Tensor, name)
-        hook, local = self, self._local
+        hook = self
 
-        def read(tensor, *args, **kwargs):  # hook._read, inlined: these are the reads a training loop makes
-            if not tensor.is_xla or getattr(local, "depth", 0):
+        def read(tensor, *args, **kwargs):
+            if not tensor.is_xla:
                 return original(tensor, *args, **kwargs)
-            local.depth = 1
-            try:
-                return hook._owner_read(original, cause, tensor, args, kwargs, sys._getframe(1))
-            finally:
-                local.depth = 0
+            return hook._read(original, cause, tensor, args, kwargs)
 
         read.__name__, read.__qualname__, read.__doc__ = name, f"Tensor.{name}", original.__doc__
         never_compiled(read)

@@ -106,8 +106,8 @@ class RankCollector:
                                                    "the backward pass, named by the line that called backward()); "
                                                    "always 1", labels=list(labels) + ["op", "location", "pass"])
         budget = self._site_budgets[FALLBACK_SITES]
-        shown = {(self._fallback_budget.label_for(site.op), budget.label_for(site.location),
-                  "backward" if site.backward else "forward") for site in self.attribution.fallback_sites()}
+        shown = {(self._fallback_budget.label_for(site.op), budget.label_for(site.location), site.pass_name)
+                 for site in self.attribution.fallback_sites()}
         for key in sorted(shown):
             family.add_metric(list(labels.values()) + list(key), 1)
         yield family

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import inspect
 import logging
-import os
 import re
 import sys
 import threading

@@ -38,7 +38,7 @@ class XlaReader:
 
     def compile_counters(self) -> tuple[int, int]:
         """(graphs run = CachedCompile + UncachedCompile, UncachedCompile) now: where the step hook starts counting.
-        The step marker's wrapper and the host reads read the same two counters themselves, through ``counter_value``."""
+        The step marker's wrapper and the host reads read the same two counters themselves (``counter_value``)."""
         value = self.counter_value
         uncached = value(UNCACHED_COMPILE) or 0
         return (value(CACHED_COMPILE) or 0) + uncached, uncached

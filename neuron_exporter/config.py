@@ -81,6 +81,12 @@ class Options:
                    "or another user's; see deploy/PROTOCOL.md.")
     spool_max_file_bytes: int = _option(
         4 * 1024 * 1024, "The node endpoint ignores a rank file larger than this (and counts it).")
+    spool_max_total_bytes: int = _option(
+        64 * 1024 * 1024, "The node endpoint reads at most this much of the spool directory in all, in the order of "
+                          "runs and ranks; the rest is not served (and counted).")
+    spool_max_files: int = _option(
+        1024, "The node endpoint reads at most this many rank files, in the order of runs and ranks; the rest are "
+              "not served (and counted).")
     spool_interval_seconds: float = _option(2.0, "How often a rank rewrites its spool file.")
     hung_after_seconds: float = _option(
         60.0, "A live rank that has ended no step for this long (before its first step: sent no report) is hung.")
@@ -102,7 +108,8 @@ class Options:
     web_config_file: str | None = _option(
         None, "Web config file for TLS and basic auth (format of Prometheus exporters' `--web.config.file`).")
     node_view: bool = _option(
-        True, "The training rank that holds the port also serves the other ranks of the machine (from the spool).")
+        True, "The training job serves every rank of the machine on its port, from a process of its own that reads the "
+              "spool (no rank merges files on its training thread); false: a rank serves only its own metrics.")
     log_level: str = _option("warning", "Log level: " + ", ".join(LOG_LEVELS) + ".")
 
 
@@ -155,6 +162,8 @@ _CHECKS: dict[str, Callable] = {
     "spool_dir": _check_non_empty,
     "spool_mode": _check_spool_mode,
     "spool_max_file_bytes": _check_positive,
+    "spool_max_total_bytes": _check_positive,
+    "spool_max_files": _check_positive,
     "spool_interval_seconds": _check_positive,
     "hung_after_seconds": _check_positive,
     "expire_after_seconds": _check_positive,

@@ -218,3 +218,19 @@ def test_prometheus_config_passes_promtool():
     (job,) = [j for j in parsed["scrape_configs"] if j["job_name"] == "neuron-exporter"]
     targets = [t for c in job["static_configs"] for t in c["targets"]]
     assert all(t.endswith(f":{Options().port}") for t in targets)
+
+
+def test_the_protocols_example_is_a_rank_file_a_reader_serves(tmp_path):
+    """deploy/PROTOCOL.md's example header, with its exposition line, read as the endpoint reads a rank file."""
+    from neuron_exporter.node.spool import FORMAT_VERSION, file_stem, read_rank_file
+
+    text = (DEPLOY / "PROTOCOL.md").read_text()
+    example = text.split("<!-- header example")[1].split("```")[1].strip().splitlines()
+    header = json.loads(example[0])
+    assert header["format"] == FORMAT_VERSION
+    exposition = "\n".join(line.replace(": ...", "") for line in example[1:] if line != "...") + "\n"
+    path = tmp_path / (file_stem(header["rank"], header["run_id"]) + ".prom")
+    assert path.name == f"rank-{header['rank']}.{header['run_id']}.prom" and "`rank-R.J.prom`" in text
+    path.write_text(example[0] + "\n" + exposition)
+    report = read_rank_file(path)
+    assert (report.meta.rank, report.meta.run_id, report.meta.pid) == ("3", "torchrun-4711", 4242)

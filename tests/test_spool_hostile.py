@@ -12,7 +12,7 @@ import urllib.request
 
 import psutil
 import pytest
-from conftest import RUN, SCRIPTS, TrainingRun, rank_file, samples, scrape, value, wait_until, xla_env
+from conftest import RUN, SCRIPTS, TrainingRun, rank_file, samples, scrape, total, value, wait_until, xla_env
 from fuzz import cases
 from spool_helpers import Writer
 from test_daemon import Daemon, daemons  # noqa: F401 (the fixture)
@@ -193,11 +193,12 @@ def test_the_daemon_serves_every_good_rank_and_counts_the_bad_files(tmp_path, da
     assert log.count(f"rank-3.{RUN}.prom") == 1  # one line for each bad file, however often it is scraped
 
 
-def test_a_training_rank_serving_the_node_view_is_not_slowed_or_fed_by_bad_files(tmp_path):
+def test_a_training_jobs_node_endpoint_is_not_slowed_or_fed_by_bad_files(tmp_path):
     directory = tmp_path / "spool"
     directory.mkdir(mode=0o700)
     lay_hostile_files(directory)
-    with TrainingRun("train_scenario.py", "clean", "3", env=xla_env(TEST_SPOOL_DIR=str(directory))) as run:
+    env = xla_env(TEST_SPOOL_DIR=str(directory), NEURON_EXPORTER_RUN_ID=RUN)  # the hostile files are of its run
+    with TrainingRun("train_scenario.py", "clean", "3", env=env) as run:
         url = run.result()["url"]
         with urllib.request.urlopen(url, timeout=2) as response:
             text = response.read().decode()
@@ -206,6 +207,18 @@ def test_a_training_rank_serving_the_node_view_is_not_slowed_or_fed_by_bad_files
         assert psutil.Process(run.process.pid).memory_info().rss < 2 * 1024**3  # /dev/zero was never read
         code, stderr = run.finish()
     assert code == 0 and "Traceback" not in stderr
+
+
+def test_a_training_jobs_node_endpoint_never_opens_another_runs_files(tmp_path):
+    directory = tmp_path / "spool"
+    directory.mkdir(mode=0o700)
+    lay_hostile_files(directory)  # of the run "test-run"; the training script has a run of its own
+    with TrainingRun("train_scenario.py", "clean", "3", env=xla_env(TEST_SPOOL_DIR=str(directory))) as run:
+        text = scrape(run.result()["url"])
+        assert {dict(labels).get("rank") for (name, labels) in samples(text) if name == "xla_steps_total"} == {"0"}
+        assert total(text, "neuron_exporter_spool_rejected_files") == 0  # not even opened, so not judged
+        code, stderr = run.finish()
+    assert code == 0 and "not serving from the spool directory" not in stderr
 
 
 def test_a_rank_refuses_another_users_directory_in_one_line(tmp_path):

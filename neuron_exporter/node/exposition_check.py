@@ -6,20 +6,31 @@ prometheus_client renders it, line by line; only the exporter's own families, ne
 (``neuron_exporter_rank_up`` and the like); every sample labelled with the rank and local rank of the file's
 header (and its run), so a file cannot speak for another rank. One bad line and the whole rank is left out: a single malformed
 line would make Prometheus reject the whole node's scrape.
+
+A rank rewrites its file every couple of seconds, usually with new values only. ``recheck`` compares a rewrite with
+the last checked exposition of the same file line by line: if every line but the sample values is the same, only the
+values are checked. Anything else gets the full check.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
 LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\\n]|\\[\\"n])*)"')
 LABELS = re.compile(rf'{LABEL.pattern}(?:,{LABEL.pattern})*,?')
-SAMPLE = re.compile(rf"({NAME})(?:\{{(.*)\}})? ([^ ]+)(?: (-?[0-9]+))?")
-VALUE = re.compile(r"[+-]?(?:Inf|NaN|(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?)")
+SAMPLE = re.compile(rf"({NAME})(?:\{{(.*)\}})? ([^ ]+)")  # no timestamp: the endpoint serves the samples as now
+VALUE_PATTERN = r"[+-]?(?:Inf|NaN|(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?)"
+VALUE = re.compile(VALUE_PATTERN)
+VALUE_BYTES = re.compile(VALUE_PATTERN.encode())
 HELP = re.compile(rf"# HELP ({NAME}) (?:[^\\\n]|\\[\\n])*")
 TYPE = re.compile(rf"# TYPE ({NAME}) (?:counter|gauge|histogram|summary|untyped)")
 SAMPLE_SUFFIXES = ("", "_bucket", "_sum", "_count", "_created")
+# A family named like a histogram's sample (``x_count``, ``x_bucket``) makes Prometheus' parsers see a second HELP
+# line for ``x`` once the ranks are merged: a rank may not declare one. (``x_created`` gauges are how prometheus_client
+# writes creation times in this format.)
+RESERVED_SUFFIXES = ("_bucket", "_sum", "_count")
 
 RANK_PREFIXES = ("xla_", "neuron_exporter_", "torch_compile_")
 # Families the node endpoint itself renders: a rank file must not publish them.
@@ -31,6 +42,37 @@ SHOWN = 60  # characters of an offending line quoted in an error
 
 class ExpositionError(ValueError):
     """Why an exposition is not served; ``str()`` is one line naming the line."""
+
+
+@dataclass(frozen=True)
+class CheckedExposition:
+    """An exposition that passed the check, with what a recheck of its next version compares against."""
+
+    text: bytes
+    skeleton: list[bytes]  # every line, sample lines without their value
+
+
+def skeleton_and_values(exposition: bytes) -> tuple[list[bytes], list[bytes]]:
+    """The lines of ``exposition`` with each sample line cut before its value, and the sample values."""
+    skeleton, values = [], []
+    for line in exposition.split(b"\n"):
+        if not line or line[:1] == b"#":
+            skeleton.append(line)
+        else:
+            prefix, _, sample_value = line.rpartition(b" ")
+            skeleton.append(prefix)
+            values.append(sample_value)
+    return skeleton, values
+
+
+def recheck(exposition: bytes, previous: CheckedExposition | None, rank: str, local_rank: str,
+            run_id: str) -> CheckedExposition:
+    """``exposition`` checked, by its values only when everything else is the same as ``previous`` (the same file's
+    last checked exposition, for the same rank and run); ``ExpositionError`` if it is not served."""
+    skeleton, values = skeleton_and_values(exposition)
+    if previous is None or skeleton != previous.skeleton or not all(map(VALUE_BYTES.fullmatch, values)):
+        check_exposition(exposition, rank, local_rank, run_id)
+    return CheckedExposition(exposition, skeleton)
 
 
 def _shown(line: str) -> str:
@@ -66,7 +108,7 @@ def check_exposition(exposition: bytes, rank: str, local_rank: str, run_id: str)
             if not match:
                 raise ExpositionError(f"{where}: malformed HELP line: {_shown(line)}")
             family = match.group(1)
-            if not is_rank_family(family):
+            if not is_rank_family(family) or family.endswith(RESERVED_SUFFIXES):
                 raise ExpositionError(f"{where}: {_shown(family)} is not a family a rank may publish")
             if family in seen:
                 raise ExpositionError(f"{where}: family {family} appears twice")

@@ -14,23 +14,27 @@ import platform
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from prometheus_client import ProcessCollector
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
+from prometheus_client.utils import floatToGoString
 
 from .. import __version__
 from .. import diagnosis
 from ..config import Options
 from .host_metrics import HostCollector
 from .spool import (
-    RankMeta, RejectedFile, SpoolDirError, check_spool_dir, is_expired, rank_order, read_diagnosis, read_rank_files,
+    RankMeta, RankReport, RejectedFile, SpoolDirError, check_spool_dir, is_expired, rank_order, read_diagnosis,
     remove_rank_files, remove_stale_temp_files, writer_alive)
+from .spool_reader import SpoolReader
 
 log = logging.getLogger(__name__)
 
 STATES = ("running", "hung", "dead")
-REJECT_REASONS = ("not_regular", "too_large", "bad_header", "wrong_rank", "bad_exposition", "unreadable")
+REJECT_REASONS = ("not_regular", "too_large", "bad_header", "wrong_rank", "bad_exposition", "unreadable",
+                  "over_budget")
 MAX_LOGGED_REJECTIONS = 100
 
 
@@ -40,31 +44,39 @@ class RankStatus:
     state: str | None  # one of STATES; None for a rank that finished cleanly (no liveness series)
     last_report: float  # unix time of the rank's last step, or of its last report before its first step
     exposition: bytes
+    path: Path | None = None  # the rank file it was read from; None for the serving process's own
 
 
-def merge_expositions(expositions: Iterable[bytes]) -> bytes:
-    """One exposition from several (text format 0.0.4, as prometheus_client writes it): each family once,
-    with its HELP and TYPE from the first exposition that has it and the samples of all of them."""
+Family = tuple[bytes, bytes, "bytes | None", bytes]  # name, HELP line (without "# HELP "), TYPE line, samples
+
+
+def split_families(text: bytes) -> list[Family]:
+    """The families of an exposition (text format 0.0.4, as prometheus_client writes it), in order."""
+    families = []
+    for chunk in (b"\n" + text).split(b"\n# HELP ")[1:]:
+        help_line, _, body = chunk.partition(b"\n")
+        type_line = None
+        if body.startswith(b"# TYPE "):
+            type_line, _, body = body.partition(b"\n")
+        families.append((help_line.split(b" ", 1)[0], help_line, type_line, body.strip(b"\n")))
+    return families
+
+
+def merge_families(expositions: Iterable[list[Family]]) -> bytes:
+    """One exposition from several split ones: each family once, with its HELP and TYPE from the first exposition
+    that has it and the samples of all of them."""
     families: dict[bytes, list] = {}
-    for text in expositions:
-        if not text:
-            continue
-        for chunk in (b"\n" + text).split(b"\n# HELP ")[1:]:
-            help_line, _, body = chunk.partition(b"\n")
-            type_line = None
-            if body.startswith(b"# TYPE "):
-                type_line, _, body = body.partition(b"\n")
-            name = help_line.split(b" ", 1)[0]
+    for split in expositions:
+        for name, help_line, type_line, body in split:
             family = families.get(name)
             if family is None:
                 families[name] = family = [help_line, type_line, []]
             elif family[1] is None:
                 family[1] = type_line
-            body = body.strip(b"\n")
             if body:
                 family[2].append(body)
     out = []
-    for name, (help_line, type_line, bodies) in families.items():
+    for help_line, type_line, bodies in families.values():
         out.append(b"# HELP " + help_line)
         if type_line is not None:
             out.append(type_line)
@@ -72,17 +84,28 @@ def merge_expositions(expositions: Iterable[bytes]) -> bytes:
     return b"\n".join(out) + b"\n" if out else b""
 
 
+def merge_expositions(expositions: Iterable[bytes]) -> bytes:
+    """One exposition from several (text format 0.0.4, as prometheus_client writes it), see ``merge_families``."""
+    return merge_families(split_families(text) for text in expositions if text)
+
+
 class NodeView:
-    """Renders the node endpoint from the spool directory (and the serving process's own exposition)."""
+    """Renders the node endpoint from the spool directory (and, in a training job's endpoint, the exposition of the
+    process that started it)."""
 
     def __init__(self, options: Options, run_id: str | None = None):
-        """``run_id``: serve that run only (a training rank's own endpoint); None: every run (the daemon)."""
+        """``run_id``: serve that run only, and read no other run's files (a training job's endpoint); None: every
+        run (the daemon)."""
         self.options = options
         self.run_id = run_id
+        self._reader = SpoolReader(options.spool_dir, options.spool_max_file_bytes, options.spool_max_total_bytes,
+                                   options.spool_max_files, run_id)
+        self._split: dict[Path, tuple[bytes, list[Family]]] = {}  # rank file -> (exposition, its families)
         self._host = HostCollector()
         self._process = ProcessCollector(registry=None)
         self._logged: set[tuple[str, str]] = set()
-        self.rejected: list[tuple[str, RejectedFile]] = []  # of the last statuses(): files left out, and why
+        self._budget_logged = False
+        self.rejected: list[tuple[str, RejectedFile]] = []  # of the last refresh: files left out, and why
         self.spool_dir_ok = True
 
     def statuses(self, own: tuple[RankMeta | Mapping, bytes] | None = None, now: float | None = None,
@@ -93,8 +116,7 @@ class NodeView:
         now = time.time() if now is None else now
         statuses = []
         own_meta = RankMeta.of(own[0]) if own is not None else None
-        rejected: list[tuple[str, RejectedFile]] = []
-        for report in self._spool_reports(rejected, now):
+        for report in self._spool_reports(now):
             alive = writer_alive(report)
             if self.run_id is not None and report.meta.run_id != self.run_id:
                 continue
@@ -106,13 +128,12 @@ class NodeView:
                 if alive is False:
                     remove_rank_files(report)
                 continue
-            statuses.append(self._status(report.meta, report.exposition, alive, report.mtime, now))
+            statuses.append(self._status(report.meta, report.exposition, alive, report.mtime, now, report.path))
         if own_meta is not None:
             statuses.append(self._status(own_meta, own[1], alive=True, written=now, now=now))
-        self.rejected = rejected
         return sorted(statuses, key=lambda s: (s.meta.run_id, rank_order(s.meta.rank)))
 
-    def _spool_reports(self, rejected: list, now: float):
+    def _spool_reports(self, now: float) -> list[RankReport]:
         directory = self.options.spool_dir
         try:
             check_spool_dir(directory, self.options.spool_mode, writer=False)
@@ -120,12 +141,21 @@ class NodeView:
             self.spool_dir_ok = error.errno == errno.ENOENT  # no directory yet (no job has started) is no problem
             if not self.spool_dir_ok:
                 self._log_once("", "spool_dir", str(error))
+            self.rejected = []
             return []
         self.spool_dir_ok = True
         remove_stale_temp_files(directory, now)
-        reports = read_rank_files(directory, self.options.spool_max_file_bytes, rejected)
-        for name, error in rejected:
-            self._log_once(name, error.reason, f"{name}: {error}")
+        reports, self.rejected = self._reader.refresh()
+        for name, error in self.rejected:
+            if error.reason != "over_budget":
+                self._log_once(name, error.reason, f"{name}: {error}")
+        if self._reader.over_budget and not self._budget_logged:
+            self._budget_logged = True
+            log.warning("neuron-exporter: not serving %d files of the spool directory %s: it holds more than the %d "
+                        "files or %d bytes the endpoint reads (spool_max_files, spool_max_total_bytes); "
+                        "neuron_exporter_spool_rejected_files{reason=\"over_budget\"} counts them",
+                        self._reader.over_budget, directory, self.options.spool_max_files,
+                        self.options.spool_max_total_bytes)
         return reports
 
     def _log_once(self, name: str, reason: str, message: str) -> None:
@@ -134,7 +164,7 @@ class NodeView:
             log.warning("neuron-exporter: not serving from the spool directory: %s", message)
 
     def _status(self, meta: RankMeta, exposition: bytes, alive: bool | None, written: float,
-                now: float) -> RankStatus:
+                now: float, path: Path | None = None) -> RankStatus:
         progress = meta.last_step_time if meta.last_step_time is not None else written
         if meta.finished:
             state = None
@@ -144,7 +174,7 @@ class NodeView:
             state = "hung"
         else:
             state = "running"
-        return RankStatus(meta, state, progress, exposition)
+        return RankStatus(meta, state, progress, exposition, path)
 
     def diagnosis(self, own: dict | None = None) -> dict:
         """The diagnosis document of every rank the endpoint serves (``own``: the serving process's, if it trains).
@@ -152,7 +182,7 @@ class NodeView:
         documents = [own] if own is not None else []
         own_ranks = {(str(r.get("run_id")), str(r.get("rank"))) for r in own.get("ranks", [])} if own else set()
         now = time.time()
-        for report in read_rank_files(self.options.spool_dir, self.options.spool_max_file_bytes):
+        for report in self._spool_reports(now):
             if (report.meta.run_id, report.meta.rank) in own_ranks or (
                     self.run_id is not None and report.meta.run_id != self.run_id) or is_expired(
                     report, self.options.expire_after_seconds, now):
@@ -177,7 +207,48 @@ class NodeView:
         # process_* metrics (a rank's are xla_process_*, and a rank file may hold no process_* family).
         daemon = self._process if own is None else None
         node = generate_latest(_NodeMetrics(statuses, self._host, self.rejected, self.spool_dir_ok, daemon))
-        return merge_expositions([s.exposition for s in statuses] + [node])
+        return merge_families([*(self._families(s) for s in statuses), rank_families(statuses),
+                               split_families(node)])
+
+    def _families(self, status: RankStatus) -> list[Family]:
+        """A rank's families, split once per version of its file."""
+        if status.path is None:
+            return split_families(status.exposition)
+        cached = self._split.get(status.path)
+        if cached is None or cached[0] is not status.exposition:
+            if len(self._split) > 2 * self.options.spool_max_files:
+                self._split.clear()
+            cached = self._split[status.path] = (status.exposition, split_families(status.exposition))
+        return cached[1]
+
+
+RANK_FAMILIES = (
+    (b"neuron_exporter_rank_up", b"1 if the rank is running, 0 if it is hung or dead"),
+    (b"neuron_exporter_rank_state", b"The rank's state: 1 for the current one of running, hung, dead"),
+    (b"neuron_exporter_rank_last_report_timestamp_seconds", b"When the rank last reported progress (unix time)"),
+)
+
+
+def rank_families(statuses: list[RankStatus]) -> list[Family]:
+    """The liveness families, one series per rank, written as text: at 128 ranks a node, building them as
+    prometheus_client families took most of a scrape. Rank labels are checked to need no escaping (spool.RANK_LABEL).
+    """
+    up: list[bytes] = []
+    state: list[bytes] = []
+    last: list[bytes] = []
+    for status in statuses:
+        meta = status.meta
+        labels = f'run_id="{meta.run_id}",rank="{meta.rank}",local_rank="{meta.local_rank}"'
+        last.append(f"neuron_exporter_rank_last_report_timestamp_seconds{{{labels}}} "
+                    f"{floatToGoString(status.last_report)}".encode())
+        if status.state is None:
+            continue
+        up.append(f"neuron_exporter_rank_up{{{labels}}} {'1.0' if status.state == 'running' else '0.0'}".encode())
+        for name in STATES:
+            state.append(f'neuron_exporter_rank_state{{{labels},state="{name}"}} '
+                         f"{'1.0' if status.state == name else '0.0'}".encode())
+    return [(name, name + b" " + help_text, b"# TYPE " + name + b" gauge", b"\n".join(lines))
+            for (name, help_text), lines in zip(RANK_FAMILIES, (up, state, last))]
 
 
 class _NodeMetrics:
@@ -192,25 +263,6 @@ class _NodeMetrics:
         self.daemon = daemon
 
     def collect(self) -> Iterator[Metric]:
-        labels = ["run_id", "rank", "local_rank"]
-        up = GaugeMetricFamily("neuron_exporter_rank_up",
-                               "1 if the rank is running, 0 if it is hung or dead", labels=labels)
-        state = GaugeMetricFamily("neuron_exporter_rank_state",
-                                  "The rank's state: 1 for the current one of running, hung, dead",
-                                  labels=labels + ["state"])
-        last = GaugeMetricFamily("neuron_exporter_rank_last_report_timestamp_seconds",
-                                 "When the rank last reported progress (unix time)", labels=labels)
-        for status in self.statuses:
-            ids = [status.meta.run_id, status.meta.rank, status.meta.local_rank]
-            last.add_metric(ids, status.last_report)
-            if status.state is None:
-                continue
-            up.add_metric(ids, 1.0 if status.state == "running" else 0.0)
-            for name in STATES:
-                state.add_metric(ids + [name], 1.0 if status.state == name else 0.0)
-        yield up
-        yield state
-        yield last
         yield GaugeMetricFamily("neuron_exporter_ranks", "Ranks the node endpoint knows (running, hung or dead)",
                                 value=len(self.statuses))
         bad = GaugeMetricFamily("neuron_exporter_spool_rejected_files",

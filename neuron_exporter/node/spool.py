@@ -26,13 +26,13 @@ import tempfile
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import psutil
 
 from .. import run_identity
-from .exposition_check import ExpositionError, check_exposition
+from .exposition_check import CheckedExposition, ExpositionError, recheck
 
 log = logging.getLogger(__name__)
 
@@ -141,6 +141,7 @@ class RankReport:
     exposition: bytes
     mtime: float  # when the file was last written (unix seconds)
     path: Path
+    checked: CheckedExposition | None = field(default=None, compare=False, repr=False)
 
     @property
     def stem(self) -> str:
@@ -325,8 +326,15 @@ def _open_regular(path: Path, max_bytes: int) -> tuple[int, os.stat_result]:
     return fd, info
 
 
-def read_rank_file(path, max_bytes: int = DEFAULT_MAX_BYTES) -> RankReport | None:
-    """The report in ``path``; None if it vanished; ``RejectedFile`` if it is not a rank file to serve."""
+def file_identity(info: os.stat_result) -> tuple[int, int, int, int]:
+    """What changes whenever a file is replaced or rewritten (a rank replaces its file by a rename)."""
+    return info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns
+
+
+def read_rank_file(path, max_bytes: int = DEFAULT_MAX_BYTES, previous: RankReport | None = None) -> RankReport | None:
+    """The report in ``path``; None if it vanished; ``RejectedFile`` if it is not a rank file to serve.
+    ``previous``, the last report read from the same path, lets a rewrite that changed only values be checked by
+    its values."""
     path = Path(path)
     try:
         fd, info = _open_regular(path, max_bytes)
@@ -350,11 +358,14 @@ def read_rank_file(path, max_bytes: int = DEFAULT_MAX_BYTES) -> RankReport | Non
         raise RejectedFile("bad_header", f"header: {str(error)[:100]}") from None
     if file_stem(meta.rank, meta.run_id) + DATA_SUFFIX != path.name:
         raise RejectedFile("wrong_rank", f"the header says rank {meta.rank} of run {meta.run_id}")
+    same_rank = previous is not None and (previous.meta.rank, previous.meta.local_rank, previous.meta.run_id) == (
+        meta.rank, meta.local_rank, meta.run_id)
     try:
-        check_exposition(exposition, meta.rank, meta.local_rank, meta.run_id)
+        checked = recheck(exposition, previous.checked if same_rank else None, meta.rank, meta.local_rank,
+                          meta.run_id)
     except ExpositionError as error:
         raise RejectedFile("bad_exposition", str(error)) from None
-    return RankReport(meta, exposition, info.st_mtime, path)
+    return RankReport(meta, exposition, info.st_mtime, path, checked)
 
 
 def read_rank_files(spool_dir, max_bytes: int = DEFAULT_MAX_BYTES,

@@ -4,9 +4,12 @@ What runs where:
 - on the training thread, around each step marker: four counter reads and a little arithmetic (``StepHook``);
   after each optimizer step a count (``OptimizerHook``); around each host read of an XLA tensor, four counter reads
   and its site (``HostReadHook``);
-- on the HTTP thread, at scrape time: the full torch_xla snapshot and the rendering (``RankCollector``);
 - on the spool thread, every ``spool_interval_seconds``: this rank's exposition written to the spool directory,
-  where the node endpoint (the daemon, or the rank that holds the port) picks it up.
+  where the node endpoint picks it up; and, when this process started the job's node endpoint (a process of its own,
+  ``node_endpoint``), the answers to its questions: this rank's own exposition, rendered at most a few times a second;
+- with ``node_view`` off, on the HTTP threads at scrape time: this rank's exposition (``RankCollector``), rendered
+  once for all the scrapes that wait for it, at most a few times a second.
+No process merges other ranks' files on its training thread's GIL.
 Nothing here forces a device sync, runs a graph, or lets an exporter failure reach the training loop.
 
 A process claims its rank (writes the spool, shows itself on the node endpoint) at its first step, not at
@@ -31,7 +34,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from ..config import AUTO_ENV, ENV_PREFIX, Options, resolve_options
 from .. import diagnosis
-from ..node.node_view import NodeView
+from ..node.job_link import DIAGNOSIS, METRICS
 from ..node.spool import write_rank_file
 from ..web.http_server import MetricsServer
 from ..web.web_config import load_web_config
@@ -39,6 +42,7 @@ from .rank import rank_labels
 from .rank_collector import RankCollector
 from .attribution import Attribution
 from .host_reads import HostReadHook
+from .node_endpoint import NodeEndpointProcess
 from .optimizer_hook import OptimizerHook
 from .self_metrics import SelfStats
 from .sites import SiteFinder
@@ -78,7 +82,6 @@ class ExporterHandle:
         self._user_registry = registry
         if registry is not None:  # e.g. the registry the application already serves
             registry.register(self.collector)
-        self._node_view = NodeView(options, run_id=rank_labels()["run_id"]) if options.node_view else None
         self._hook = StepHook(self._step_marker)
         self._optimizer_hook = OptimizerHook(self._on_optimizer_created, self._on_optimizer_step)
         self._host_reads = HostReadHook(self._host_read, self._on_upload)
@@ -90,7 +93,7 @@ class ExporterHandle:
         # Graphs run as far as the exporter can tell: the count when the last step marker ended, plus the graphs host
         # reads ran since. A marker that finds more was preceded by a cut no host read explains.
         self._graphs_seen = counters[0]
-        self._server: MetricsServer | None = None
+        self._server: MetricsServer | NodeEndpointProcess | None = None
         self._stop = threading.Event()
         self._spool_thread: threading.Thread | None = None
         self._process_start = psutil.Process().create_time()
@@ -258,9 +261,12 @@ class ExporterHandle:
     def _serve(self, first_try: bool) -> None:
         options = self.options
         try:
-            source = self._rank_registry if self._node_view is None else self._render  # registry: OpenMetrics too
-            self._server = MetricsServer(source, options.addr, options.port, self._web_config,
-                                         pages={"/diagnosis": diagnosis.page(self._render_diagnosis)}).start()
+            if options.node_view:
+                tls = self._web_config is not None and bool(self._web_config.tls)
+                self._server = NodeEndpointProcess(options, rank_labels()["run_id"], tls, AUTOSTART_DIR)
+            else:
+                self._server = MetricsServer(self._rank_registry, options.addr, options.port, self._web_config,
+                                             pages={"/diagnosis": diagnosis.page(self.diagnosis)}).start()
         except OSError as error:
             if first_try and not self.auto:
                 log.warning(
@@ -274,18 +280,19 @@ class ExporterHandle:
         rank["torch_compile"] = self.torch_compile.diagnosis()
         return {"format": diagnosis.FORMAT, "ranks": [rank]}
 
-    def _render_diagnosis(self) -> dict:
-        own = self.diagnosis()
-        if self._node_view is None:
-            return own
-        # A process that compiled with torch.compile has something to show even before a torch_xla step (a GPU loop).
-        return self._node_view.diagnosis(own=own if self.claimed or self.torch_compile.compiled else None)
-
-    def _render(self) -> bytes:
-        own = generate_latest(self._rank_registry)
-        if self._node_view is None:
-            return own
-        return self._node_view.render(own=(self._meta(), own), own_idle=not self.claimed)
+    def _answer(self, kind: bytes) -> tuple[dict, bytes]:
+        """The node endpoint process's question: this rank's exposition (and whether it has trained), or its
+        diagnosis (once it has something to show: a process that compiled with torch.compile may have before any
+        torch_xla step)."""
+        try:
+            if kind == METRICS:
+                return {"meta": self._meta(), "idle": not self.claimed}, generate_latest(self._rank_registry)
+            if kind == DIAGNOSIS:
+                shown = self.claimed or self.torch_compile.compiled
+                return {"diagnosis": self.diagnosis() if shown else None}, b""
+        except Exception as error:  # noqa: BLE001 (the endpoint serves the spool file instead)
+            self.stats.record_error("scrape", error)
+        return {"meta": None, "diagnosis": None}, b""
 
     def _meta(self, finished: bool = False) -> dict:
         # A hung training thread still lets the spool thread write, so liveness is judged by the last step.
@@ -309,7 +316,25 @@ class ExporterHandle:
         self._spool_thread.start()
 
     def _spool_loop(self) -> None:
-        while not self._stop.wait(self.options.spool_interval_seconds):
+        interval = self.options.spool_interval_seconds
+        next_write = time.monotonic() + interval
+        while not self._stop.is_set():
+            server = self._server
+            wait = max(0.0, next_write - time.monotonic())
+            if isinstance(server, NodeEndpointProcess):
+                try:
+                    gone = not server.answer(wait, self._answer)
+                except Exception as error:  # noqa: BLE001
+                    self.stats.record_error("scrape", error)
+                    gone = True
+                if gone:  # the endpoint process ended: this process or another binds the port again
+                    server.stop()
+                    self._server = None
+            else:
+                self._stop.wait(wait)
+            if self._stop.is_set() or time.monotonic() < next_write:
+                continue
+            next_write = time.monotonic() + interval
             self._write_spool()
             if self._server is None and self.options.port != 0 and self.claimed:
                 self._serve(first_try=False)  # the process that held the node endpoint may have gone: take over
@@ -328,6 +353,8 @@ class ExporterHandle:
             self._host_reads.uninstall()
             self.torch_compile.uninstall()
             self._stop.set()
+            if isinstance(self._server, NodeEndpointProcess):
+                self._server.wake()
             if self._spool_thread is not None:
                 self._spool_thread.join()
                 self._spool_thread = None
@@ -359,8 +386,6 @@ class ExporterHandle:
         self._graphs_seen = counters[0]
         self.torch_compile.after_fork()
         self._process_start = psutil.Process().create_time()
-        if self._node_view is not None:
-            self._node_view.run_id = rank_labels()["run_id"]  # a multiprocessing child: its launcher's run
         self.auto = True  # like a child started afresh: bind the port only once it trains, and quietly
         self._start_spool_thread()
 

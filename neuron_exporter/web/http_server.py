@@ -12,7 +12,6 @@ environment, no request log on stderr.
 
 from __future__ import annotations
 
-import gzip
 import html
 import itertools
 import logging
@@ -29,11 +28,12 @@ from http import HTTPStatus
 from os import PathLike
 from urllib.parse import parse_qs, urlsplit
 
-from prometheus_client.exposition import choose_encoder
+from prometheus_client.exposition import choose_encoder, gzip_accepted
 
 from .. import __version__
 from .basic_auth import CLIENT_REFILL_SECONDS, LIMITED, OK, BasicAuth
-from .rate_limit import TokenBuckets, client_key
+from .rate_limit import Pacer, TokenBuckets, client_key
+from .shared_render import SharedRender
 from .web_config import WebConfig, WebConfigReloader, load_web_config
 
 log = logging.getLogger(__name__)
@@ -48,6 +48,9 @@ IDLE_TIMEOUT_SECONDS = 90.0  # a kept-alive connection between requests (above t
 WRITE_TIMEOUT_SECONDS = 10.0  # the whole response (Prometheus' default scrape timeout)
 # Refused requests (4xx) per client: past the burst, its connections are not read until it has a token again.
 REFUSALS_BURST, REFUSAL_REFILL_SECONDS = 20, 0.5
+# Scrapes of /metrics, all clients together: a render costs the process CPU (a training process its GIL), so past a
+# burst, scrapes wait their turn. Prometheus scrapes every 15 to 60 s; a few servers and people stay far below this.
+SCRAPES_PER_SECOND, SCRAPES_BURST = 5.0, 10
 MAX_HEAD_BYTES = 16384
 MAX_HEADERS = 100
 HEAD_END = re.compile(rb"\r?\n\r?\n")
@@ -78,7 +81,8 @@ class MetricsServer:
 
     def __init__(self, source: Callable[[], bytes] | object, addr: str = "0.0.0.0", port: int = 19478,
                  web_config: WebConfig | str | PathLike | None = None,
-                 pages: dict[str, Callable[[dict[str, list[str]]], tuple[bytes, str]]] | None = None):
+                 pages: dict[str, Callable[[dict[str, list[str]]], tuple[bytes, str]]] | None = None,
+                 listener: socket.socket | None = None):
         if isinstance(web_config, (str, PathLike)):
             web_config = load_web_config(web_config)
         self._source = source
@@ -87,21 +91,13 @@ class MetricsServer:
         self._config = web_config
         self._auth = BasicAuth()
         self._refusals = TokenBuckets(REFUSALS_BURST, REFUSAL_REFILL_SECONDS)
-        family = socket.AF_INET6 if ":" in addr else socket.AF_INET
-        self._listener = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            # Only skips TIME_WAIT; a port with a live listener still fails to bind.
-            self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            self._listener.bind((addr, port))
-            self._listener.listen(LISTEN_BACKLOG)
-            self._listener.setblocking(False)
-        except OSError:
-            self._listener.close()
-            raise
+        self._scrapes = Pacer(SCRAPES_PER_SECOND, SCRAPES_BURST)
+        self._renders = SharedRender()
+        self._listener = listener if listener is not None else bind_listener(addr, port)
+        self._listener.setblocking(False)
         self.addr = addr
         self.port: int = self._listener.getsockname()[1]
-        scheme = "https" if web_config is not None and web_config.tls else "http"
-        self.url = f"{scheme}://{_url_host(addr)}:{self.port}/metrics"
+        self.url = url_of(self._listener, addr, web_config is not None and bool(web_config.tls))
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._selector = selectors.DefaultSelector()
@@ -428,21 +424,22 @@ class MetricsServer:
         return 200, body, content_type, {}
 
     def _metrics(self, headers: dict[str, str]) -> tuple[int, bytes, str, dict[str, str]]:
+        wait = self._scrapes.reserve()
+        if wait:
+            time.sleep(wait)  # past the endpoint's scrape rate a scrape waits its turn, in a worker holding no lock
         try:
             if callable(getattr(self._source, "collect", None)):
                 encoder, content_type = choose_encoder(headers.get("accept", ""))
-                body = encoder(self._source)
+                render = self._renders.get(content_type, lambda: encoder(self._source))
             else:
-                body, content_type = self._source(), CONTENT_TYPE
+                render = self._renders.get(CONTENT_TYPE, self._source)
+            body = render.gzipped() if gzip_accepted(headers.get("accept-encoding", "")) else render.body
         except Exception as error:  # the server must survive a failing collector
             self._log_once(f"rendering /metrics failed: {type(error).__name__}: {error}")
             log.debug("rendering /metrics failed", exc_info=True)
             return 500, b"error: collecting metrics failed, see the exporter's log\n", TEXT, {}
-        extra = {}
-        if "gzip" in headers.get("accept-encoding", ""):
-            body = gzip.compress(body, compresslevel=1)
-            extra["Content-Encoding"] = "gzip"
-        return 200, body, content_type, extra
+        extra = {"Content-Encoding": "gzip"} if body is not render.body else {}
+        return 200, body, render.content_type, extra
 
     def _send(self, connection: _Connection, method: str, status: int, body: bytes, content_type: str,
               extra: dict[str, str], keep_alive: bool) -> None:
@@ -479,6 +476,25 @@ class _Connection:
         self.buffer = bytearray()  # received and not yet answered
         self.paused_until = 0.0  # while its client is refused too often: monotonic time until it is read again
         self.served = False  # a request of it got a 2xx answer
+
+
+def bind_listener(addr: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``addr``:``port`` (0: a free port); ``OSError`` if the port is taken."""
+    family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        # Only skips TIME_WAIT; a port with a live listener still fails to bind.
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((addr, port))
+        listener.listen(LISTEN_BACKLOG)
+    except OSError:
+        listener.close()
+        raise
+    return listener
+
+
+def url_of(listener: socket.socket, addr: str, tls: bool) -> str:
+    return f"{'https' if tls else 'http'}://{_url_host(addr)}:{listener.getsockname()[1]}/metrics"
 
 
 def _parse_head(head: bytes) -> tuple[str, str, str, dict[str, str]] | None:

@@ -65,3 +65,21 @@ def client_key(address: str) -> str:
     if ip.ipv4_mapped is not None:
         return str(ip.ipv4_mapped)
     return str(ipaddress.ip_network(f"{ip}/64", strict=False))
+
+
+class Pacer:
+    """Spaces events out to ``per_second`` on average, allowing ``burst`` at once: ``reserve()`` books the next
+    event and says how long to wait for it (a generic cell rate algorithm, so waiters are served in turn)."""
+
+    def __init__(self, per_second: float, burst: int):
+        self.interval = 1.0 / per_second
+        self.tolerance = self.interval * (burst - 1)
+        self._lock = threading.Lock()
+        self._next = 0.0  # when the next event is due if events came at exactly the average rate
+
+    def reserve(self) -> float:
+        with self._lock:
+            now = time.monotonic()
+            due = max(self._next, now)
+            self._next = due + self.interval
+            return max(0.0, due - self.tolerance - now)

@@ -1,0 +1,84 @@
+"""A training job's own node endpoint: a process that a training process starts to serve every rank of the machine.
+
+Merging the spool of a 128-rank node costs tens of milliseconds of Python per scrape; done in a training process, it
+takes that process's GIL from its training thread, and in data-parallel training every rank waits for the slowest.
+So a training process that holds the port (``node_view``, the default) hands the bound socket to this process, which
+serves the node view from the spool and asks the training process, over a socket pair (``job_link``), only for its
+own exposition: the same bounded render a rank's own endpoint costs.
+
+It serves as long as the process that started it lives (it checks its parent twice a second) or until that process
+stops it (``detach()``), and never outlives the job: the next rank to step then binds the port and starts another.
+
+    python -m neuron_exporter.node.job_endpoint --listen-fd N --link-fd M
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+
+from .. import diagnosis
+from ..config import Options
+from ..web.http_server import MetricsServer
+from .job_link import DIAGNOSIS, METRICS, Asker, read_answer
+from .node_view import NodeView
+
+log = logging.getLogger("neuron_exporter")
+
+ASK_TIMEOUT_SECONDS = 2.0  # then the training process's spool file stands in for its own exposition
+PARENT_CHECK_SECONDS = 0.5
+CONFIG_TIMEOUT_SECONDS = 60.0
+
+
+class JobEndpoint:
+    def __init__(self, options: Options, run_id: str, asker: Asker):
+        self.view = NodeView(options, run_id=run_id)
+        self.asker = asker
+
+    def render(self) -> bytes:
+        answer = self.asker.ask(METRICS, ASK_TIMEOUT_SECONDS)
+        if answer is None:
+            return self.view.render(own=None)
+        document, exposition = answer
+        if document.get("meta") is None:
+            return self.view.render(own=None)
+        return self.view.render(own=(document["meta"], exposition), own_idle=bool(document.get("idle")))
+
+    def diagnosis(self) -> dict:
+        answer = self.asker.ask(DIAGNOSIS, ASK_TIMEOUT_SECONDS)
+        own = answer[0].get("diagnosis") if answer is not None else None
+        return self.view.diagnosis(own=own if isinstance(own, dict) else None)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="A training job's node endpoint (started by attach()).")
+    parser.add_argument("--listen-fd", type=int, required=True)
+    parser.add_argument("--link-fd", type=int, required=True)
+    args = parser.parse_args(argv)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # it follows the training process, not the terminal
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    parent = os.getppid()
+    link = socket.socket(fileno=args.link_fd)
+    listener = socket.socket(fileno=args.listen_fd)
+    config, _ = read_answer(link, time.monotonic() + CONFIG_TIMEOUT_SECONDS)
+    options = Options(**config["options"])
+    logging.basicConfig(level=options.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    endpoint = JobEndpoint(options, config["run_id"], Asker(link))
+    server = MetricsServer(endpoint.render, options.addr, options.port, options.web_config_file,
+                           pages={"/diagnosis": diagnosis.page(endpoint.diagnosis)}, listener=listener).start()
+    while not stop.wait(PARENT_CHECK_SECONDS):
+        if os.getppid() != parent or endpoint.asker.closed:
+            break
+    server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -67,6 +67,8 @@ dashboards: venv
 bench: venv
 	$(PY) benchmarks/step_overhead.py
 	$(PY) benchmarks/daemon_scrape.py
+	$(PY) benchmarks/daemon_scrape.py --rewrite 2
+	$(PY) benchmarks/node_scale.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

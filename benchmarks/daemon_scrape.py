@@ -1,12 +1,16 @@
-"""What the node daemon costs to scrape: 32 simulated ranks, each with 100 fallback-operator series.
+"""What the node daemon costs to scrape: 128 simulated ranks, each with 200 fallback-operator series.
 
-The ranks are one process that writes 32 spool files, each the exposition of a real prometheus_client registry
-shaped like a rank's (tests/scripts/spool_writer.py), and keeps them alive. The daemon is
+The ranks are one process that writes 128 spool files, each the exposition of a real prometheus_client registry
+shaped like a rank's (tests/scripts/spool_writer.py), and keeps them alive; with --rewrite, it rewrites them every
+that many seconds, as training ranks do (every 2 s by default). The daemon is
 `neuron-exporter serve` in its own process. The script scrapes it over HTTP on one kept-alive connection, as
 Prometheus does, plain and with gzip (Prometheus asks for gzip), and prints the median and p99 scrape time,
 the size of a scrape, and the daemon's resident memory.
 
-    python benchmarks/daemon_scrape.py [--ranks 32] [--ops 100] [--scrapes 200]
+Scrapes come every --interval seconds (0.25), under the five a second an endpoint answers past its burst, so the
+times are those of serving a scrape, not of waiting for a turn.
+
+    python benchmarks/daemon_scrape.py [--ranks 128] [--ops 200] [--scrapes 100] [--interval 0.25] [--rewrite S]
 """
 
 from __future__ import annotations
@@ -36,11 +40,14 @@ def wait_for(predicate, timeout: float = 60.0):
     return result
 
 
-def scrape_times(port: int, scrapes: int, gzip: bool) -> tuple[list[float], int]:
+def scrape_times(port: int, scrapes: int, gzip: bool, interval: float) -> tuple[list[float], int]:
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
     headers = {"Accept-Encoding": "gzip"} if gzip else {}
     times, size = [], 0
+    next_time = time.perf_counter()
     for i in range(scrapes + 5):
+        next_time += interval
+        time.sleep(max(0.0, next_time - time.perf_counter()))
         start = time.perf_counter()
         connection.request("GET", "/metrics", headers=headers)
         response = connection.getresponse()
@@ -61,14 +68,17 @@ def percentile(values: list[float], q: float) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--ranks", type=int, default=32)
-    parser.add_argument("--ops", type=int, default=100)
-    parser.add_argument("--scrapes", type=int, default=200)
+    parser.add_argument("--ranks", type=int, default=128)
+    parser.add_argument("--ops", type=int, default=200)
+    parser.add_argument("--scrapes", type=int, default=100)
+    parser.add_argument("--interval", type=float, default=0.25, help="seconds from one scrape to the next")
+    parser.add_argument("--rewrite", type=float, default=None, help="rewrite every rank file every SECONDS")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as spool:
+        rewrite = ["--rewrite", str(args.rewrite)] if args.rewrite else []
         ranks = subprocess.Popen([sys.executable, str(WRITER), spool, f"0-{args.ranks - 1}", "--ops", str(args.ops),
-                                  "--steps", "1000"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                                  "--steps", "1000", *rewrite], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         assert ranks.stdout.readline().strip() == "ready"
         log = Path(spool).parent / f"neuron-exporter-bench-{ranks.pid}.log"
         with open(log, "w") as out:
@@ -77,8 +87,8 @@ def main() -> None:
         try:
             port = int(wait_for(lambda: re.search(r"listening on http://[^:]+:(\d+)", log.read_text())).group(1))
             rss_idle = psutil.Process(daemon.pid).memory_info().rss
-            plain, plain_size = scrape_times(port, args.scrapes, gzip=False)
-            gzipped, gzip_size = scrape_times(port, args.scrapes, gzip=True)
+            plain, plain_size = scrape_times(port, args.scrapes, False, args.interval)
+            gzipped, gzip_size = scrape_times(port, args.scrapes, True, args.interval)
             rss = psutil.Process(daemon.pid).memory_info().rss
         finally:
             daemon.terminate()
@@ -87,7 +97,9 @@ def main() -> None:
             ranks.wait()
             log.unlink(missing_ok=True)
 
-    print(f"node daemon: {args.ranks} ranks x {args.ops} fallback-operator series, {args.scrapes} scrapes each way")
+    rewritten = f", rewritten every {args.rewrite:g} s" if args.rewrite else ""
+    print(f"node daemon: {args.ranks} ranks x {args.ops} fallback-operator series{rewritten}, {args.scrapes} scrapes "
+          "each way")
     for name, times, size in (("plain", plain, plain_size), ("gzip", gzipped, gzip_size)):
         print(f"  {name:5s}  median {statistics.median(times) * 1e3:7.2f} ms   p99 {percentile(times, 0.99) * 1e3:7.2f} ms"
               f"   {size / 1024:8.1f} KiB per scrape")

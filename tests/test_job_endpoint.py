@@ -20,7 +20,9 @@ def listening_pids(port: int) -> set[int]:
 
 
 def port_is_free(port: int) -> bool:
+    """Whether the next rank could bind it (with SO_REUSEADDR, as the exporter binds: TIME_WAIT does not count)."""
     with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind(("127.0.0.1", port))
         except OSError:
@@ -153,3 +155,48 @@ def test_past_its_burst_an_endpoint_paces_scrapes():
     assert [pacer.reserve() for _ in range(3)] == [0.0, 0.0, 0.0]
     waits = [pacer.reserve() for _ in range(3)]
     assert 0.5 < waits[0] < waits[1] < waits[2] <= 3.0  # in turn, a second apart
+
+
+def test_an_endpoint_process_that_cannot_start_leaves_the_rank_serving_itself(tmp_path):
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    # Every endpoint process dies as it starts (as if its Python could not import the package).
+    (broken / "sitecustomize.py").write_text("import os, sys\nif '--link-fd' in sys.argv:\n    os._exit(3)\n")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    code = (
+        "import sys, torch, torch_xla, neuron_exporter\n"
+        "handle = neuron_exporter.attach(port=int(sys.argv[2]), addr='127.0.0.1', spool_dir=sys.argv[1],\n"
+        "                                spool_interval_seconds=0.05)\n"
+        "model = torch.nn.Linear(4, 2).to(torch_xla.device())\n"
+        "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "model(torch.randn(2, 4, device=torch_xla.device())).sum().backward(); optimizer.step(); torch_xla.sync()\n"
+        "print('trained', flush=True)\n"
+        "sys.stdin.read()\n")
+    import os
+    import subprocess
+    import sys
+
+    env = xla_env(PYTHONPATH=os.pathsep.join([str(broken), xla_env()["PYTHONPATH"]]))
+    process = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "spool"), str(port)], env=env,
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout.readline().strip() == "trained"
+        url = f"http://127.0.0.1:{port}/metrics"
+
+        def own_rank_served():
+            try:
+                text = scrape(url, timeout=5)
+            except OSError:
+                return None
+            return text if value(text, "xla_steps_total", rank="0") == 1 else None
+
+        text = wait_until(own_rank_served, timeout=60, what="the rank to serve its own metrics")
+        assert value(text, "neuron_exporter_collection_errors_total", stage="scrape") == 3
+        assert value(text, "neuron_exporter_ranks") is None  # its own rank only, no node view
+    finally:
+        process.stdin.close()
+        process.wait(timeout=60)
+    stderr = process.stderr.read()
+    assert stderr.count("ended 3 times right after it started") == 1 and "Traceback" not in stderr

@@ -49,10 +49,10 @@ class CheckedExposition:
     """An exposition that passed the check, with what a recheck of its next version compares against."""
 
     text: bytes
-    skeleton: list[bytes]  # every line, sample lines without their value
+    skeleton: bytes  # every line, sample lines without their value
 
 
-def skeleton_and_values(exposition: bytes) -> tuple[list[bytes], list[bytes]]:
+def skeleton_and_values(exposition: bytes) -> tuple[bytes, list[bytes]]:
     """The lines of ``exposition`` with each sample line cut before its value, and the sample values."""
     skeleton, values = [], []
     for line in exposition.split(b"\n"):
@@ -62,7 +62,7 @@ def skeleton_and_values(exposition: bytes) -> tuple[list[bytes], list[bytes]]:
             prefix, _, sample_value = line.rpartition(b" ")
             skeleton.append(prefix)
             values.append(sample_value)
-    return skeleton, values
+    return b"\n".join(skeleton), values
 
 
 def recheck(exposition: bytes, previous: CheckedExposition | None, rank: str, local_rank: str,

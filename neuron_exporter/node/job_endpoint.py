@@ -38,7 +38,7 @@ CONFIG_TIMEOUT_SECONDS = 60.0
 
 class JobEndpoint:
     def __init__(self, options: Options, run_id: str, asker: Asker):
-        self.view = NodeView(options, run_id=run_id)
+        self.view = NodeView(options, run_id=run_id).start_reading()
         self.asker = asker
 
     def render(self) -> bytes:

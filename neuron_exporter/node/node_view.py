@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import logging
 import platform
+import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -36,6 +37,8 @@ STATES = ("running", "hung", "dead")
 REJECT_REASONS = ("not_regular", "too_large", "bad_header", "wrong_rank", "bad_exposition", "unreadable",
                   "over_budget")
 MAX_LOGGED_REJECTIONS = 100
+READ_INTERVAL_SECONDS = 0.25  # with start_reading(): how often changed files are checked
+IDLE_SECONDS = 600.0  # with start_reading(): no scrape for this long, no checking
 
 
 @dataclass(frozen=True)
@@ -107,6 +110,26 @@ class NodeView:
         self._budget_logged = False
         self.rejected: list[tuple[str, RejectedFile]] = []  # of the last refresh: files left out, and why
         self.spool_dir_ok = True
+        self._reading: threading.Thread | None = None
+        self._last_scrape = float("-inf")  # monotonic
+
+    def start_reading(self) -> NodeView:
+        """Check changed rank files on a thread of their own, so that scrapes send what was already checked. While
+        nobody scrapes (``IDLE_SECONDS``), nothing is read; the first scrape after that reads what changed itself."""
+        if self._reading is None:
+            self._reading = threading.Thread(target=self._read_changed_files, name="neuron-exporter-spool-reader",
+                                             daemon=True)
+            self._reading.start()
+        return self
+
+    def _read_changed_files(self) -> None:
+        while True:
+            time.sleep(READ_INTERVAL_SECONDS)
+            if time.monotonic() - self._last_scrape < IDLE_SECONDS:
+                try:
+                    self._reader.read_changed_files()
+                except Exception as error:  # noqa: BLE001 (the scrape path reads what this could not)
+                    self._log_once("", "reader", f"reading the spool directory failed: {error}")
 
     def statuses(self, own: tuple[RankMeta | Mapping, bytes] | None = None, now: float | None = None,
                  own_idle: bool = False) -> list[RankStatus]:
@@ -145,7 +168,9 @@ class NodeView:
             return []
         self.spool_dir_ok = True
         remove_stale_temp_files(directory, now)
-        reports, self.rejected = self._reader.refresh()
+        scraped, self._last_scrape = self._last_scrape, time.monotonic()
+        background = self._reading is not None and self._last_scrape - scraped < IDLE_SECONDS
+        reports, self.rejected = self._reader.refresh(read_changed=not background)
         for name, error in self.rejected:
             if error.reason != "over_budget":
                 self._log_once(name, error.reason, f"{name}: {error}")

@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     server = None
     try:
-        server = node_server(NodeView(options), options, web_config).start()
+        server = node_server(NodeView(options).start_reading(), options, web_config).start()
         print(f"neuron-exporter run: serving every rank on {server.url}", file=sys.stderr, flush=True)
     except OSError as error:
         log.warning("neuron-exporter run: cannot listen on %s:%s (%s); the ranks report to whoever holds it",

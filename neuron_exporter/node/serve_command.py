@@ -114,7 +114,7 @@ def serve(options: Options, web_config=None) -> int:
     if problem:
         print(f"neuron-exporter serve: {problem}", file=sys.stderr)
         return EXIT_CONFIG
-    view = NodeView(options)
+    view = NodeView(options).start_reading()
     server = None
     waiting = False
     while server is None and not stop.is_set():

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import functools
 import json
 import logging
 import math
@@ -143,11 +144,11 @@ class RankReport:
     path: Path
     checked: CheckedExposition | None = field(default=None, compare=False, repr=False)
 
-    @property
+    @functools.cached_property  # a reader probes the lock of every rank at every scrape
     def stem(self) -> str:
         return file_stem(self.meta.rank, self.meta.run_id)
 
-    @property
+    @functools.cached_property
     def lock_path(self) -> Path:
         return self.path.with_name(self.stem + LOCK_SUFFIX)
 

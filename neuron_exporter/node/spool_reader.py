@@ -9,12 +9,16 @@ Rejections are remembered the same way, so a bad file costs one read per change,
 What one refresh may read is bounded: at most ``max_files`` rank files and ``max_total_bytes`` in all, taken in the
 order of their runs and ranks; the rest are rejected as ``over_budget`` without being opened. With ``run_id``, only
 that run's files are looked at (a training job's own endpoint): other runs' files are never opened.
+
+An endpoint with a background thread keeps the checking off the scrape path: a scrape (``refresh(read_changed=False)``)
+serves the last checked version of a file that changed, and the thread (``read_changed_files``) reads the new one.
 """
 
 from __future__ import annotations
 
 import os
 import stat
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,10 +46,17 @@ class SpoolReader:
         # A run's files end with its part of the file name; the header, checked on reading, has the last word.
         self._suffix = "." + file_stem("0", run_id).split(".", 1)[1] + DATA_SUFFIX if run_id is not None else DATA_SUFFIX
         self._entries: dict[str, _Entry] = {}
+        self._lock = threading.Lock()
         self.over_budget = 0  # files left out by the last refresh for the budget
 
-    def refresh(self) -> tuple[list[RankReport], list[tuple[str, RejectedFile]]]:
-        """The reports of every good rank file, ordered by run and rank, and the files rejected (name, reason)."""
+    def refresh(self, read_changed: bool = True) -> tuple[list[RankReport], list[tuple[str, RejectedFile]]]:
+        """The reports of every good rank file, ordered by run and rank, and the files rejected (name, reason).
+        ``read_changed=False``: a file that changed since it was served is served as it was (``read_changed_files``
+        reads it); new files, and files that were rejected, are read now."""
+        with self._lock:
+            return self._refresh(read_changed)
+
+    def _refresh(self, read_changed: bool) -> tuple[list[RankReport], list[tuple[str, RejectedFile]]]:
         try:
             names = [name for name in os.listdir(self.directory)
                      if name.startswith(PREFIX) and name.endswith(self._suffix)]
@@ -71,7 +82,7 @@ class SpoolReader:
                 continue
             entry = self._entries.get(name)
             identity = file_identity(info)
-            if entry is None or entry.identity != identity:
+            if entry is None or (entry.identity != identity and (read_changed or entry.report is None)):
                 entry = self._read(path, identity, entry)
             if stat.S_ISREG(info.st_mode) and info.st_size <= self.max_file_bytes:
                 budget -= info.st_size  # what was read
@@ -83,6 +94,23 @@ class SpoolReader:
         self._entries = entries
         reports.sort(key=lambda r: (r.meta.run_id, rank_order(r.meta.rank)))
         return reports, rejected
+
+    def read_changed_files(self) -> None:
+        """Read and check the files that changed since they were last read, without holding up a scrape."""
+        with self._lock:
+            known = list(self._entries.items())
+        updates = []
+        for name, entry in known:
+            try:
+                identity = file_identity(os.lstat(self.directory / name))
+            except OSError:
+                continue
+            if identity != entry.identity:
+                updates.append((name, entry, self._read(self.directory / name, identity, entry)))
+        with self._lock:
+            for name, old, new in updates:
+                if self._entries.get(name) is old:  # not read meanwhile by a scrape
+                    self._entries[name] = new
 
     def _read(self, path: Path, identity: tuple[int, int, int, int], previous: _Entry | None) -> _Entry:
         try:

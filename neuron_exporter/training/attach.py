@@ -54,6 +54,7 @@ from .xla_reader import CACHED_COMPILE, UNCACHED_COMPILE, XlaReader
 AUTOSTART_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "autostart_path")
 
 log = logging.getLogger("neuron_exporter")
+ENDPOINT_SHORT_LIFE_SECONDS, ENDPOINT_MAX_FAILURES = 10.0, 3
 
 _lock = threading.RLock()
 _current: ExporterHandle | None = None
@@ -94,6 +95,7 @@ class ExporterHandle:
         # reads ran since. A marker that finds more was preceded by a cut no host read explains.
         self._graphs_seen = counters[0]
         self._server: MetricsServer | NodeEndpointProcess | None = None
+        self._endpoint_failures = 0
         self._stop = threading.Event()
         self._spool_thread: threading.Thread | None = None
         self._process_start = psutil.Process().create_time()
@@ -261,7 +263,7 @@ class ExporterHandle:
     def _serve(self, first_try: bool) -> None:
         options = self.options
         try:
-            if options.node_view:
+            if options.node_view and self._endpoint_failures < ENDPOINT_MAX_FAILURES:
                 tls = self._web_config is not None and bool(self._web_config.tls)
                 self._server = NodeEndpointProcess(options, rank_labels()["run_id"], tls, AUTOSTART_DIR)
             else:
@@ -273,6 +275,17 @@ class ExporterHandle:
                     "neuron-exporter: cannot listen on %s:%s (%s); training goes on, and this rank's metrics reach "
                     "the node endpoint that holds that port through the spool directory",
                     options.addr, options.port, error.strerror or error)
+
+    def _endpoint_ended(self, endpoint: NodeEndpointProcess) -> None:
+        """An endpoint process that keeps ending soon after it started (it cannot start here) is not started again:
+        this process serves its own rank instead, and says so once."""
+        if endpoint.lived_seconds() > ENDPOINT_SHORT_LIFE_SECONDS:
+            return
+        self._endpoint_failures += 1
+        self.stats.record_error("scrape", RuntimeError("the node endpoint process ended right after it started"))
+        if self._endpoint_failures == ENDPOINT_MAX_FAILURES:
+            log.warning("neuron-exporter: the node endpoint process ended %d times right after it started (see its "
+                        "lines above); this process now serves its own rank only", ENDPOINT_MAX_FAILURES)
 
     def diagnosis(self) -> dict:
         """This process's diagnosis document: its own rank only (``neuron_exporter.diagnosis``)."""
@@ -330,6 +343,7 @@ class ExporterHandle:
                 if gone:  # the endpoint process ended: this process or another binds the port again
                     server.stop()
                     self._server = None
+                    self._endpoint_ended(server)
             else:
                 self._stop.wait(wait)
             if self._stop.is_set() or time.monotonic() < next_write:

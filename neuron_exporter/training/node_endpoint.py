@@ -14,6 +14,7 @@ import select
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 
 from ..config import AUTO_ENV, Options
@@ -57,6 +58,10 @@ class NodeEndpointProcess:
                 theirs.close()
         self._wake_reader, self._wake_writer = socket.socketpair()
         self._wake_writer.setblocking(False)
+        self._started = time.monotonic()
+
+    def lived_seconds(self) -> float:
+        return time.monotonic() - self._started
 
     def answer(self, timeout: float, answer: Callable[[bytes], tuple[dict, bytes]]) -> bool:
         """Wait up to ``timeout`` seconds for questions and answer each with ``answer(kind)``; False once the

@@ -70,11 +70,19 @@ def main() -> None:
     else:
         ranks = args.ranks.split(",")
 
+    # Rewrites change every value that counts steps, as a training rank's do, without building the registry again
+    # (which would cost the machine more than the ranks' spool threads do).
+    expositions = {rank: rank_exposition(rank, args.steps, args.ops) for rank in ranks}
+    counted = f" {float(args.steps)!r}\n".encode()
+
     def write_all(steps: int) -> None:
         for rank in ranks:
             last_step = None if args.last_step_age is None else time.time() - args.last_step_age
             meta = RankMeta.current(rank, rank, finished=args.finished, last_step_time=last_step)
-            write_rank_file(args.spool_dir, meta, rank_exposition(rank, steps, args.ops))
+            exposition = expositions[rank]
+            if steps != args.steps:
+                exposition = exposition.replace(counted, f" {float(steps)!r}\n".encode())
+            write_rank_file(args.spool_dir, meta, exposition)
 
     write_all(args.steps)
     print("ready", flush=True)

@@ -272,7 +272,7 @@ class ExporterHandle:
         """This process's diagnosis document: its own rank only (``neuron_exporter.diagnosis``)."""
         rank = self.attribution.diagnosis(rank_labels(), self.tracker.state().steps, self.reader.fallback_counts())
         rank["torch_compile"] = self.torch_compile.diagnosis()
-        return {"format": diagnosis.FORMAT, "ranks": [rank]}
+        return diagnosis.fit({"format": diagnosis.FORMAT, "ranks": [rank]})  # what the node reads, no more
 
     def _render_diagnosis(self) -> dict:
         own = self.diagnosis()

@@ -29,7 +29,7 @@ import time
 import psutil
 from prometheus_client import CollectorRegistry, generate_latest
 
-from ..config import AUTO_ENV, ENV_PREFIX, Options, resolve_options
+from ..config import AUTO_ENV, ENV_PREFIX, Options, auto_enabled, resolve_options
 from .. import diagnosis
 from ..node.node_view import NodeView
 from ..node.spool import write_rank_file
@@ -388,7 +388,7 @@ def attach(port: int | None = None, addr: str | None = None, registry: Collector
         try:
             # A process started with NEURON_EXPORTER_AUTO (by `neuron-exporter run`, or as the child of an attached
             # process) leaves the port to whoever serves the node until it trains, even if its script calls attach().
-            auto = _auto or (os.environ.get(AUTO_ENV, "") not in ("", "0") and not _children_attached)
+            auto = _auto or (auto_enabled(os.environ) and not _children_attached)
             handle = ExporterHandle(resolve_options(overrides=overrides), registry, auto=auto)
             handle._start()
         finally:

@@ -179,6 +179,13 @@ _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 
 
+def auto_enabled(env: Mapping[str, str]) -> bool:
+    """Whether ``NEURON_EXPORTER_AUTO`` is true as a boolean option reads it (anything else, unset or not a
+    boolean, is off: it is read in every Python process, where it cannot stop with an error). The ``.pth`` file and
+    ``training/autostart_path/sitecustomize.py`` read it the same way, without importing this module."""
+    return env.get(AUTO_ENV, "").strip().lower() in _TRUE
+
+
 def _convert(key: str, value, from_text: bool):
     """``value`` as the option's type, or raise ValueError with the reason (without the option's name)."""
     kind = _TYPES[key]

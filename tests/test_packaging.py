@@ -128,6 +128,8 @@ def test_the_autostart_file_reaches_site_packages(cli):
     probe = "import sys; print(any(type(f).__module__.startswith('neuron_exporter') for f in sys.meta_path))"
     assert cli("-c", probe, program="python").stdout.strip() == "False"
     assert cli("-c", probe, program="python", NEURON_EXPORTER_AUTO="1").stdout.strip() == "True"
+    assert cli("-c", probe, program="python", NEURON_EXPORTER_AUTO="false").stdout.strip() == "False"
+    assert cli("-I", "-c", probe, program="python", NEURON_EXPORTER_AUTO="1").stdout.strip() == "False"
 
 
 def assets(cli, tmp_path, fmt: str) -> dict[str, str]:

@@ -117,18 +117,82 @@ def test_a_wrong_password_flood_is_rate_limited_and_a_logged_in_scraper_keeps_sc
     scraper.close()
 
 
-def test_many_addresses_together_are_limited_too(server, tmp_path, count_checks, monkeypatch):
-    monkeypatch.setattr(basic_auth, "ENDPOINT_REFILL_SECONDS", 3600.0)
-    s = server(web_config=web_config(tmp_path))
+def connect(port: int, client: int) -> http.client.HTTPConnection:
+    """A connection from 127.0.0.<client> (all loopback)."""
+    return http.client.HTTPConnection("127.0.0.1", port, timeout=30, source_address=(f"127.0.0.{client}", 0))
+
+
+def test_guesses_from_many_addresses_never_refuse_a_client_that_has_not_failed(server, tmp_path, count_checks,
+                                                                                  monkeypatch):
+    monkeypatch.setattr(basic_auth, "CLIENT_REFILL_SECONDS", 3600.0)
+    monkeypatch.setattr(http_server, "REFUSALS_BURST", 10**6)  # this test is about bcrypt; see test_web_limits.py
+    scrapers = {f"scraper{n}": f"password{n}" for n in range(5)}
+    s = server(web_config=web_config(tmp_path, users={USER: PASSWORD, **scrapers}))
     checks = count_checks()
-    statuses = collections.Counter()
-    for client in range(2, 2 + 3 * basic_auth.ENDPOINT_BURST):  # 127.0.0.2, 127.0.0.3, ...: all loopback
-        connection = http.client.HTTPConnection("127.0.0.1", s.port, timeout=10,
-                                                source_address=(f"127.0.0.{client}", 0))
-        statuses[request(connection, ("someone", "guess"))[0]] += 1
+    guessers, attempts = 12, basic_auth.CLIENT_BURST + 3
+    statuses: collections.Counter[int] = collections.Counter()
+    scraped: dict[str, int] = {}
+    lock = threading.Lock()
+    start = threading.Barrier(guessers + len(scrapers))
+
+    def guess(client: int):
+        start.wait()
+        for attempt in range(attempts):
+            connection = connect(s.port, client)
+            status = request(connection, (USER, f"guess-{client}-{attempt}"))[0]
+            connection.close()
+            with lock:
+                statuses[status] += 1
+
+    def scrape(client: int, user: str):
+        start.wait()
+        connection = connect(s.port, client)
+        scraped[user] = request(connection, (user, scrapers[user]))[0]
         connection.close()
-    assert statuses[401] == len(checks.costs) == basic_auth.ENDPOINT_BURST
-    assert statuses[429] == 2 * basic_auth.ENDPOINT_BURST
+
+    workers = [threading.Thread(target=guess, args=(2 + n,)) for n in range(guessers)]
+    workers += [threading.Thread(target=scrape, args=(100 + n, user)) for n, user in enumerate(scrapers)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+
+    # Each guessing address paid for its own failures; the scrapers, each logging in for the first time from an
+    # address of its own while they guessed, were all let in.
+    assert scraped == dict.fromkeys(scrapers, 200)
+    assert statuses == {401: guessers * basic_auth.CLIENT_BURST, 429: guessers * 3}
+    assert len(checks.costs) == guessers * basic_auth.CLIENT_BURST + len(scrapers)
+    assert checks.most_at_once == basic_auth.BCRYPT_AT_ONCE
+    # And after all of it, one more address that has never failed logs in.
+    connection = connect(s.port, 200)
+    assert request(connection, (USER, PASSWORD))[:2] == (200, BODY)
+    connection.close()
+
+
+def test_a_client_that_has_not_failed_goes_first_to_bcrypt():
+    slots = basic_auth.BcryptSlots()
+    assert slots.acquire(failed_before=False)
+    order: list[str] = []
+
+    def take(name: str, failed_before: bool):
+        if slots.acquire(failed_before):
+            order.append(name)
+            slots.release()
+
+    def until(condition):
+        while not condition():
+            threading.Event().wait(0.001)
+
+    failed = threading.Thread(target=take, args=("failed", True))
+    failed.start()
+    until(lambda: len(slots._changed._waiters) == 1)  # waits first
+    new = threading.Thread(target=take, args=("new", False))
+    new.start()
+    until(lambda: slots._first_waiting == 1)
+    slots.release()
+    failed.join()
+    new.join()
+    assert order == ["new", "failed"]
 
 
 @pytest.mark.parametrize("cost", [4, 8, 12])

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import base64
-import json
 import os
 import ssl
 import sys
@@ -74,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"neuron-exporter diagnose: {args.url!s:.200}: {str(reason)[:300]}", file=sys.stderr)
         return EXIT_ERROR
     if args.format == "json":
-        print(json.dumps(document, indent=1))
+        print(diagnosis.dumps(document))
     else:
         sys.stdout.write(diagnosis.render_text(document))
     return 0

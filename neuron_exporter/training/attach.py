@@ -32,7 +32,7 @@ import time
 import psutil
 from prometheus_client import CollectorRegistry, generate_latest
 
-from ..config import AUTO_ENV, ENV_PREFIX, Options, resolve_options
+from ..config import AUTO_ENV, ENV_PREFIX, Options, auto_enabled, resolve_options
 from .. import diagnosis
 from ..node.job_link import DIAGNOSIS, METRICS
 from ..node.spool import write_rank_file
@@ -291,7 +291,7 @@ class ExporterHandle:
         """This process's diagnosis document: its own rank only (``neuron_exporter.diagnosis``)."""
         rank = self.attribution.diagnosis(rank_labels(), self.tracker.state().steps, self.reader.fallback_counts())
         rank["torch_compile"] = self.torch_compile.diagnosis()
-        return {"format": diagnosis.FORMAT, "ranks": [rank]}
+        return diagnosis.fit({"format": diagnosis.FORMAT, "ranks": [rank]})  # what the node reads, no more
 
     def _answer(self, kind: bytes) -> tuple[dict, bytes]:
         """The node endpoint process's question: this rank's exposition (and whether it has trained), or its
@@ -427,7 +427,7 @@ def attach(port: int | None = None, addr: str | None = None, registry: Collector
         try:
             # A process started with NEURON_EXPORTER_AUTO (by `neuron-exporter run`, or as the child of an attached
             # process) leaves the port to whoever serves the node until it trains, even if its script calls attach().
-            auto = _auto or (os.environ.get(AUTO_ENV, "") not in ("", "0") and not _children_attached)
+            auto = _auto or (auto_enabled(os.environ) and not _children_attached)
             handle = ExporterHandle(resolve_options(overrides=overrides), registry, auto=auto)
             handle._start()
         finally:

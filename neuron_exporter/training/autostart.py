@@ -8,10 +8,6 @@ import watcher: a process that never imports torch_xla loads nothing else of the
 (the node endpoint is usually served by someone else).
 """
 
-from __future__ import annotations
-
-import importlib.abc
-import importlib.util
 import sys
 
 WATCHED = "torch_xla"
@@ -26,13 +22,18 @@ def _attach() -> None:
         print(f"neuron-exporter: not attached: {type(error).__name__}: {error}", file=sys.stderr)
 
 
-class _AttachAfterImport(importlib.abc.MetaPathFinder):
-    """Finds nothing itself: it wraps the real loader of torch_xla so that ``attach()`` runs after the import."""
+class _AttachAfterImport:
+    """Finds nothing itself: it wraps the real loader of torch_xla so that ``attach()`` runs after the import.
+    A plain object with ``find_spec`` (all ``sys.meta_path`` asks for): ``importlib.abc`` would cost every Python
+    process of the environment tens of milliseconds at start-up (it imports ``importlib.resources``, ``typing``...).
+    """
 
     def find_spec(self, name, path=None, target=None):
         if name != WATCHED:
             return None
         sys.meta_path.remove(self)
+        import importlib.util
+
         spec = importlib.util.find_spec(name)
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec

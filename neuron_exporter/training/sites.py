@@ -12,6 +12,7 @@ import os
 import sys
 import site
 import sysconfig
+import weakref
 from types import CodeType, FrameType
 
 import torch
@@ -19,6 +20,8 @@ import torch
 UNKNOWN = "unknown"
 MAX_FRAMES = 4  # frames kept for the detailed view: the site and the callers above it
 MAX_WALK = 200  # frames walked at most, looking for the user's line above a site in an installed package
+MAX_CODES = 20_000  # live code objects remembered (one dead is forgotten at once)
+MAX_LINES = 20_000  # sites' lines remembered, over all live code objects
 
 
 def _directory(module) -> str:
@@ -51,12 +54,13 @@ class SiteFinder:
         self._cwd = os.path.abspath(cwd or os.getcwd()) + os.sep
         self._files: dict[str, tuple[str, bool, bool]] = {}  # file -> (as shown, skipped, in an installed package)
         # Keyed by id(): a code object's own hash covers its constants and bytecode, and costs up to a microsecond.
-        # The entry holds the code object, so its id cannot be reused while the entry exists.
-        # -> (code, its file as shown or None if skipped, whether the file is in an installed package)
-        self._names: dict[int, tuple[CodeType, str | None, bool]] = {}
-        # (id of a code object in _names, instruction offset) of a frame that is a site -> "path:line". Working out a
-        # frame's line number scans its code's line table, which is long for a long training loop.
-        self._lines: dict[tuple[int, int], str] = {}
+        # The entry holds only a weak reference to the code object, whose end removes the entry (before its id
+        # can be reused), so code that is exec'd and dropped is not kept alive here.
+        # -> (weak reference, its file as shown or None if skipped, whether the file is in an installed package,
+        #     {instruction offset of a frame that is a site: "path:line"}). Working out a frame's line number scans
+        #     its code's line table, which is long for a long training loop.
+        self._names: dict[int, tuple[weakref.ref, str | None, bool, dict[int, str]]] = {}
+        self._line_count = 0
 
     def _skipped(self, path: str) -> bool:
         if path.startswith(self._packages):
@@ -76,14 +80,21 @@ class SiteFinder:
                 self._files[filename] = known
         return known
 
-    def _known(self, code: CodeType) -> tuple[CodeType, str | None, bool]:
+    def _known(self, code: CodeType) -> tuple[weakref.ref | None, str | None, bool, dict[int, str]]:
         known = self._names.get(id(code))
         if known is None:
             shown, skipped, library = self._file(code.co_filename)
-            known = code, None if skipped else shown, library
-            if len(self._names) < 100_000:
-                self._names[id(code)] = known
+            known = None, None if skipped else shown, library, {}
+            if len(self._names) < MAX_CODES:
+                key = id(code)
+                known = weakref.ref(code, lambda _, key=key: self._forget(key)), *known[1:]
+                self._names[key] = known
         return known
+
+    def _forget(self, key: int) -> None:
+        known = self._names.pop(key, None)
+        if known is not None:
+            self._line_count -= len(known[3])
 
     def _shown(self, path: str) -> str:
         # An installed package is named from its root (transformers/masking_utils.py), even when the environment
@@ -100,18 +111,18 @@ class SiteFinder:
 
     def site(self, frame: FrameType | None) -> str:
         """``path:line`` of the innermost frame outside the skipped code, or ``unknown``."""
-        names, lines = self._names, self._lines
+        names = self._names
         while frame is not None:
             code = frame.f_code
             known = names.get(id(code))
             name = (known or self._known(code))[1]
             if name is not None:
-                key = id(code), frame.f_lasti
-                location = lines.get(key)
+                location = known[3].get(frame.f_lasti) if known is not None else None
                 if location is None:
                     location = f"{name}:{frame.f_lineno}"
-                    if known is not None and len(lines) < 20_000:  # only a code object that _names keeps alive
-                        lines[key] = location
+                    if known is not None and self._line_count < MAX_LINES:  # only a code object in _names
+                        known[3][frame.f_lasti] = location
+                        self._line_count += 1
                 return location
             frame = frame.f_back
         return UNKNOWN
@@ -124,7 +135,7 @@ class SiteFinder:
         for _ in range(MAX_WALK):
             if frame is None or (len(found) >= limit and user_seen):
                 break
-            _, name, library = self._known(frame.f_code)
+            _, name, library, _ = self._known(frame.f_code)
             if name is not None and (len(found) < limit or not library):
                 found.append(f"{frame.f_code.co_name} ({name}:{frame.f_lineno})")
                 user_seen = user_seen or not library

@@ -2,9 +2,11 @@
 
 - bcrypt runs only for credentials not verified before, and for at most ``BCRYPT_AT_ONCE`` requests at a time in
   the process (requests with the same credentials that wait meanwhile find them verified);
-- checks that may fail are rate limited per client (its address; an IPv6 /64) and for the whole endpoint: past the
-  limit a request gets 429 at once, without bcrypt. Credentials verified before are still accepted, so a scraper
-  that logged in keeps scraping while someone else guesses from its address;
+- failures are rate limited per client (its address; an IPv6 /64) only: past its limit a client gets 429 at once,
+  without bcrypt, and a client that has not failed is never refused, however many others guess. It also goes
+  first to bcrypt and waits for its turn as long as that takes (the server's workers bound the queue), where a
+  client that failed gives up after ``BCRYPT_WAIT_SECONDS``. Credentials verified before are still accepted, so a
+  scraper that logged in keeps scraping while someone else guesses from its address;
 - a user that does not exist costs a bcrypt check at the configured users' own cost, like a wrong password;
 - a password over 72 bytes (bcrypt's limit: it can match no hash) is refused at once.
 """
@@ -29,43 +31,49 @@ MAX_PASSWORD_BYTES = 72
 BCRYPT_AT_ONCE = 1
 BCRYPT_WAIT_SECONDS = 5.0
 CLIENT_BURST, CLIENT_REFILL_SECONDS = 10, 6.0  # then one more check every 6 s
-ENDPOINT_BURST, ENDPOINT_REFILL_SECONDS = 20, 2.0  # bounds many clients together (IPv6 gives one many addresses)
 
-_bcrypt_slots = threading.BoundedSemaphore(BCRYPT_AT_ONCE)  # process-wide: every endpoint shares the cores
 # Verified passwords are remembered as an HMAC under a key that lives only in this process, never in clear.
 _CACHE_KEY = os.urandom(32)
 
 
-class FailureLimiter:
-    """Password checks that may fail, per client and for the endpoint. A check takes a token from both buckets; a
-    check that succeeds gives them back, so only failures count."""
+class BcryptSlots:
+    """At most ``BCRYPT_AT_ONCE`` bcrypt checks at a time; a client that has not failed goes before any that has."""
 
     def __init__(self):
-        self.clients = TokenBuckets(CLIENT_BURST, CLIENT_REFILL_SECONDS)
-        self.endpoint = TokenBuckets(ENDPOINT_BURST, ENDPOINT_REFILL_SECONDS)
+        self._changed = threading.Condition()
+        self._running = 0
+        self._first_waiting = 0  # clients that have not failed, waiting
 
-    def allows(self, client: str) -> bool:
-        """Whether ``take`` could succeed now; takes nothing."""
-        return self.clients.has_token(client) and self.endpoint.has_token("")
+    def acquire(self, failed_before: bool) -> bool:
+        with self._changed:
+            if failed_before:
+                if not self._changed.wait_for(lambda: self._running < BCRYPT_AT_ONCE and not self._first_waiting,
+                                              BCRYPT_WAIT_SECONDS):
+                    return False
+            else:
+                self._first_waiting += 1
+                try:
+                    self._changed.wait_for(lambda: self._running < BCRYPT_AT_ONCE)
+                finally:
+                    self._first_waiting -= 1
+            self._running += 1
+            return True
 
-    def take(self, client: str) -> bool:
-        if not self.clients.take(client):
-            return False
-        if not self.endpoint.take(""):
-            self.clients.give_back(client)
-            return False
-        return True
+    def release(self) -> None:
+        with self._changed:
+            self._running -= 1
+            self._changed.notify_all()
 
-    def give_back(self, client: str) -> None:
-        self.clients.give_back(client)
-        self.endpoint.give_back("")
+
+_bcrypt_slots = BcryptSlots()  # process-wide: every endpoint shares the cores
 
 
 class BasicAuth:
-    """Checks ``Authorization`` headers against a ``WebConfig``'s users; one per endpoint (it holds the limiter)."""
+    """Checks ``Authorization`` headers against a ``WebConfig``'s users; one per endpoint (it holds the clients'
+    failure limits: a check takes a token, a success gives it back)."""
 
     def __init__(self):
-        self.limiter = FailureLimiter()
+        self.failures = TokenBuckets(CLIENT_BURST, CLIENT_REFILL_SECONDS)
         self._warned_bad_hash = False
 
     def check(self, config: WebConfig, header: str | None, client_address: str) -> str:
@@ -80,14 +88,14 @@ class BasicAuth:
         if self._verified(config, user, digest):
             return OK
         client = client_key(client_address)
-        if not self.limiter.allows(client):
+        if not self.failures.has_token(client):
             return LIMITED
-        if not _bcrypt_slots.acquire(timeout=BCRYPT_WAIT_SECONDS):
+        if not _bcrypt_slots.acquire(failed_before=not self.failures.is_full(client)):
             return LIMITED
         try:
             if self._verified(config, user, digest):  # by a request with the same credentials that went first
                 return OK
-            if not self.limiter.take(client):
+            if not self.failures.take(client):
                 return LIMITED
             hashed = config.users.get(user)
             matched = self._checkpw(password, hashed or config.unknown_user_hash) and hashed is not None
@@ -97,7 +105,7 @@ class BasicAuth:
             _bcrypt_slots.release()
         if not matched:
             return DENIED
-        self.limiter.give_back(client)
+        self.failures.give_back(client)
         return OK
 
     @staticmethod

@@ -24,6 +24,10 @@ class TokenBuckets:
     def has_token(self, key: str) -> bool:
         return self.seconds_until_token(key) == 0.0
 
+    def is_full(self, key: str) -> bool:
+        with self._lock:
+            return self._refilled(key)[0] >= self.burst
+
     def seconds_until_token(self, key: str) -> float:
         with self._lock:
             tokens = self._refilled(key)[0]

@@ -1,17 +1,17 @@
 """Run by Python at the start of every process whose PYTHONPATH has this directory (set by ``neuron-exporter run``
 and by ``attach()`` for its children): with ``NEURON_EXPORTER_AUTO=1``, the exporter attaches itself once the process
-imports torch_xla (see ``neuron_exporter/training/autostart.py``). The sitecustomize this file shadows, if any,
-still runs.
+imports torch_xla (see ``neuron_exporter/training/autostart.py``). The variable is read as a boolean option is
+(``config.auto_enabled``), and ``python -I`` is left alone. The sitecustomize this file shadows, if any, still runs.
 """
 
 import importlib.machinery
-import importlib.util
 import os
 import sys
 
 
 def _install_autostart() -> None:
-    if os.environ.get("NEURON_EXPORTER_AUTO", "") in ("", "0"):
+    if os.environ.get("NEURON_EXPORTER_AUTO", "").strip().lower() not in ("1", "true", "yes", "on") or \
+            sys.flags.isolated:
         return
     try:
         from neuron_exporter.training import autostart
@@ -26,7 +26,9 @@ def _run_shadowed_sitecustomize() -> None:
     path = [entry for entry in sys.path if os.path.abspath(entry or ".") != here]
     spec = importlib.machinery.PathFinder.find_spec("sitecustomize", path)
     if spec is not None and spec.loader is not None:
-        module = importlib.util.module_from_spec(spec)
+        from importlib.util import module_from_spec
+
+        module = module_from_spec(spec)
         spec.loader.exec_module(module)
 
 

@@ -160,6 +160,12 @@ HOSTILE = {
     f"rank-8.{RUN}.prom": ("bad_exposition", lambda path: path.write_bytes(rank_file_bytes("8", steps_exposition("0")))),
     f"rank-9.{RUN}.prom": ("wrong_rank", lambda path: path.write_bytes(rank_file_bytes("0", steps_exposition("0")))),
     f"rank-10.{RUN}.prom": ("bad_header", lambda path: path.write_bytes(b"[" * 3000 + b"\n")),
+    # A sample timestamp (Prometheus drops samples out of bounds), a family named like a histogram's count (a second
+    # HELP line for the histogram once the ranks are merged): either would spoil the whole node's scrape.
+    f"rank-11.{RUN}.prom": ("bad_exposition", lambda path: path.write_bytes(rank_file_bytes(
+        "11", steps_exposition("11").replace(b" 7.0\n", b" 7.0 1000\n")))),
+    f"rank-12.{RUN}.prom": ("bad_exposition", lambda path: path.write_bytes(rank_file_bytes(
+        "12", steps_exposition("12", "xla_step_duration_seconds_count")))),
 }
 
 

@@ -50,7 +50,7 @@ WRITE_TIMEOUT_SECONDS = 10.0  # the whole response (Prometheus' default scrape t
 REFUSALS_BURST, REFUSAL_REFILL_SECONDS = 20, 0.5
 # Scrapes of /metrics, all clients together: a render costs the process CPU (a training process its GIL), so past a
 # burst, scrapes wait their turn. Prometheus scrapes every 15 to 60 s; a few servers and people stay far below this.
-SCRAPES_PER_SECOND, SCRAPES_BURST = 5.0, 10
+SCRAPES_PER_SECOND, SCRAPES_BURST = 2.0, 10
 MAX_HEAD_BYTES = 16384
 MAX_HEADERS = 100
 HEAD_END = re.compile(rb"\r?\n\r?\n")

@@ -75,6 +75,11 @@ def recheck(exposition: bytes, previous: CheckedExposition | None, rank: str, lo
     return CheckedExposition(exposition, skeleton)
 
 
+def escape_label_value(value: str) -> str:
+    """A label value as the text format writes it."""
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
 def _shown(line: str) -> str:
     text = line[:SHOWN].encode("unicode_escape").decode("ascii")
     return text + ("..." if len(line) > SHOWN else "")
@@ -101,6 +106,7 @@ def check_exposition(exposition: bytes, rank: str, local_rank: str, run_id: str)
         raise ExpositionError("the last line has no line end (a truncated file?)")
     family = None
     seen: set[str] = set()
+    run = escape_label_value(run_id)
     for number, line in enumerate(text.split("\n")[:-1], start=1):
         where = f"exposition line {number}"
         if line.startswith("# HELP "):
@@ -127,6 +133,6 @@ def check_exposition(exposition: bytes, rank: str, local_rank: str, run_id: str)
             if body and not LABELS.fullmatch(body):
                 raise ExpositionError(f"{where}: malformed labels: {_shown(line)}")
             labels = dict(LABEL.findall(body))
-            if labels.get("rank") != rank or labels.get("local_rank") != local_rank or labels.get("run_id") != run_id:
+            if labels.get("rank") != rank or labels.get("local_rank") != local_rank or labels.get("run_id") != run:
                 raise ExpositionError(f"{where}: a series of another rank in the file of rank {rank} of run {run_id}: "
                                       f"{_shown(line)}")

@@ -25,6 +25,7 @@ from prometheus_client.utils import floatToGoString
 from .. import __version__
 from .. import diagnosis
 from ..config import Options
+from .exposition_check import escape_label_value
 from .host_metrics import HostCollector
 from .spool import (
     RankMeta, RankReport, RejectedFile, SpoolDirError, check_spool_dir, is_expired, rank_order, read_diagnosis,
@@ -256,14 +257,15 @@ RANK_FAMILIES = (
 
 def rank_families(statuses: list[RankStatus]) -> list[Family]:
     """The liveness families, one series per rank, written as text: at 128 ranks a node, building them as
-    prometheus_client families took most of a scrape. Rank labels are checked to need no escaping (spool.RANK_LABEL).
+    prometheus_client families took most of a scrape. Rank labels are checked to need no escaping (spool.RANK_LABEL);
+    the run's is escaped.
     """
     up: list[bytes] = []
     state: list[bytes] = []
     last: list[bytes] = []
     for status in statuses:
         meta = status.meta
-        labels = f'run_id="{meta.run_id}",rank="{meta.rank}",local_rank="{meta.local_rank}"'
+        labels = f'run_id="{escape_label_value(meta.run_id)}",rank="{meta.rank}",local_rank="{meta.local_rank}"'
         last.append(f"neuron_exporter_rank_last_report_timestamp_seconds{{{labels}}} "
                     f"{floatToGoString(status.last_report)}".encode())
         if status.state is None:

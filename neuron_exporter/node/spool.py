@@ -17,6 +17,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import functools
+import hashlib
 import json
 import logging
 import math
@@ -43,7 +44,8 @@ DATA_SUFFIX = ".prom"
 LOCK_SUFFIX = ".lock"
 DIAGNOSIS_SUFFIX = ".diagnosis.json"
 TEMP_SUFFIX = ".tmp"
-_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
+_NAME_SAFE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
+MAX_NAME_PART = 100  # two parts and the affixes stay well under a file name's 255 bytes
 RANK_LABEL = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 DEFAULT_MAX_BYTES = 4 * 1024 * 1024
 MAX_HEADER_BYTES = 4096
@@ -115,6 +117,10 @@ def _label(meta: Mapping, key: str) -> str:
     value = meta.get(key)
     if isinstance(value, int) and not isinstance(value, bool):
         value = str(value)
+    if key == "run_id":
+        if not isinstance(value, str) or not (0 < len(value) <= run_identity.MAX_LENGTH and value.isprintable()):
+            raise ValueError(f"{key}: expected 1 to {run_identity.MAX_LENGTH} printable characters")
+        return value
     if not isinstance(value, str) or not RANK_LABEL.fullmatch(value):
         raise ValueError(f"{key}: expected 1 to 64 of A-Z a-z 0-9 _ . : -")
     return value
@@ -154,8 +160,20 @@ class RankReport:
 
 
 def file_stem(rank: str, run_id: str) -> str:
-    """``rank-<rank>.<run>``: one file set per rank of each run, so runs on one machine never collide."""
-    return f"{PREFIX}{_UNSAFE.sub('_', str(rank)) or '_'}.{_UNSAFE.sub('_', str(run_id)) or '_'}"
+    """``rank-<rank>.<run>``: one file set per rank of each run, so runs on one machine never collide. Both parts are
+    escaped (``_name_part``): distinct ranks or runs never share a name, and the dot between them is the only one."""
+    return f"{PREFIX}{_name_part(str(rank))}.{_name_part(str(run_id))}"
+
+
+def _name_part(text: str) -> str:
+    """``text`` in a file name, one to one: A-Z a-z 0-9 _ - as they are, every other byte of its UTF-8 as %XX; past
+    ``MAX_NAME_PART`` characters, cut and followed by ``~`` and a hash of the whole (``~`` is otherwise escaped)."""
+    escaped = "".join(chr(byte) if chr(byte) in _NAME_SAFE else f"%{byte:02X}"
+                      for byte in text.encode("utf-8", "surrogatepass"))
+    if len(escaped) <= MAX_NAME_PART:
+        return escaped
+    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    return f"{escaped[:MAX_NAME_PART - 17]}~{digest}"
 
 
 # -- the directory -----------------------------------------------------------------------------------------

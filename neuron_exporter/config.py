@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import pwd
 import stat
 import tempfile
 import typing
@@ -79,6 +80,10 @@ class Options:
         "private", "Who may read and write the spool directory: `private` (mode 0700), `group` (0750), `readable` "
                    "(0755), `group-shared` (1770), `shared` (1777). A rank refuses a directory more open than this, "
                    "or another user's; see deploy/PROTOCOL.md.")
+    spool_trusted_users: str | None = _option(
+        None, "Users (names or uids, comma-separated) the node endpoint trusts to own the spool directory and its "
+              "files, beyond root and its own user; in the `group-shared` and `shared` modes, files of any user are "
+              "served (the directory still must be a trusted user's).")
     spool_max_file_bytes: int = _option(
         4 * 1024 * 1024, "The node endpoint ignores a rank file larger than this (and counts it).")
     spool_max_total_bytes: int = _option(
@@ -151,6 +156,30 @@ def _check_spool_mode(value):
         return f'{_shown(value)} is not a spool mode ({", ".join(SPOOL_MODE_NAMES)})'
 
 
+def user_ids(users: str | None) -> set[int]:
+    """The uids of ``users``: names or uids, separated by commas. ``ValueError`` names an unknown user."""
+    uids = set()
+    for name in (users or "").split(","):
+        name = name.strip()
+        if name.isdigit():
+            uids.add(int(name))
+        elif name:
+            try:
+                uids.add(pwd.getpwnam(name).pw_uid)
+            except KeyError:
+                raise ValueError(f"no user called {_shown(name)} on this machine") from None
+    return uids
+
+
+def _check_users(value):
+    if value is not None and "\0" not in value:
+        try:
+            user_ids(value)
+        except ValueError as error:
+            return str(error)
+    return _check_no_nul(value)
+
+
 def _check_log_level(value):
     if value not in LOG_LEVELS:
         return f'{_shown(value)} is not a log level ({", ".join(LOG_LEVELS)})'
@@ -161,6 +190,7 @@ _CHECKS: dict[str, Callable] = {
     "port": _check_port,
     "spool_dir": _check_non_empty,
     "spool_mode": _check_spool_mode,
+    "spool_trusted_users": _check_users,
     "spool_max_file_bytes": _check_positive,
     "spool_max_total_bytes": _check_positive,
     "spool_max_files": _check_positive,

@@ -7,8 +7,10 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
+from pathlib import Path
 
 import psutil
 import pytest
@@ -17,8 +19,9 @@ from fuzz import cases
 from spool_helpers import Writer
 from test_daemon import Daemon, daemons  # noqa: F401 (the fixture)
 
-from neuron_exporter.config import SPOOL_MODE_NAMES
+from neuron_exporter.config import SPOOL_MODE_NAMES, resolve_options
 from neuron_exporter.node import spool
+from neuron_exporter.node.node_view import NodeView
 from neuron_exporter.node.spool import (
     RankMeta, RejectedFile, SpoolBusyError, SpoolDirError, read_rank_file, release_rank_lock, write_rank_file,
     writer_alive)
@@ -238,7 +241,9 @@ def test_a_rank_refuses_another_users_directory_in_one_line(tmp_path):
                    what="several refused spool writes")
         code, stderr = run.finish()
     assert code == 0
-    assert stderr.count(f"belongs to uid {NOBODY}") == 1 and "Traceback" not in stderr
+    # one line from the writer, and one from the job's node endpoint, which will not read it either
+    assert stderr.count(f"belongs to uid {NOBODY}, not to this user") == 1 and "Traceback" not in stderr
+    assert stderr.count(f"belongs to uid {NOBODY}, whom this reader does not trust") == 1
     assert os.listdir(directory) == []
 
 
@@ -259,3 +264,78 @@ def test_fuzz_the_spool_reader(tmp_path):
         except Exception as error:  # noqa: BLE001
             pytest.fail(f"case {case}: {type(error).__name__}: {error}")
         assert (report.meta.rank, report.meta.run_id) == ("0", RUN), case
+
+
+# -- another user's directory or files, on the reading side ----------------------------------------------------
+
+def _as_nobody_in_a_child(work) -> tuple[int, int]:
+    """Fork a child that becomes uid/gid 65534, runs ``work()``, then holds on (its locks too) until released.
+    Returns (pid, the fd that releases it) once ``work`` is done."""
+    ready_r, ready_w = os.pipe()
+    release_r, release_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+            work()
+            os.write(ready_w, b"1")
+            os.read(release_r, 1)
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(ready_w)
+    os.close(release_r)
+    assert os.read(ready_r, 1) == b"1", "the child could not do its work as uid 65534"
+    os.close(ready_r)
+    return pid, release_w
+
+
+def test_a_spool_directory_squatted_by_another_user_is_not_served(tmp_path, daemons):
+    base = Path(tempfile.mkdtemp(dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
+    base.chmod(0o1777)  # like /dev/shm: anyone may create the default directory before the job does
+    spool = base / "neuron-exporter"
+    forged = steps_exposition("0").replace(b" 7.0\n", b" 1e+15\n")
+    pid, release = _as_nobody_in_a_child(lambda: write_rank_file(spool, RankMeta.current("0", "0"), forged))
+    try:
+        assert spool.stat().st_uid == NOBODY and rank_file(spool, "0").stat().st_uid == NOBODY
+        served = subprocess.run([sys.executable, "-m", "neuron_exporter", "serve", "--addr", "127.0.0.1", "--port", "0",
+                                 "--spool-dir", str(spool)], capture_output=True, text=True, timeout=60)
+        assert served.returncode == 2
+        assert served.stderr.count("\n") == 1 and f"belongs to uid {NOBODY}, whom this reader" in served.stderr
+        view = NodeView(resolve_options(env={}, overrides={"spool_dir": str(spool)}))
+        text = view.render().decode()
+        assert value(text, "neuron_exporter_spool_directory_ok") == 0 and value(text, "xla_steps_total") is None
+        trusting = NodeView(resolve_options(env={}, overrides={"spool_dir": str(spool),
+                                                               "spool_trusted_users": str(NOBODY)}))
+        text = trusting.render().decode()  # configured to trust that user: its rank is served
+        assert value(text, "xla_steps_total", rank="0") == 1e15
+        assert value(text, "neuron_exporter_rank_up", rank="0") == 1
+    finally:
+        os.write(release, b"x")
+        os.waitpid(pid, 0)
+        shutil.rmtree(base)
+
+
+def test_a_file_of_another_user_in_a_trusted_directory_is_not_served(tmp_path):
+    spool = tmp_path / "spool"
+    try:
+        write_rank_file(spool, RankMeta.current("0", "0"), steps_exposition("0"), "readable")
+        write_rank_file(spool, RankMeta.current("1", "1"), steps_exposition("1"), "readable")
+        os.chown(rank_file(spool, "1"), NOBODY, NOBODY)  # as if another user had put it there
+        text = NodeView(resolve_options(env={}, overrides={"spool_dir": str(spool),
+                                                           "spool_mode": "readable"})).render().decode()
+    finally:
+        release_rank_lock(spool, "0")
+        release_rank_lock(spool, "1")
+    assert value(text, "xla_steps_total", rank="0") == 7 and value(text, "xla_steps_total", rank="1") is None
+    assert value(text, "neuron_exporter_spool_rejected_files", reason="untrusted_owner") == 1
+
+
+def test_an_unknown_trusted_user_is_one_line_and_exit_2(tmp_path):
+    served = subprocess.run([sys.executable, "-m", "neuron_exporter", "serve", "--port", "0", "--spool-dir",
+                             str(tmp_path), "--spool-trusted-users", "root,no-such-user-here"],
+                            capture_output=True, text=True, timeout=60)
+    assert served.returncode == 2 and served.stderr.count("\n") == 1
+    assert "--spool-trusted-users" in served.stderr and "no user called" in served.stderr

@@ -28,15 +28,15 @@ from ..config import Options
 from .exposition_check import escape_label_value
 from .host_metrics import HostCollector
 from .spool import (
-    RankMeta, RankReport, RejectedFile, SpoolDirError, check_spool_dir, is_expired, rank_order, read_diagnosis,
-    remove_rank_files, remove_stale_temp_files, writer_alive)
+    RankMeta, RankReport, RejectedFile, SpoolDirError, check_spool_dir, file_trust, is_expired, rank_order,
+    read_diagnosis, remove_rank_files, remove_stale_temp_files, trusted_owners, writer_alive)
 from .spool_reader import SpoolReader
 
 log = logging.getLogger(__name__)
 
 STATES = ("running", "hung", "dead")
 REJECT_REASONS = ("not_regular", "too_large", "bad_header", "wrong_rank", "bad_exposition", "unreadable",
-                  "over_budget")
+                  "over_budget", "untrusted_owner")
 MAX_LOGGED_REJECTIONS = 100
 READ_INTERVAL_SECONDS = 0.25  # with start_reading(): how often changed files are checked
 IDLE_SECONDS = 600.0  # with start_reading(): no scrape for this long, no checking
@@ -102,8 +102,10 @@ class NodeView:
         run (the daemon)."""
         self.options = options
         self.run_id = run_id
+        self._trusted = trusted_owners(options.spool_trusted_users)
+        self._file_trust = file_trust(options.spool_mode, self._trusted)
         self._reader = SpoolReader(options.spool_dir, options.spool_max_file_bytes, options.spool_max_total_bytes,
-                                   options.spool_max_files, run_id)
+                                   options.spool_max_files, run_id, self._file_trust)
         self._split: dict[Path, tuple[bytes, list[Family]]] = {}  # rank file -> (exposition, its families)
         self._host = HostCollector()
         self._process = ProcessCollector(registry=None)
@@ -141,7 +143,7 @@ class NodeView:
         statuses = []
         own_meta = RankMeta.of(own[0]) if own is not None else None
         for report in self._spool_reports(now):
-            alive = writer_alive(report)
+            alive = writer_alive(report, self._file_trust)
             if self.run_id is not None and report.meta.run_id != self.run_id:
                 continue
             if own_meta is not None and (report.meta.run_id, report.meta.rank) == (own_meta.run_id, own_meta.rank):
@@ -160,7 +162,7 @@ class NodeView:
     def _spool_reports(self, now: float) -> list[RankReport]:
         directory = self.options.spool_dir
         try:
-            check_spool_dir(directory, self.options.spool_mode, writer=False)
+            check_spool_dir(directory, self.options.spool_mode, writer=False, trusted=self._trusted)
         except SpoolDirError as error:
             self.spool_dir_ok = error.errno == errno.ENOENT  # no directory yet (no job has started) is no problem
             if not self.spool_dir_ok:
@@ -213,7 +215,7 @@ class NodeView:
                     self.run_id is not None and report.meta.run_id != self.run_id) or is_expired(
                     report, self.options.expire_after_seconds, now):
                 continue
-            data = read_diagnosis(report, diagnosis.MAX_BYTES)
+            data = read_diagnosis(report, diagnosis.MAX_BYTES, self._file_trust)
             if data is None:
                 continue
             try:

@@ -29,6 +29,7 @@ FLAGS = {
     "port": "--port",
     "spool_dir": "--spool-dir",
     "spool_mode": "--spool-mode",
+    "spool_trusted_users": "--spool-trusted-users",
     "hung_after_seconds": "--hung-after-seconds",
     "expire_after_seconds": "--expire-after-seconds",
     "web_config_file": "--web.config.file",
@@ -55,6 +56,9 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--spool-dir", metavar="DIR", help="directory the training ranks write to")
     parser.add_argument("--spool-mode", metavar="MODE",
                         help="who may read and write it: private (default), group, readable, group-shared, shared")
+    parser.add_argument("--spool-trusted-users", metavar="USERS",
+                        help="users (names or uids, comma-separated) whose spool directory and files are served, "
+                             "beyond root and this user")
     parser.add_argument("--hung-after-seconds", metavar="SECONDS", help="a rank with no step for this long is hung")
     parser.add_argument("--expire-after-seconds", metavar="SECONDS",
                         help="a hung or dead rank is served until its last report is this old")
@@ -94,7 +98,8 @@ def prepare_spool_dir(options: Options) -> str | None:
         if options.spool_mode in SHARED_MODES and not os.path.lexists(options.spool_dir):
             spool.prepare_spool_dir(options.spool_dir, options.spool_mode)
         if os.path.lexists(options.spool_dir):
-            spool.check_spool_dir(options.spool_dir, options.spool_mode, writer=False)
+            spool.check_spool_dir(options.spool_dir, options.spool_mode, writer=False,
+                                  trusted=spool.trusted_owners(options.spool_trusted_users))
     except OSError as error:
         return str(error)
     return None

@@ -34,6 +34,7 @@ from pathlib import Path
 import psutil
 
 from .. import run_identity
+from ..config import user_ids
 from .exposition_check import CheckedExposition, ExpositionError, recheck
 
 log = logging.getLogger(__name__)
@@ -182,10 +183,24 @@ def file_mode(spool_mode: str) -> int:
     return SPOOL_MODES[spool_mode][1]
 
 
-def check_spool_dir(spool_dir, spool_mode: str = DEFAULT_SPOOL_MODE, writer: bool = True) -> None:
+def trusted_owners(users: str | None) -> frozenset[int]:
+    """The uids a reader trusts to own the spool directory and the files in it: root, the reader's own user, and
+    ``users`` (the ``spool_trusted_users`` option, checked when it was read)."""
+    return frozenset({0, os.geteuid(), *user_ids(users)})
+
+
+def file_trust(spool_mode: str, trusted: frozenset[int]) -> frozenset[int] | None:
+    """Whose files a reader serves: the trusted users', or, in the shared sticky modes, any user's (what those modes
+    are for; the directory's mode already says who may write there)."""
+    return None if SPOOL_MODES[spool_mode][0] & stat.S_ISVTX else trusted
+
+
+def check_spool_dir(spool_dir, spool_mode: str = DEFAULT_SPOOL_MODE, writer: bool = True,
+                    trusted: frozenset[int] | None = None) -> None:
     """Raise ``SpoolDirError`` unless ``spool_dir`` is a real directory that nobody beyond ``spool_mode`` can write
     to. A writer also needs it to be its own (or, for the shared sticky modes, root's): a directory that another
-    user made could hold links and files laid for the writer to trip on."""
+    user made could hold links and files laid for the writer to trip on. A reader given ``trusted`` needs it to
+    belong to one of those uids: another user could have made it first and filled it with forged ranks."""
     mode = SPOOL_MODES[spool_mode][0]
     try:
         info = os.lstat(spool_dir)
@@ -202,6 +217,11 @@ def check_spool_dir(spool_dir, spool_mode: str = DEFAULT_SPOOL_MODE, writer: boo
         raise SpoolDirError(errno.EPERM, f"spool directory {spool_dir} is writable by {who} (mode {actual:04o}; "
                                          f"spool_mode {spool_mode} allows {mode:04o}): fix its mode or set spool_mode")
     uid = os.geteuid()
+    if not writer and trusted is not None and info.st_uid not in trusted:
+        raise SpoolDirError(errno.EPERM, f"spool directory {spool_dir} belongs to uid {info.st_uid}, whom this reader "
+                                         f"does not trust (root, uid {uid} and spool_trusted_users): set "
+                                         "spool_trusted_users to the user whose jobs write there, or use another "
+                                         "directory")
     if writer and info.st_uid != uid and not (mode & stat.S_ISVTX and info.st_uid == 0):
         raise SpoolDirError(errno.EPERM, f"spool directory {spool_dir} belongs to uid {info.st_uid}, not to this "
                                          f"user (uid {uid}); use a directory of your own (spool_dir)")
@@ -265,10 +285,10 @@ def _replace(path: Path, data: bytes, spool_mode: str) -> None:
         raise
 
 
-def read_diagnosis(report: RankReport, max_bytes: int) -> bytes | None:
+def read_diagnosis(report: RankReport, max_bytes: int, trusted: frozenset[int] | None = None) -> bytes | None:
     """The diagnosis file written with ``report`` (its bytes, unchecked), or None if there is none to read."""
     try:
-        fd, _ = _open_regular(report.path.with_name(report.stem + DIAGNOSIS_SUFFIX), max_bytes)
+        fd, _ = _open_regular(report.path.with_name(report.stem + DIAGNOSIS_SUFFIX), max_bytes, trusted)
     except (OSError, RejectedFile):
         return None
     with os.fdopen(fd, "rb") as f:
@@ -326,9 +346,10 @@ def release_rank_lock(spool_dir, rank: str, run_id: str | None = None) -> None:
 
 # -- reading -------------------------------------------------------------------------------------------------
 
-def _open_regular(path: Path, max_bytes: int) -> tuple[int, os.stat_result]:
+def _open_regular(path: Path, max_bytes: int, trusted: frozenset[int] | None = None) -> tuple[int, os.stat_result]:
     """An fd of ``path`` opened read-only without following a link or blocking on a FIFO, if it is a regular file
-    of at most ``max_bytes``; ``RejectedFile`` otherwise, ``OSError`` if it cannot be opened."""
+    of at most ``max_bytes`` (owned by one of ``trusted``, if given); ``RejectedFile`` otherwise, ``OSError`` if it
+    cannot be opened."""
     try:
         fd = os.open(path, os.O_RDONLY | _OPEN_FLAGS)
     except OSError as error:
@@ -339,6 +360,9 @@ def _open_regular(path: Path, max_bytes: int) -> tuple[int, os.stat_result]:
     if not stat.S_ISREG(info.st_mode):
         os.close(fd)
         raise RejectedFile("not_regular", "not a regular file")
+    if trusted is not None and info.st_uid not in trusted:
+        os.close(fd)
+        raise RejectedFile("untrusted_owner", f"owned by uid {info.st_uid}, whom the reader does not trust")
     if info.st_size > max_bytes:
         os.close(fd)
         raise RejectedFile("too_large", f"{info.st_size} bytes, more than the {max_bytes} allowed")
@@ -350,13 +374,14 @@ def file_identity(info: os.stat_result) -> tuple[int, int, int, int]:
     return info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns
 
 
-def read_rank_file(path, max_bytes: int = DEFAULT_MAX_BYTES, previous: RankReport | None = None) -> RankReport | None:
+def read_rank_file(path, max_bytes: int = DEFAULT_MAX_BYTES, previous: RankReport | None = None,
+                   trusted: frozenset[int] | None = None) -> RankReport | None:
     """The report in ``path``; None if it vanished; ``RejectedFile`` if it is not a rank file to serve.
     ``previous``, the last report read from the same path, lets a rewrite that changed only values be checked by
     its values."""
     path = Path(path)
     try:
-        fd, info = _open_regular(path, max_bytes)
+        fd, info = _open_regular(path, max_bytes, trusted)
     except FileNotFoundError:
         return None
     with os.fdopen(fd, "rb") as f:
@@ -418,12 +443,13 @@ def rank_order(rank: str):
     return (0, int(rank), "") if rank.isdigit() else (1, 0, rank)
 
 
-def writer_alive(report: RankReport) -> bool | None:
-    """Whether the process that wrote ``report`` still runs: True, False, or None if it cannot be told."""
+def writer_alive(report: RankReport, trusted: frozenset[int] | None = None) -> bool | None:
+    """Whether the process that wrote ``report`` still runs: True, False, or None if it cannot be told. A lock file
+    owned by none of ``trusted`` proves nothing: the process is looked up instead."""
     if report.meta.pid == os.getpid() and abs(report.meta.start_time - _own_start_time()) < 0.01:
         return True  # never probe our own lock: closing the probe would release it
     try:
-        fd, _ = _open_regular(report.lock_path, 0)
+        fd, _ = _open_regular(report.lock_path, 0, trusted)
     except (OSError, RejectedFile):
         return _pid_alive(report.meta)
     try:

@@ -38,8 +38,11 @@ class _Entry:
 
 class SpoolReader:
     def __init__(self, directory, max_file_bytes: int, max_total_bytes: int = DEFAULT_MAX_TOTAL_BYTES,
-                 max_files: int = DEFAULT_MAX_FILES, run_id: str | None = None):
+                 max_files: int = DEFAULT_MAX_FILES, run_id: str | None = None,
+                 trusted: frozenset[int] | None = None):
+        """``trusted``: the uids whose files are served (``spool.file_trust``); None: anyone's."""
         self.directory = Path(directory)
+        self.trusted = trusted
         self.max_file_bytes = max_file_bytes
         self.max_total_bytes = max_total_bytes
         self.max_files = max_files
@@ -114,7 +117,8 @@ class SpoolReader:
 
     def _read(self, path: Path, identity: tuple[int, int, int, int], previous: _Entry | None) -> _Entry:
         try:
-            report = read_rank_file(path, self.max_file_bytes, previous.report if previous is not None else None)
+            report = read_rank_file(path, self.max_file_bytes, previous.report if previous is not None else None,
+                                    self.trusted)
         except RejectedFile as error:
             return _Entry(identity, None, error)
         except OSError as error:

@@ -194,3 +194,23 @@ def test_diagnose_answers_a_bad_page_with_one_line_and_exit_2(body, output):
     assert result.returncode == 2 and result.stdout == "", result
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr, result.stderr
     assert result.stderr.startswith(f"neuron-exporter diagnose: {url}: ") and "ranks[0]." in result.stderr
+
+
+def test_a_diagnosis_file_over_the_cap_is_left_out_in_one_line(tmp_path, caplog):
+    import logging
+
+    from neuron_exporter.config import resolve_options
+    from neuron_exporter.node.node_view import NodeView
+    from neuron_exporter.node.spool import RankMeta, release_rank_lock, write_rank_file
+
+    exposition = (b'# HELP xla_steps_total Steps\n# TYPE xla_steps_total counter\n'
+                  b'xla_steps_total{local_rank="0",rank="0",run_id="test-run"} 1.0\n')
+    try:
+        write_rank_file(tmp_path, RankMeta.current("0", "0"), exposition, diagnosis=b" " * (diagnosis.MAX_BYTES + 1))
+        view = NodeView(resolve_options(env={}, overrides={"spool_dir": str(tmp_path)}))
+        with caplog.at_level(logging.WARNING, logger="neuron_exporter"):
+            assert view.diagnosis()["ranks"] == [] and view.diagnosis()["ranks"] == []
+    finally:
+        release_rank_lock(tmp_path, "0")
+    lines = [r.getMessage() for r in caplog.records if "diagnosis of rank-0" in r.getMessage()]
+    assert len(lines) == 1 and "more than the" in lines[0]

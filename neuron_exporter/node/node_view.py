@@ -215,7 +215,11 @@ class NodeView:
                     self.run_id is not None and report.meta.run_id != self.run_id) or is_expired(
                     report, self.options.expire_after_seconds, now):
                 continue
-            data = read_diagnosis(report, diagnosis.MAX_BYTES, self._file_trust)
+            try:
+                data = read_diagnosis(report, diagnosis.MAX_BYTES, self._file_trust)
+            except RejectedFile as error:
+                self._log_once(report.path.name, "bad_diagnosis", f"the diagnosis of {report.path.name}: {error}")
+                continue
             if data is None:
                 continue
             try:

@@ -286,10 +286,11 @@ def _replace(path: Path, data: bytes, spool_mode: str) -> None:
 
 
 def read_diagnosis(report: RankReport, max_bytes: int, trusted: frozenset[int] | None = None) -> bytes | None:
-    """The diagnosis file written with ``report`` (its bytes, unchecked), or None if there is none to read."""
+    """The diagnosis file written with ``report`` (its bytes, unchecked), or None if there is none to read;
+    ``RejectedFile`` if it is not one to read (too large, not a regular file, another user's)."""
     try:
         fd, _ = _open_regular(report.path.with_name(report.stem + DIAGNOSIS_SUFFIX), max_bytes, trusted)
-    except (OSError, RejectedFile):
+    except OSError:
         return None
     with os.fdopen(fd, "rb") as f:
         return f.read(max_bytes + 1)

@@ -136,7 +136,7 @@ def test_scrapes_that_come_during_a_render_share_the_next_one():
             for _ in range(8):
                 entered.acquire()  # every scrape has come and waits for the lock
         renders.append(len(renders) + 1)
-        return str(len(renders)).encode()
+        return str(len(renders)).encode(), "text/plain"
 
     answers = []
     threads = [threading.Thread(target=lambda: answers.append(shared.get("text", render).body)) for _ in range(8)]
@@ -148,7 +148,7 @@ def test_scrapes_that_come_during_a_render_share_the_next_one():
     assert sorted(answers) == [b"1"] + [b"2"] * 7
 
 
-def test_past_its_burst_an_endpoint_paces_scrapes():
+def test_past_its_burst_an_endpoint_paces_renders():
     from neuron_exporter.web.rate_limit import Pacer
 
     pacer = Pacer(per_second=1.0, burst=3)

@@ -6,7 +6,9 @@ training job much. One thread waits on every open connection (a selector) and re
 connects and stalls, or trickles bytes, costs a socket until its deadline, never a thread; past
 ``MAX_CONNECTIONS``, one that waits is closed (see ``_connection_to_close``). At most ``WORKERS`` threads answer
 complete requests. A client refused (4xx) faster than ``REFUSAL_REFILL_SECONDS`` allows, past a burst, is not read
-until it may be refused again: its flood costs an accept per connection. It serves nothing else: no file paths, no
+until it may be refused again: its flood costs an accept per connection. Renders (``/metrics``, pages) are shared by
+the requests that wait for them and paced for all clients together (``shared_render``: ``RENDERS_PER_SECOND`` past
+``RENDERS_BURST``). It serves nothing else: no file paths, no
 environment, no request log on stderr.
 """
 
@@ -48,9 +50,10 @@ IDLE_TIMEOUT_SECONDS = 90.0  # a kept-alive connection between requests (above t
 WRITE_TIMEOUT_SECONDS = 10.0  # the whole response (Prometheus' default scrape timeout)
 # Refused requests (4xx) per client: past the burst, its connections are not read until it has a token again.
 REFUSALS_BURST, REFUSAL_REFILL_SECONDS = 20, 0.5
-# Scrapes of /metrics, all clients together: a render costs the process CPU (a training process its GIL), so past a
-# burst, scrapes wait their turn. Prometheus scrapes every 15 to 60 s; a few servers and people stay far below this.
-SCRAPES_PER_SECOND, SCRAPES_BURST = 2.0, 10
+# Renders of /metrics and pages, for all clients together: a render costs the process CPU (a training process its
+# GIL), so past a burst they are paced, and the requests that wait share the next one. Prometheus scrapes every 15 to
+# 60 s; a few servers and people stay far below this.
+RENDERS_PER_SECOND, RENDERS_BURST = 2.0, 10
 MAX_HEAD_BYTES = 16384
 MAX_HEADERS = 100
 HEAD_END = re.compile(rb"\r?\n\r?\n")
@@ -91,8 +94,7 @@ class MetricsServer:
         self._config = web_config
         self._auth = BasicAuth()
         self._refusals = TokenBuckets(REFUSALS_BURST, REFUSAL_REFILL_SECONDS)
-        self._scrapes = Pacer(SCRAPES_PER_SECOND, SCRAPES_BURST)
-        self._renders = SharedRender()
+        self._renders = SharedRender(Pacer(RENDERS_PER_SECOND, RENDERS_BURST))
         self._listener = listener if listener is not None else bind_listener(addr, port)
         self._listener.setblocking(False)
         self.addr = addr
@@ -417,22 +419,21 @@ class MetricsServer:
 
     def _page(self, path: str, query: dict[str, list[str]]) -> tuple[int, bytes, str, dict[str, str]]:
         try:
-            body, content_type = self._pages[path](query)
+            # A page costs a render too (a diagnosis): shared and paced like /metrics.
+            render = self._renders.get((path, repr(sorted(query.items()))), lambda: self._pages[path](query))
+            body, content_type = render.body, render.content_type
         except Exception as error:  # noqa: BLE001 (the server must survive a failing page)
             self._log_once(f"rendering {path} failed: {type(error).__name__}: {error}")
             return 500, f"error: rendering {path} failed, see the exporter's log\n".encode(), TEXT, {}
         return 200, body, content_type, {}
 
     def _metrics(self, headers: dict[str, str]) -> tuple[int, bytes, str, dict[str, str]]:
-        wait = self._scrapes.reserve()
-        if wait:
-            time.sleep(wait)  # past the endpoint's scrape rate a scrape waits its turn, in a worker holding no lock
         try:
             if callable(getattr(self._source, "collect", None)):
                 encoder, content_type = choose_encoder(headers.get("accept", ""))
-                render = self._renders.get(content_type, lambda: encoder(self._source))
+                render = self._renders.get(content_type, lambda: (encoder(self._source), content_type))
             else:
-                render = self._renders.get(CONTENT_TYPE, self._source)
+                render = self._renders.get(CONTENT_TYPE, lambda: (self._source(), CONTENT_TYPE))
             body = render.gzipped() if gzip_accepted(headers.get("accept-encoding", "")) else render.body
         except Exception as error:  # the server must survive a failing collector
             self._log_once(f"rendering /metrics failed: {type(error).__name__}: {error}")

@@ -7,10 +7,10 @@ that many seconds, as training ranks do (every 2 s by default). The daemon is
 Prometheus does, plain and with gzip (Prometheus asks for gzip), and prints the median and p99 scrape time,
 the size of a scrape, and the daemon's resident memory.
 
-Scrapes come every --interval seconds (0.25), under the five a second an endpoint answers past its burst, so the
+Scrapes come every --interval seconds (0.6), under the two renders a second an endpoint makes past its burst, so the
 times are those of serving a scrape, not of waiting for a turn.
 
-    python benchmarks/daemon_scrape.py [--ranks 128] [--ops 200] [--scrapes 100] [--interval 0.25] [--rewrite S]
+    python benchmarks/daemon_scrape.py [--ranks 128] [--ops 200] [--scrapes 100] [--interval 0.6] [--rewrite S]
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, default=128)
     parser.add_argument("--ops", type=int, default=200)
     parser.add_argument("--scrapes", type=int, default=100)
-    parser.add_argument("--interval", type=float, default=0.25, help="seconds from one scrape to the next")
+    parser.add_argument("--interval", type=float, default=0.6, help="seconds from one scrape to the next")
     parser.add_argument("--rewrite", type=float, default=None, help="rewrite every rank file every SECONDS")
     args = parser.parse_args()
 

@@ -6,9 +6,9 @@ What runs where:
   and its site (``HostReadHook``);
 - on the spool thread, every ``spool_interval_seconds``: this rank's exposition written to the spool directory,
   where the node endpoint picks it up; and, when this process started the job's node endpoint (a process of its own,
-  ``node_endpoint``), the answers to its questions: this rank's own exposition, rendered at most a few times a second;
+  ``node_endpoint``), the answers to its questions: this rank's own exposition, rendered at most twice a second;
 - with ``node_view`` off, on the HTTP threads at scrape time: this rank's exposition (``RankCollector``), rendered
-  once for all the scrapes that wait for it, at most a few times a second.
+  once for all the scrapes that wait for it, at most twice a second.
 No process merges other ranks' files on its training thread's GIL.
 Nothing here forces a device sync, runs a graph, or lets an exporter failure reach the training loop.
 

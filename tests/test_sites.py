@@ -102,6 +102,19 @@ def test_the_fallback_probe_names_the_line_of_each_fallback_operator(scenario, f
     assert total(exposition, "xla_steps_total") == STEPS
 
 
+def test_every_way_of_ending_a_step_is_named_at_the_scripts_line():
+    # xm.mark_step is wrapped by typing_extensions' deprecated in torch_xla 2.9, xm.optimizer_step(barrier=True) and
+    # MpDeviceLoader sync inside torch_xla: the site is the script's line all the same, and so are the frames.
+    exposition, result = run("markers")
+    lines = [line_of(site) for site in ("mark_step", "torch_xla.sync", "loader", "optimizer_step")]
+    assert set(series(exposition, "xla_new_graphs_total")) == {(line,) for line in lines}
+    assert total(exposition, "xla_new_graphs_total") == result["xla"]["UncachedCompile"]
+    (rank,) = result["diagnosis"]["ranks"]
+    for site in rank["sites"]:
+        assert site["frames"][0].endswith(f"({site['location']})"), site
+        assert not any("typing_extensions" in frame or "torch_xla" in frame for frame in site["frames"]), site
+
+
 def test_a_shape_that_changes_every_step_is_a_recompilation_at_the_step_marker():
     exposition, result = run("shapes")
     assert series(exposition, "xla_recompilations_total") == {(line_of("sync"),): STEPS - WARMUP}

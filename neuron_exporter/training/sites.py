@@ -1,13 +1,15 @@
 """Sites: the source line that made a graph run, found by a cheap walk up the Python stack.
 
-A site is the innermost frame that is not in torch, torch_xla, this package or the standard library. Library code
-such as transformers counts (a cut inside ``transformers/masking_utils.py`` is reported there). Whether a code
-object is skipped, and how its file is written, is decided once per code object and cached, so a walk costs well
+A site is the innermost frame that is not in torch, torch_xla, this package, the standard library (``functools``
+wrappers among it) or a package of decorators (``typing_extensions``, whose ``deprecated`` wraps ``xm.mark_step`` in
+torch_xla 2.9). Library code such as transformers counts (a cut inside ``transformers/masking_utils.py`` is reported
+there). Whether a code object is skipped, and how its file is written, is decided once per code object and cached, so a walk costs well
 under a microsecond for a short stack; no traceback is ever built.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 import site
@@ -20,12 +22,15 @@ import torch
 UNKNOWN = "unknown"
 MAX_FRAMES = 4  # frames kept for the detailed view: the site and the callers above it
 MAX_WALK = 200  # frames walked at most, looking for the user's line above a site in an installed package
+# Packages whose frames only wrap the caller's function (deprecation warnings, decorators): never a site.
+WRAPPER_PACKAGES = ("typing_extensions", "wrapt", "decorator", "deprecated")
 MAX_CODES = 20_000  # live code objects remembered (one dead is forgotten at once)
 MAX_LINES = 20_000  # sites' lines remembered, over all live code objects
 
 
 def _directory(module) -> str:
-    return os.path.dirname(os.path.abspath(module.__file__)) + os.sep
+    """The directory of a module or of a module spec, with a trailing separator."""
+    return os.path.dirname(os.path.abspath(getattr(module, "__file__", None) or module.origin)) + os.sep
 
 
 def _skipped_packages() -> tuple[str, ...]:
@@ -34,7 +39,22 @@ def _skipped_packages() -> tuple[str, ...]:
     directories = [_directory(torch), _directory(neuron_exporter)]
     if "torch_xla" in sys.modules:
         directories.append(_directory(sys.modules["torch_xla"]))
-    return tuple(directories)
+    return tuple(directories) + _wrapper_paths()
+
+
+def _wrapper_paths() -> tuple[str, ...]:
+    """The files or directories of the installed WRAPPER_PACKAGES, found without importing them."""
+    paths = []
+    for name in WRAPPER_PACKAGES:
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            continue
+        if spec is None or not spec.origin or not os.path.isabs(spec.origin):
+            continue
+        # A package is skipped as a whole, a single-file module (typing_extensions.py) as that file.
+        paths.append(_directory(spec) if spec.submodule_search_locations else os.path.abspath(spec.origin))
+    return tuple(paths)
 
 
 def _site_packages() -> tuple[str, ...]:

@@ -93,6 +93,30 @@ elif scenario == "eval_logging":
                 score = model(batch()[0]).sum()
                 torch_xla.sync()  # site: eval
             print(f"eval {float(score):.3f}", file=out)
+elif scenario == "markers":
+    # Each way of ending a step, on batches of its own size, so that each compiles its own graphs at its line.
+    import torch_xla.core.xla_model as xm
+    import torch_xla.distributed.parallel_loader as pl
+
+    def forward_backward(x, y):
+        optimizer.zero_grad()
+        loss_fn(model(x), y).backward()
+
+    for _ in range(steps):
+        forward_backward(*batch(8))
+        optimizer.step()
+        xm.mark_step()  # site: mark_step
+    for _ in range(steps):
+        forward_backward(*batch(9))
+        optimizer.step()
+        torch_xla.sync()  # site: torch_xla.sync
+    data = [(torch.randn(10, 16), torch.randint(0, 4, (10,))) for _ in range(steps)]
+    for x, y in pl.MpDeviceLoader(data, device):  # site: loader
+        forward_backward(x, y)
+        optimizer.step()
+    for _ in range(steps):
+        forward_backward(*batch(11))
+        xm.optimizer_step(optimizer, barrier=True)  # site: optimizer_step
 elif scenario == "compile":
     def scaled(t):
         total = t.sum()

@@ -44,7 +44,7 @@ def overview(text: str, label: str) -> str:
 
 
 def steps_of(text: str) -> int:
-    return int(overview(text, "steps").split()[0])
+    return int(overview(text, "markers that ran graphs").split()[0])
 
 
 def graphs(expected: dict) -> int:
@@ -57,7 +57,7 @@ def test_the_steps_are_the_markers_that_ran_a_graph(scenario):
     text = explained(f"{scenario}.report.txt")
     assert steps_of(text) == expected.get("markers_with_graph", expected["steps"]) == expected["steps"]
     per_step = graphs(expected) / expected["steps"]
-    assert overview(text, "graphs run").endswith(f"; {per_step:.1f} per step")
+    assert overview(text, "graphs run").endswith(f"; {per_step:.1f} per step marker")
     assert "A report knows nothing of optimizer steps" in text
 
 
@@ -75,7 +75,7 @@ def test_markers_are_not_steps(scenario):
 def test_compile_and_loader_loop_is_clean():
     """13 steps of torch_xla.compile() over MpDeviceLoader: 41 syncs, 13 graphs, nothing wrong."""
     text = explained("compile_loader.report.txt")
-    assert overview(text, "steps") == "13 (step markers that ran a graph; see Steps)"
+    assert overview(text, "markers that ran graphs") == "13 (step markers that ran a graph; see Steps)"
     assert overview(text, "step markers (MarkStep)").startswith("41,")
     assert "Nothing wrong found" in text and "Findings" not in text
 
@@ -86,9 +86,9 @@ def test_three_graphs_per_step_behind_empty_syncs():
     assert graphs(expected) / expected["counters"]["MarkStep"] < 1  # what dividing by MarkStep would say
     text = explained("compile_loader_fallback.report.txt")
     flat = " ".join(text.split())
-    assert "Graph fragmentation: 3.0 graphs per step (24 graphs in 8 steps)" in text
+    assert "Graph fragmentation: 3.0 graphs per step marker (24 graphs in 8 step markers)" in text
     assert "1.0 graphs per step" not in flat and "0.9 graphs per step" not in flat
-    assert overview(text, "steps") == "8 (graphs that no host read explains; see Steps)"
+    assert overview(text, "markers that ran graphs") == "8 (graphs that no host read explains; see Steps)"
     assert "8 steps: the graphs that no host read explains (24 graphs - 16 host reads)." in flat
     assert "there were more steps, up to 24." in flat  # the other reading, said as such
 
@@ -96,19 +96,19 @@ def test_three_graphs_per_step_behind_empty_syncs():
 def test_item_inside_torch_xla_step():
     text = explained("step_item.report.txt")
     flat = " ".join(text.split())
-    assert overview(text, "steps").startswith("8 ")
-    assert "Graph fragmentation: 2.0 graphs per step (16 graphs in 8 steps)" in text
-    assert "1. Host reads: the host read device values 8 times (1.0 per step)" in text
+    assert overview(text, "markers that ran graphs").startswith("8 ")
+    assert "Graph fragmentation: 2.0 graphs per step marker (16 graphs in 8 step markers)" in text
+    assert "1. Host reads: the host read device values 8 times (1.0 per step marker)" in text
     assert "If some host reads came after their step had ended, there were more steps (up to 16)" in flat
 
 
 def test_item_after_torch_xla_step_is_no_fragmentation():
     text = explained("step_item_after.report.txt")
     flat = " ".join(text.split())
-    assert overview(text, "steps") == "8 (one per graph, at most one per step marker; see Steps)"
+    assert overview(text, "markers that ran graphs") == "8 (one per graph, at most one per step marker; see Steps)"
     assert "Graph fragmentation" not in text
     assert "so they are taken as reads after their step had ended" in flat
-    assert "1. Host reads: the host read device values 8 times (1.0 per step)" in text
+    assert "1. Host reads: the host read device values 8 times (1.0 per step marker)" in text
 
 
 # ----- XLA_METRICS_FILE dumps: a report per sync
@@ -116,10 +116,10 @@ def test_item_after_torch_xla_step_is_no_fragmentation():
 def test_dump_counts_the_syncs_that_ran_a_graph():
     text = explained_dump("metrics_file.step_item.txt")
     flat = " ".join(text.split())
-    assert overview(text, "steps") == "4 (syncs that ran a graph, from the dump; see Steps)"
+    assert overview(text, "markers that ran graphs") == "4 (syncs that ran a graph, from the dump; see Steps)"
     assert "counted over the 8 reports of the XLA_METRICS_FILE dump, one per sync" in flat
     assert "The other 4 of the 8 step markers (MarkStep) ran no graph" in flat
-    assert "Graph fragmentation: 2.0 graphs per step (8 graphs in 4 steps)" in text
+    assert "Graph fragmentation: 2.0 graphs per step marker (8 graphs in 4 step markers)" in text
 
 
 def dump_reports(name: str) -> list[tuple[int | None, Snapshot]]:
@@ -139,7 +139,8 @@ def test_dump_cut_at_the_front_is_not_used():
     assert not history_of(reports[1:]).usable  # the graphs before the first report are unknown
     assert not history_of(reports[::2]).usable  # not one report per sync
     text = explain(reports[-1][1], history_of(reports[3:]))
-    assert "from the dump" not in text and overview(text, "steps").startswith("4 ")  # counted from the last report
+    assert "from the dump" not in text and overview(text, "markers that ran graphs").startswith("4 ")
+    # counted from the last report
     assert "The reports of the XLA_METRICS_FILE dump were not used to count steps" in " ".join(text.split())
 
 
@@ -192,5 +193,5 @@ def test_short_report_counts_compilations_from_compile_time():
     text = explained("step_item.short.txt")  # no UncachedCompile counter in a short report
     full = explained("step_item.report.txt")
     assert overview(text, "graphs run") == overview(full, "graphs run")
-    assert overview(text, "steps") == overview(full, "steps")
+    assert overview(text, "markers that ran graphs") == overview(full, "markers that ran graphs")
     assert "This is a short_metrics_report()" in text and "This is a short_metrics_report()" not in full

@@ -57,20 +57,20 @@ def test_item_calls_below_the_host_read_threshold_are_named_without_above():
     # 20 steps, 4 of them cut by an .item() before the sync
     found = findings(snapshot(markers=20, cached=22, uncached=2, transfers=4, aten___local_scalar_dense=4))
     titles = [finding.title for finding in found]
-    assert titles == ["Graph fragmentation: 1.2 graphs per step (24 graphs in 20 steps)"]
+    assert titles == ["Graph fragmentation: 1.2 graphs per step marker (24 graphs in 20 step markers)"]
     cause = found[0].details[1]
     assert cause == "The report has .item() calls: each cuts the graph when it needs a value before the step's end."
 
 
 def test_fragmentation_without_host_reads_does_not_blame_them():
     found = findings(snapshot(markers=8, cached=14, uncached=2))
-    assert [finding.title for finding in found] == ["Graph fragmentation: 2.0 graphs per step (16 graphs in 8 steps)"]
+    assert [finding.title for finding in found] == ["Graph fragmentation: 2.0 graphs per step marker (16 graphs in 8 step markers)"]
     assert found[0].details[1].startswith("The report has no host read, so no .item(), print or CPU fallback")
 
 
 def test_custom_operator_is_a_fallback_with_advice_for_its_library():
     text = explain(snapshot(markers=10, cached=19, uncached=1, transfers=10, mylib__op=10))
-    assert re.search(r"^\s+mylib::op\s+10\s+\(1\.0 per step\)$", text, re.MULTILINE)
+    assert re.search(r"^\s+mylib::op\s+10\s+\(1\.0 per step marker\)$", text, re.MULTILINE)
     assert "1. CPU fallback: 1 operator without an XLA lowering ran on the CPU" in text
     assert "An operator of another library (mylib::)" in " ".join(text.split())
     assert "If you need an aten:: operator" not in text
@@ -80,7 +80,7 @@ def test_custom_operator_is_a_fallback_with_advice_for_its_library():
 def test_compilations_after_the_first_steps_name_both_causes():
     found = findings(snapshot(markers=100, cached=80, uncached=20))
     (late,) = found
-    assert late.title == "Compilations after the first steps: 19 (20 compilations in 100 steps)"
+    assert late.title == "Compilations after the first steps: 19 (20 compilations in 100 step markers)"
     text = " ".join(late.details + late.next_steps)
     assert "cannot say why a graph was compiled" in text
     assert "the same code ran with new shapes" in text and "a new graph: an evaluation loop" in text
@@ -94,6 +94,6 @@ def test_a_few_compilations_after_warm_up_are_no_finding():
 
 def test_no_step_markers():
     text = explain(snapshot(markers=0, cached=3, uncached=1, aten___local_scalar_dense=2, transfers=2))
-    assert "steps:                   unknown (no step markers)" in text
+    assert "markers that ran graphs: unknown (no step markers)" in text
     assert "The report has no MarkStep counter" in text
     assert "1. Host reads: the host read device values 2 times (no per-step figure)" in text

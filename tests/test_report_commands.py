@@ -168,7 +168,7 @@ def test_explain_item_is_a_host_read_not_a_fallback():
     steps = truth("item")["steps"]
     assert fallback_table(text) == []
     assert "CPU fallback:" not in text
-    assert f"1. Host reads: the host read device values {steps} times (1.0 per step)" in text
+    assert f"1. Host reads: the host read device values {steps} times (1.0 per step marker)" in text
     assert f"Of the {steps} device-to-host transfers, {steps} are .item() calls (aten::_local_scalar_dense;" in text
     assert "xm.add_step_closure()" in text
     assert "Graph fragmentation: 2.0 graphs per step" in text
@@ -183,14 +183,14 @@ def test_explain_torchvision_operators_are_cpu_fallbacks():
     assert "CPU fallback operators:  3 operators, 24 calls" in text
     assert "torch.library" in text and "aten:: operator" not in text  # no aten:: operator to ask a lowering for
     assert "..._backward runs when the gradient of its forward operator is computed" in text
-    assert "Graph fragmentation: 4.0 graphs per step (32 graphs in 8 steps)" in text
+    assert "Graph fragmentation: 4.0 graphs per step marker (32 graphs in 8 step markers)" in text
     assert "Host reads:" not in text  # every transfer is a copy made by a fallback operator
 
 
 def test_explain_changing_shapes_are_compilations_after_the_first_steps():
     text = ok("explain", str(FIXTURES / "dynshape.report.txt"))
     steps = truth("dynshape")["steps"]
-    assert f"1. Compilations after the first steps: {steps - 1} ({steps} compilations in {steps} steps)" in text
+    assert f"1. Compilations after the first steps: {steps - 1} ({steps} compilations in {steps} step markers)" in text
     titles = re.findall(r"^\d+\. (.+)$", text, re.MULTILINE)
     assert not [title for title in titles if "ecompil" in title]  # a report cannot tell them from new graphs
     assert "cannot say why a graph was compiled" in text and "a new graph" in text
@@ -212,14 +212,14 @@ def test_explain_the_last_report_of_a_dump():
     text = ok("explain", str(FIXTURES / "metrics_file.fallback.txt"))
     assert text.startswith(f"Report: {FIXTURES / 'metrics_file.fallback.txt'} (the last of 3 reports, step 2)\n")
     assert fallback_table(text) == [("aten::digamma", 3), ("aten::lgamma", 3)]
-    assert "steps:                   3 (syncs that ran a graph, from the dump; see Steps)" in text
+    assert "markers that ran graphs: 3 (syncs that ran a graph, from the dump; see Steps)" in text
 
 
 def test_explain_counts_the_steps_of_a_dump_by_its_reports():
     """4 steps under torch_xla.step(), each with an .item(): 8 syncs, 8 graphs; the dump tells which syncs ran one."""
     text = ok("explain", str(FIXTURES / "metrics_file.step_item.txt"))
-    assert "steps:                   4 (syncs that ran a graph, from the dump; see Steps)" in text
-    assert "Graph fragmentation: 2.0 graphs per step (8 graphs in 4 steps)" in text
+    assert "markers that ran graphs: 4 (syncs that ran a graph, from the dump; see Steps)" in text
+    assert "Graph fragmentation: 2.0 graphs per step marker (8 graphs in 4 step markers)" in text
 
 
 # ----- errors: one line, exit code 2
@@ -279,3 +279,18 @@ def test_help(command, words):
     assert text.startswith(f"usage: neuron-exporter {command} ")
     for word in words:
         assert word in text
+
+
+def test_explain_gives_per_marker_figures_unless_told_the_training_steps():
+    """A report cannot see optimizer steps: without --steps the figures are per step marker that ran a graph, never
+    per step; with --steps N they are per training step."""
+    report = str(FIXTURES / "step_item.report.txt")
+    text = ok("explain", report)
+    assert "training steps:          unknown: a report does not count optimizer steps" in text
+    assert "per step)" not in text and "graphs per step marker (16 graphs in 8 step markers)" in text
+    text = ok("explain", "--steps", "4", report)
+    assert "training steps:          4, as given with --steps" in text
+    assert "Graph fragmentation: 4.0 graphs per step (16 graphs in 4 steps)" in text
+    assert "(2.0 per step)" in text  # the 8 host reads
+    result = neuron_exporter("explain", "--steps", "0", report)
+    assert result.returncode == 2 and '"0" is not a step count' in result.stderr

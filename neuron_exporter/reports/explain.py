@@ -5,9 +5,11 @@ to the CPU (``aten::``, ``torchvision::`` or any other namespace's counters but 
 (``.item()``, print), steps that run as several graphs (graph fragmentation), and compilations that go on
 after the first steps (changing shapes, or new graphs).
 
-Per-step figures need a step count, and a report has none: it counts step markers (``MarkStep``, every
-sync, also those that ran no graph), graphs (compile cache lookups) and host reads (device-to-host
-transfers). ``StepCount`` works out the steps from those, and says how (see ``step_count``).
+Per-step figures need a count of training steps, and a report has none: it counts step markers (``MarkStep``,
+every sync, also those that ran no graph), graphs (compile cache lookups) and host reads (device-to-host
+transfers), and knows nothing of optimizer steps. ``StepCount`` works out the step markers that ran a graph from
+those, and says how (see ``step_count``); the figures are per such marker, unless the user gives the training
+steps (``--steps N``), which are then the divisor.
 """
 
 from __future__ import annotations
@@ -33,9 +35,10 @@ SHORT_REPORT_COUNTERS = frozenset({"CachedCompile", "MarkStep", "DynamoSyncInput
 
 EMPTY_SYNCS = ("torch_xla.step() and torch_xla.compile() also sync when they start, and MpDeviceLoader before "
                "every batch and once at the end")
-NOT_TRAINING_STEPS = ("A report knows nothing of optimizer steps, so these steps may differ from your training "
-                      "steps: with gradient accumulation and a sync per micro-batch, each micro-batch is a step "
-                      "here, and evaluation or logging steps that run a graph count too.")
+NOT_TRAINING_STEPS = ("A report knows nothing of optimizer steps, so the figures here are per step marker that ran "
+                      "a graph, not per training step: with gradient accumulation and a sync per micro-batch, each "
+                      "micro-batch counts, and so do evaluation or logging markers that run a graph. Give the "
+                      "number of training steps with --steps N for figures per training step.")
 
 
 @dataclass
@@ -193,10 +196,16 @@ class _Figures:
     fallback: list[tuple[str, int]]
     short_report: bool
     count: StepCount
+    training_steps: int | None = None  # given by the user (--steps N)
 
     @property
     def steps(self) -> int:
-        return self.count.steps
+        """The divisor of every per-step figure: the training steps if given, else the markers that ran a graph."""
+        return self.training_steps or self.count.steps
+
+    @property
+    def unit(self) -> str:
+        return "step" if self.training_steps else "step marker"
 
     @property
     def fallback_copies(self) -> int:
@@ -209,10 +218,10 @@ class _Figures:
         return self.host_reads - self.fallback_copies
 
     def per_step(self, count: float) -> str:
-        return f"{count / self.steps:.1f} per step" if self.steps else "no per-step figure"
+        return f"{count / self.steps:.1f} per {self.unit}" if self.steps else "no per-step figure"
 
 
-def _figures(snapshot: Snapshot, history: SyncHistory | None) -> _Figures:
+def _figures(snapshot: Snapshot, history: SyncHistory | None, training_steps: int | None = None) -> _Figures:
     executions = sum(snapshot.metric(name).total_samples for name in EXECUTE_METRICS)
     executions = executions or snapshot.counter("ExecuteComputation")
     fallback = [(name, value) for name, value in snapshot.counters.items() if is_cpu_fallback_op(name) and value > 0]
@@ -234,6 +243,7 @@ def _figures(snapshot: Snapshot, history: SyncHistory | None) -> _Figures:
         fallback=sorted(fallback, key=lambda item: (-item[1], item[0])),
         short_report=short,
         count=step_count(markers, graphs, host_reads, history),
+        training_steps=training_steps,
     )
 
 
@@ -241,9 +251,14 @@ def _overview(f: _Figures) -> list[str]:
     busy = f.compile_seconds + f.execute_seconds
     share = f" ({100 * f.compile_seconds / busy:.0f}% of compile + execute time)" if busy > 0 else ""
     calls = sum(count for _, count in f.fallback)
-    steps = f"{f.steps} ({f.count.basis}; see Steps)" if f.steps else f"unknown ({f.count.basis})"
+    counted = f"{f.count.steps} ({f.count.basis}; see Steps)" if f.count.steps else f"unknown ({f.count.basis})"
+    if f.training_steps:
+        training = f"{f.training_steps}, as given with --steps"
+    else:
+        training = "unknown: a report does not count optimizer steps (give them with --steps N)"
     return [
-        f"  steps:                   {steps}",
+        f"  training steps:          {training}",
+        f"  markers that ran graphs: {counted}",
         f"  step markers (MarkStep): {f.markers}, every sync, also those that ran no graph",
         f"  graphs run:              {f.graphs} ({f.compiles} compiled, {f.cache_hits} from the compile cache); "
         f"{f.per_step(f.graphs)}",
@@ -332,8 +347,8 @@ def _fragmentation(f: _Figures, listed: set[str]) -> Finding | None:
         details.append(f"If some host reads came after their step had ended, there were more steps (up to "
                        f"{f.count.alternative}) and fewer graphs per step: see Steps.")
     return Finding(
-        f"Graph fragmentation: {f.graphs / f.steps:.1f} graphs per step ({f.graphs} graphs in "
-        f"{_count(f.steps, 'step')})",
+        f"Graph fragmentation: {f.graphs / f.steps:.1f} graphs per {f.unit} ({f.graphs} graphs in "
+        f"{_count(f.steps, f.unit)})",
         details,
         ["Remove the graph cuts so that the whole step is traced into one graph: read values after the step's "
          "end, and replace CPU fallback operators.",
@@ -352,8 +367,8 @@ def _late_compiles(f: _Figures, listed: set[str]) -> Finding | None:
     busy = f.compile_seconds + f.execute_seconds
     share = f"{100 * f.compile_seconds / busy:.0f}%" if busy > 0 else "most"
     return Finding(
-        f"Compilations after the first steps: {late} ({f.compiles} compilations in {_count(f.steps, 'step')})",
-        [f"At {f.graphs / f.steps:.1f} graphs per step, the first steps need about "
+        f"Compilations after the first steps: {late} ({f.compiles} compilations in {_count(f.steps, f.unit)})",
+        [f"At {f.graphs / f.steps:.1f} graphs per {f.unit}, the first steps need about "
          f"{_count(graphs_per_step, 'compilation')}; the other {late} came later. Compiling took "
          f"{f.compile_seconds:.3f} s, {share} of compile + execute time; {f.cache_hits} of the {f.graphs} graphs came "
          f"from the compile cache.",
@@ -392,29 +407,33 @@ def _findings(f: _Figures) -> list[Finding]:
     return found
 
 
-def findings(snapshot: Snapshot, history: SyncHistory | None = None) -> list[Finding]:
+def findings(snapshot: Snapshot, history: SyncHistory | None = None,
+             training_steps: int | None = None) -> list[Finding]:
     """Every problem the snapshot shows, most harmful first."""
-    return _findings(_figures(snapshot, history))
+    return _findings(_figures(snapshot, history, training_steps))
 
 
-def explain(snapshot: Snapshot, history: SyncHistory | None = None) -> str:
+def explain(snapshot: Snapshot, history: SyncHistory | None = None, training_steps: int | None = None) -> str:
     """The diagnosis as text: an overview of the figures, how the steps were counted, then each finding.
 
-    ``history``: the reports of an XLA_METRICS_FILE dump up to ``snapshot``, its last one.
+    ``history``: the reports of an XLA_METRICS_FILE dump up to ``snapshot``, its last one. ``training_steps``: the
+    training steps the report covers, as the user counted them; without them the figures are per step marker.
     """
-    f = _figures(snapshot, history)
+    f = _figures(snapshot, history, training_steps)
     lines = ["Overview", *_overview(f)]
     if f.short_report:
         lines += ["", _wrap("This is a short_metrics_report(): it lists only the aten:: operators that ran on the "
                             "CPU, not those of other namespaces (torchvision::, custom ops), and few other counters. "
                             "Save met.metrics_report() to see them all.", "")]
-    lines += ["", "Steps", *[_wrap(text, "   ") for text in f.count.explanation], ""]
+    given = [f"The per-step figures are per training step: {f.training_steps}, as given with --steps."] \
+        if f.training_steps else []
+    lines += ["", "Steps", *[_wrap(text, "   ") for text in given + f.count.explanation], ""]
     found = _findings(f)
     if not found:
         if f.steps:
             lines.append(_wrap("Nothing wrong found: no CPU fallback operator, no more than "
-                               f"{HOST_READS_PER_STEP} host reads per step, one graph per step, and no compilations "
-                               "after the first steps.", ""))
+                               f"{HOST_READS_PER_STEP} host reads per {f.unit}, one graph per {f.unit}, and no "
+                               "compilations after the first steps.", ""))
         else:
             lines.append(_wrap("Nothing wrong found: no CPU fallback operator and no .item() call. Without a step "
                                "count, the per-step checks (graphs, host reads, compilations) could not run.", ""))

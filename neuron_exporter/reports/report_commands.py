@@ -75,6 +75,12 @@ def _rank(text: str) -> str:
     return str(int(text))
 
 
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) == 0:
+        raise argparse.ArgumentTypeError(f'"{text}" is not a step count (a whole number above 0)')
+    return int(text)
+
+
 def register(subparsers) -> None:
     parse = subparsers.add_parser(
         "parse",
@@ -100,6 +106,9 @@ def register(subparsers) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     explain_parser.add_argument("report", metavar="REPORT", help=REPORT_HELP)
+    explain_parser.add_argument("--steps", type=_positive, metavar="N",
+                                help="the training (optimizer) steps the report covers, as you counted them: the "
+                                     "figures are then per training step, not per step marker")
     explain_parser.set_defaults(run=run_explain)
 
 
@@ -208,9 +217,9 @@ def run_explain(args: argparse.Namespace) -> int:
     except (CommandError, ReportParseError) as error:
         return _fail(str(error))
     if count > 1:  # a dump: its reports, one per sync, count the steps better than its last one alone
-        text = explain(snapshot, history)
+        text = explain(snapshot, history, args.steps)
         which = f" (the last of {count} reports, step {step})"
     else:
-        text, which = explain(snapshot), ""
+        text, which = explain(snapshot, training_steps=args.steps), ""
     sys.stdout.write(f"Report: {source}{which}\n\n{text}")
     return 0

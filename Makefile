@@ -16,7 +16,7 @@ comma := ,
 EXTRAS := xla,auth,test$(if $(filter 3.10,$(PYTHON_VERSION)),,$(comma)dashboards)
 SDK_TESTS = $(shell $(PY) -c 'import grafana_foundation_sdk' 2>/dev/null || echo alert_rules dashboards end_to_end_prometheus)
 # The tests that train with torch_xla (most of the suite's time); `make test-fast` runs every other one.
-XLA_TESTS := attach_lifecycle attach_scenarios concurrent_scrapes end_to_end_prometheus launchers multirank \
+XLA_TESTS := attach_lifecycle attach_scenarios concurrent_scrapes end_to_end_prometheus job_endpoint launchers multirank \
   run_command runs sites torch_compile training_steps
 
 .PHONY: venv demo test test-fast test-trainer fuzz dashboards prometheus bench clean

@@ -128,7 +128,7 @@ def test_a_reader_that_goes_away_is_no_error():
 
 
 def test_an_unexpected_error_is_one_line(capsys, monkeypatch):
-    def broken(snapshot):
+    def broken(snapshot, **options):
         raise RuntimeError("a bug\nwith a second line")
 
     monkeypatch.setattr(report_commands, "explain", broken)

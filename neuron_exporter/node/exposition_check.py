@@ -14,6 +14,7 @@ values are checked. Anything else gets the full check.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass
 
@@ -49,11 +50,11 @@ class CheckedExposition:
     """An exposition that passed the check, with what a recheck of its next version compares against."""
 
     text: bytes
-    skeleton: bytes  # every line, sample lines without their value
+    skeleton: bytes  # a digest of every line, sample lines without their value (a digest: a node holds 128 of them)
 
 
 def skeleton_and_values(exposition: bytes) -> tuple[bytes, list[bytes]]:
-    """The lines of ``exposition`` with each sample line cut before its value, and the sample values."""
+    """A digest of the lines of ``exposition`` with each sample line cut before its value, and the sample values."""
     skeleton, values = [], []
     for line in exposition.split(b"\n"):
         if not line or line[:1] == b"#":
@@ -62,7 +63,7 @@ def skeleton_and_values(exposition: bytes) -> tuple[bytes, list[bytes]]:
             prefix, _, sample_value = line.rpartition(b" ")
             skeleton.append(prefix)
             values.append(sample_value)
-    return b"\n".join(skeleton), values
+    return hashlib.sha256(b"\n".join(skeleton)).digest(), values
 
 
 def recheck(exposition: bytes, previous: CheckedExposition | None, rank: str, local_rank: str,

@@ -450,12 +450,14 @@ class MetricsServer:
         if not keep_alive:
             lines.append("Connection: close")
         data = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (b"" if method == "HEAD" else body)
-        _send_all(connection.sock, data, time.monotonic() + WRITE_TIMEOUT_SECONDS)
-        connection.served = connection.served or 200 <= status < 300
+        # The refusal is counted before it is sent: a client that reconnects the moment it reads it must find it
+        # counted already.
         if 400 <= status < 500 and not self._refusals.take(connection.client):
             # A client refused as fast as it asks (guessing passwords, say) would cost the process a request each
             # time: its next request waits, unread, where closing would make it reconnect (a TLS handshake each).
             connection.paused_until = time.monotonic() + self._refusals.seconds_until_token(connection.client)
+        _send_all(connection.sock, data, time.monotonic() + WRITE_TIMEOUT_SECONDS)
+        connection.served = connection.served or 200 <= status < 300
 
     def _log_once(self, message: str) -> None:
         if message not in self._logged and len(self._logged) < 100:

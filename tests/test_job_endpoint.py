@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import socket
-import urllib.request
 
 import psutil
 from conftest import RUN, TrainingRun, samples, scrape, total, value, wait_until, xla_env

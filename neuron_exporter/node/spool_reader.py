@@ -125,9 +125,6 @@ class SpoolReader:
             return _Entry(identity, None, RejectedFile("unreadable", error.strerror or str(error)))
         return _Entry(identity, report, None)
 
-    def forget(self, name: str) -> None:
-        self._entries.pop(name, None)
-
 
 def _order(name: str):
     """Files in the order of their runs, then ranks (numerically where ranks are numbers), from their names."""

@@ -49,8 +49,8 @@ class Config:
     fallback_for: str = "1m"
     fallback_severity: str = "warning"
 
-    # XlaRecompilationStorm: recompilations (compilations of a graph that compiled before; new graphs do not count)
-    # after warm-up per training step, on some rank (0.1 = one step in ten recompiles).
+    # XlaRecompilationStorm: recompilations (a computation compiled again for other shapes or values; new graphs do
+    # not count) per training step, on some rank past its warm-up steps (0.1 = one step in ten recompiles).
     recompilations_per_step: float = 0.1
     recompilation_for: str = "10m"
     recompilation_severity: str = "warning"

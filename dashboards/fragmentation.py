@@ -53,10 +53,10 @@ of the step (`torch.where` instead of `if t:`).
 """
 
 RECOMPILE_TEXT = """
-**What it means.** After the warm-up steps (`neuron_exporter_warmup_steps`) every step should find its graph in
-the compile cache. A compiler run after warm-up means the graph changed: usually an input shape (variable batch
-or sequence length, a last partial batch) or a Python value baked into the graph (a scalar, a step counter, a
-loop bound). Compiling takes seconds to minutes on Neuron, so recompiling can dominate the step time.
+**What it means.** A recompilation is a computation compiled again because its graph changed: usually an input
+shape (variable batch or sequence length, a last partial batch) or a Python value baked into the graph (a scalar,
+a step counter, a loop bound). Once every shape has been seen, every step should find its graph in the compile
+cache. Compiling takes seconds to minutes on Neuron, so recompiling can dominate the step time.
 
 A *new graph* (the first compilation of a code path: an eval loop, a logging step) is not a recompilation.
 
@@ -175,7 +175,7 @@ def recompile_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                              "How to read and fix the recompilation panels of this row.", RECOMPILE_TEXT,
                              height=9))
             .with_panel(merged_table(
-                "Recompilations by site", "Compilations after warm-up of a graph that compiled before, per run and "
+                "Recompilations by site", "Compilations of a computation that compiled before, per run and "
                 "site (the line that ran the graph: a step marker, or the host read that cut it): how many in the "
                 "selected time range, per training step (over the run's selected ranks) and on how many ranks. The "
                 "upload whose shape changed, old -> new: neuron-exporter diagnose URL or the endpoint's /diagnosis "
@@ -191,8 +191,8 @@ def recompile_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                 "suffix:compiles/min",
                 (f"topk(10, 60 * {q.rate('xla_recompilations_total', by='run_id, location')})", SITE_LEGEND)))
             .with_panel(graph(
-                "Recompilations per step", "Recompilations after warm-up (compilations of a graph that compiled "
-                "before) per training step, per rank. The dashed line is the recompilation-storm alert threshold.",
+                "Recompilations per step", "Recompilations (compilations of a computation that compiled "
+                "before, for other shapes or values) per training step, per rank. The dashed line is the recompilation-storm alert threshold.",
                 "suffix:compiles/step", (q.ratio("xla_recompilations_total", "xla_steps_total"), RANK_LEGEND),
                 width=8, threshold=c.recompilations_per_step))
             .with_panel(graph(
@@ -219,7 +219,7 @@ def recompile_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                 (f"count by (run_id, location) (sum by (run_id, rank, location) (xla_new_graphs_total{{{q.rank}}}))",
                  "Ranks", None)))
             .with_panel(instant_table(
-                "Recompilations by rank", "Recompilations after warm-up (compilations of a graph that compiled "
+                "Recompilations by rank", "Recompilations (compilations of a computation that compiled "
                 "before) in the selected time range, per run and rank, summed over their sites.",
                 "short", q.increase("xla_recompilations_total", "run_id, rank"),
                 {"run_id": "Run", "rank": "Rank"}, "Recompilations in range"))

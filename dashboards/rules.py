@@ -61,7 +61,9 @@ def recording_rules(c: Config = DEFAULTS) -> dict[str, str]:
     value while a rank (or run) makes no training step (an evaluation phase, a stall): ``> 0`` on the step rate.
 
     The per-rank ratios sum over the sites of the labelled counters: ``xla_recompilations_total{location}``
-    counts recompilations only (a graph that compiled before, after warm-up), never new graphs.
+    counts recompilations only (a computation compiled again for other shapes or Python values), never new graphs.
+    A rank's recompilations per step count only once the rank had made its warm-up steps
+    (``neuron_exporter_warmup_steps``) when the window began: the first steps may try a few shapes.
     """
     rank = labels(*c.rank_labels)
     run = labels(*c.run_labels)
@@ -84,7 +86,9 @@ def recording_rules(c: Config = DEFAULTS) -> dict[str, str]:
         CUTS_PER_STEP: per_step("xla_graph_cuts_total"),
         MARKERS_PER_STEP: per_step("xla_step_markers_total"),
         FRAGMENTED_STEPS: per_step("xla_fragmented_steps_total"),
-        RECOMPILATIONS_PER_STEP: per_step("xla_recompilations_total"),
+        RECOMPILATIONS_PER_STEP: (f"{per_step('xla_recompilations_total')}\nand on ({rank})\n"
+                                  f"(sum by ({rank}) ({select(c, 'xla_steps_total')} offset {WINDOW})\n"
+                                  f" >= sum by ({rank}) ({select(c, 'neuron_exporter_warmup_steps')}))"),
         HOST_READS_PER_STEP: per_step("xla_device_to_host_transfers_total"),
         COMPILE_TIME_SHARE: f"{rate('xla_compile_seconds_total')}\n/\n({rate('xla_step_duration_seconds_sum')} > 0)",
         EXECUTE_TIME_SHARE: f"{rate('xla_execute_seconds_total')}\n/\n({rate('xla_step_duration_seconds_sum')} > 0)",
@@ -200,7 +204,7 @@ def alert_rules(c: Config = DEFAULTS) -> list[dict]:
         alert(
             c, "XlaRecompilationStorm", over(RECOMPILATIONS_PER_STEP, ">", c.recompilations_per_step),
             c.recompilation_for, c.recompilation_severity,
-            "The graph keeps recompiling after warm-up " + in_run,
+            "The graph keeps recompiling " + in_run,
             f"More than {c.recompilations_per_step:g} recompilations per training step after warm-up " + in_run
             + ". " + affected + "; worst: "
             + worst_recorded(c, RECOMPILATIONS_PER_STEP, '{{ value . | printf "%.2f" }} per step') + "."

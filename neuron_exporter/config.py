@@ -98,7 +98,9 @@ class Options:
     expire_after_seconds: float = _option(
         3600.0, "A rank that stopped reporting (hung, dead or finished) is served with its last values until its "
                 "last report is this old; then a dead rank's files are deleted.")
-    warmup_steps: int = _option(2, "Steps whose compilations are not counted as recompilations.")
+    warmup_steps: int = _option(2, "Steps after which recompilations alert (`XlaRecompilationStorm` counts a rank "
+                                   "once it had made this many steps when its 5-minute window began); it changes "
+                                   "no count.")
     max_op_series: int = _option(
         100, "At most this many `op` label values per operator family; the rest are counted as `op=\"other\"`.")
     max_site_series: int = _option(

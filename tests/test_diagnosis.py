@@ -96,7 +96,7 @@ def test_a_rank_with_1000_sites_of_4_long_frames_stays_under_the_cap():
     long = "/a/long/path/to/a/virtual/environment/lib/python3.11/site-packages/" * 3
     for n in range(1000):
         frames = [f"function_{k} ({long}module_{n}_{k}.py:{n})" for k in range(4)]
-        attribution.host_read("item", f"{long}train_{n}.py:{n}", frames, graphs=n, compiles=0, in_warmup=False)
+        attribution.host_read("item", f"{long}train_{n}.py:{n}", frames, graphs=n, compiles=0)
     full = {"format": diagnosis.FORMAT,
             "ranks": [attribution.diagnosis({"run_id": "r", "rank": "0", "local_rank": "0"}, 100, {})]}
     assert len(json.dumps(full)) > diagnosis.MAX_BYTES  # what a rank wrote before

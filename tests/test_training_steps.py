@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from conftest import TrainingRun, scrape, total, value
+import json
+
+from conftest import SCRIPTS, TrainingRun, marked_line, scrape, series, total, value
 
 STEPS = 10
 # scenario: (training steps, markers that ran graphs, graphs, graph cuts, fragmented steps)
@@ -30,3 +32,23 @@ def test_training_steps_markers_graphs_and_cuts_are_exact(scenario):
         assert value(text, "xla_fragmented_steps_total") == fragmented
         code, stderr = run.finish()
     assert code == 0 and "Traceback" not in stderr
+
+
+def test_a_script_shaped_like_pytorch_xlas_mnist_counts_optimizer_steps_and_never_recompiles():
+    # The initial weights are broadcast before the optimizer exists (a step marker that runs a graph: setup, not a
+    # step); each epoch ends with a test loop whose accuracy is read on the host and averaged with mesh_reduce.
+    epochs, steps_per_epoch = 3, 6
+    with TrainingRun("mnist_shaped.py", str(epochs), str(steps_per_epoch)) as run:
+        result = run.result()
+        text = scrape(result["url"])
+        diagnosis = json.loads(scrape(result["url"].replace("/metrics", "/diagnosis?format=json")))
+        code, stderr = run.finish()
+    assert code == 0 and "Traceback" not in stderr, stderr[-3000:]
+    assert value(text, "xla_steps_total") == result["optimizer_steps"] == epochs * steps_per_epoch
+    assert value(text, "xla_step_markers_total") > epochs * steps_per_epoch  # the broadcast and the test loops
+    assert total(text, "xla_recompilations_total") == 0, series(text, "xla_recompilations_total")
+    assert total(text, "xla_new_graphs_total") == result["xla"]["UncachedCompile"]
+    assert (marked_line(SCRIPTS / "mnist_shaped.py", "mesh_reduce"),) in series(text, "xla_new_graphs_total")
+    (rank,) = diagnosis["ranks"]
+    for site in rank["sites"]:  # never typing_extensions, functools or torch_xla
+        assert site["location"].startswith("tests/scripts/mnist_shaped.py:"), site

@@ -45,7 +45,7 @@ from .host_reads import HostReadHook
 from .node_endpoint import NodeEndpointProcess
 from .optimizer_hook import OptimizerHook
 from .self_metrics import SelfStats
-from .sites import SiteFinder
+from .sites import UNKNOWN, SiteFinder
 from .step_hook import StepHook
 from .step_tracker import FLUSH_EVERY, READ, SYNC, StepTracker
 from .torch_compile import TorchCompileSource
@@ -93,7 +93,7 @@ class ExporterHandle:
             self._probe = FallbackProbe(self.sites, self._on_fallback_site, self._step_error)
         # Graphs run as far as the exporter can tell: the count when the last step marker ended, plus the graphs host
         # reads ran since. A marker that finds more was preceded by a cut no host read explains.
-        self._graphs_seen = counters[0]
+        self._graphs_seen, self._compiles_seen = counters
         self._server: MetricsServer | NodeEndpointProcess | None = None
         self._endpoint_failures = 0
         self._stop = threading.Event()
@@ -136,10 +136,14 @@ class ExporterHandle:
                 compiles = value(UNCACHED_COMPILE) or 0
                 graphs = (value(CACHED_COMPILE) or 0) + compiles
                 # Graphs run since the last marker that no host read ran: a CPU fallback may have cut them.
-                unexplained = graphs_before != handle._graphs_seen
-                handle._graphs_seen = graphs
-                if compiles != compiles_before or unexplained or handle._probe is not None:
-                    handle._unusual_sync(graphs_before, compiles_before, graphs, compiles, now, unexplained)
+                seen = handle._graphs_seen
+                unexplained = graphs_before != seen
+                handle_compiles_seen = handle._compiles_seen
+                compiled = compiles != handle_compiles_seen  # at the marker or at a cut no host read explains
+                handle._graphs_seen, handle._compiles_seen = graphs, compiles
+                if compiled or unexplained or handle._probe is not None:
+                    handle._unusual_sync(graphs_before, compiles_before, graphs, compiles, now, unexplained,
+                                         (graphs - seen, compiles - handle_compiles_seen) if compiled else None)
                 else:  # tracker.on_sync(graphs_before, compiles_before, graphs, compiles, now), inlined
                     tracker = handle.tracker
                     stepped, tracker.optimizer_steps = tracker.optimizer_steps, 0
@@ -155,14 +159,16 @@ class ExporterHandle:
         return step_marker
 
     def _unusual_sync(self, graphs_before: int, compiles_before: int, graphs: int, compiles: int, now: float,
-                      unexplained: bool) -> None:
-        """A marker that compiled, or after a cut no host read explains, or with the fallback probe on."""
+                      unexplained: bool, compiled: tuple[int, int] | None) -> None:
+        """A marker that compiled, or after a cut no host read explains, or with the fallback probe on. ``compiled``:
+        the graphs run and the compilations since the last marker or host read, if any compiled."""
         frame = sys._getframe(2)  # the step marker's caller (past this and the wrapper)
         site = (self.sites.site(frame), self.sites.frames(frame)) if compiles != compiles_before else None
         fallbacks = self.reader.fallback_counts() if unexplained else None
         extra = None
-        if site is not None or fallbacks is not None:
-            extra = (site, sum(fallbacks.values()) if fallbacks is not None else None)
+        if site is not None or fallbacks is not None or compiled:
+            traits = self.reader.graph_traits(*compiled) if compiled else ((), ())
+            extra = (site, sum(fallbacks.values()) if fallbacks is not None else None, traits)
         self.tracker.on_sync(graphs_before, compiles_before, graphs, compiles, now, extra)
         if self._probe is not None:
             self._watch_fallbacks(fallbacks)
@@ -205,9 +211,12 @@ class ExporterHandle:
                     compiles = value(UNCACHED_COMPILE) or 0
                     graphs = (value(CACHED_COMPILE) or 0) + compiles - graphs_before
                     self._graphs_seen += graphs
+                    self._compiles_seen += compiles - compiles_before
+                    compiled = compiles - compiles_before
+                    traits = self.reader.graph_traits(graphs, compiled) if compiled else ((), ())
                     tracker = self.tracker
                     pending = tracker.pending
-                    pending.append((READ, cause, location, frames, graphs, compiles - compiles_before))
+                    pending.append((READ, cause, location, frames, graphs, compiled, traits))
                     if len(pending) >= FLUSH_EVERY:
                         tracker.flush()
                 except Exception as error:  # noqa: BLE001
@@ -217,7 +226,9 @@ class ExporterHandle:
     def _on_upload(self, frame, shapes: tuple) -> None:
         start = time.perf_counter()
         try:
-            self.tracker.on_upload(self.sites.site(frame), shapes)
+            location = self.sites.site(frame)
+            if location != UNKNOWN:  # a loader's own thread: its batch is recorded where the training thread takes it
+                self.tracker.on_upload(location, shapes)
         except Exception as error:  # noqa: BLE001
             self._step_error(error)
         self.stats.hook_seconds += time.perf_counter() - start
@@ -366,6 +377,7 @@ class ExporterHandle:
             self._optimizer_hook.uninstall()
             self._host_reads.uninstall()
             self.torch_compile.uninstall()
+            self.tracker.end()
             self._stop.set()
             if isinstance(self._server, NodeEndpointProcess):
                 self._server.wake()
@@ -397,7 +409,7 @@ class ExporterHandle:
         counters = self.reader.compile_counters()
         self.tracker = StepTracker(self.options.warmup_steps, *counters, self.attribution)
         self.collector.tracker = self.tracker
-        self._graphs_seen = counters[0]
+        self._graphs_seen, self._compiles_seen = counters
         self.torch_compile.after_fork()
         self._process_start = psutil.Process().create_time()
         self.auto = True  # like a child started afresh: bind the port only once it trains, and quietly

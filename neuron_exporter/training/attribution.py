@@ -3,12 +3,18 @@
 Fed by the host-read and upload wrappers (``host_reads``) and by the step hook at every step marker. Pure
 bookkeeping under one lock; every table is bounded, so user code cannot grow it without end.
 
-A *graph* is named by its site and the sites of the graphs that ran before it since the last step marker: the
-graph a marker runs after a logging ``.item()`` cut is another graph than the one it runs in other steps. A
-compilation of a graph never compiled before is a *new graph* (an eval loop, a logging step); a compilation of a
-graph that compiled before, after warm-up, is a *recompilation*, and the uploads whose shapes differ from the
-last compilation of that graph are named, old -> new; if none differs, the graph itself changed (a Python value
-baked into it, another code path).
+A *computation* is named by its site, the sites of the graphs that ran before it since the last step marker (the
+graph a marker runs after a logging ``.item()`` cut is another one than the one it runs in other steps), and its
+traits: its size in IR nodes (torch_xla's ``TensorsGraphSize``) and the inputs whose buffers its outputs reuse
+(``InputOutputAliasCount``). A site that runs different code (the first step that also builds the optimizer's
+state, an eval pass, a logging step, ``correct += ...`` from 0 then from a tensor) runs graphs with other traits.
+Another Python value baked into the graph (``x[:, :n]``) changes neither trait; other input shapes keep the aliases
+but may move the size by a node or two (a batch of 8 and one of 9 lower differently). So a compilation is a
+*recompilation* of a computation when its site and the sites before it compiled before with the same traits, or
+with the same aliases and uploads of other shapes than at the site's last compilation, or when a graph of the same
+traits compiled elsewhere with uploads of other shapes (a logging step ends the usual step at another line);
+otherwise it is a *new graph*, whenever it happens. The uploads whose shapes differ from that earlier compilation are named, old -> new;
+if none differs, a Python value baked into the graph changed. Neither depends on when a step logs.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ log = logging.getLogger("neuron_exporter")
 
 MAX_SITES = 1000  # distinct sites remembered (the metrics' label budget is separate and smaller)
 MAX_GRAPHS = 4000  # distinct graphs remembered
+MAX_VARIANTS = 8  # traits remembered per site and sites before it
 MAX_UPLOAD_SITES = 200
 MAX_PRIOR = 8  # earlier graph sites in one step that name a graph
 MAX_CHANGES = 5  # shape changes kept per site for the detailed view
@@ -75,7 +82,9 @@ class Attribution:
     def __init__(self):
         self._lock = threading.Lock()
         self.sites: dict[str, SiteRecord] = {}
-        self._compiled: dict[tuple, dict[str, tuple]] = {}  # graph -> upload shapes at its last compilation
+        # (site, sites before it) -> {traits: upload shapes at their last compilation}, the last compiled last
+        self._compiled: dict[tuple, dict[tuple, dict[str, tuple]]] = {}
+        self._by_traits: dict[tuple, dict[str, tuple]] = {}  # traits -> upload shapes at their last compilation
         self._uploads: dict[str, tuple] = {}  # upload site -> the shapes it sent last
         self._prior: list[str] = []  # sites of the graphs run since the last step marker
         self._attributed_cuts = 0  # graphs run by host reads since the last step marker
@@ -98,8 +107,10 @@ class Attribution:
         return record
 
     # -- events ---------------------------------------------------------------------------------------------
-    def host_read(self, cause: str, location: str, frames, graphs: int, compiles: int, in_warmup: bool) -> None:
-        """A host read of device data at ``location``, which ran ``graphs`` graphs and ``compiles`` compilations."""
+    def host_read(self, cause: str, location: str, frames, graphs: int, compiles: int,
+                  traits: tuple = ((), ())) -> None:
+        """A host read of device data at ``location``, which ran ``graphs`` graphs and ``compiles`` compilations;
+        ``traits``: (sizes, aliases) of those graphs and compilations (``XlaReader.graph_traits``)."""
         with self._lock:
             record = self._site(location, frames)
             if cause != SYNC_TENSORS:  # a sync of chosen tensors cuts the graph but reads nothing
@@ -107,7 +118,7 @@ class Attribution:
             if graphs:
                 record.cuts[cause] = record.cuts.get(cause, 0) + graphs
                 self._attributed_cuts += graphs
-                self._compile(location, compiles, in_warmup)
+                self._compile(location, compiles, traits)
                 self._attributed_compiles += compiles
                 if len(self._prior) < MAX_PRIOR:
                     self._prior.append(location)
@@ -126,14 +137,18 @@ class Attribution:
         """Host data sent to the device from ``location``, with these shapes."""
         with self._lock:
             if location in self._uploads or len(self._uploads) < MAX_UPLOAD_SITES:
-                self._uploads[location] = shapes
+                # The distinct shapes: a parallel loader sends a varying number of batches of the same shapes at once.
+                self._uploads[location] = tuple(sorted(set(shapes)))
 
-    def step_marker(self, cuts: int, compiles_before: int, compiles_at_marker: int, in_warmup: bool,
+    def step_marker(self, cuts: int, compiles_before: int, graphs_at_marker: int, compiles_at_marker: int,
                     extra: tuple | None) -> None:
         """A step marker that found ``cuts`` graphs and ``compiles_before`` compilations since the previous one and
-        ran ``compiles_at_marker`` itself. ``extra`` is what the marker's hook saw: ((site, frames) of the marker if
-        it compiled, else None; CPU-fallback executions so far if graphs were cut, else None)."""
-        marker_site, fallbacks = extra or (None, None)
+        ran ``graphs_at_marker`` graphs and ``compiles_at_marker`` compilations itself. ``extra`` is what the marker's
+        hook saw: ((site, frames) of the marker if it compiled, else None; CPU-fallback executions so far if graphs
+        were cut, else None; the traits of the graphs run since the last marker or host read if one compiled)."""
+        marker_site, fallbacks, (sizes, aliases) = extra or (None, None, ((), ()))
+        split = max(0, len(sizes) - graphs_at_marker)
+        split_aliases = max(0, len(aliases) - compiles_at_marker)
         with self._lock:
             unattributed = cuts - self._attributed_cuts
             if unattributed > 0:
@@ -141,7 +156,8 @@ class Attribution:
                 cause = CPU_FALLBACK if fallback_ran else UNATTRIBUTED
                 record = self._site(UNKNOWN)
                 record.cuts[cause] = record.cuts.get(cause, 0) + unattributed
-                self._compile(UNKNOWN, max(0, compiles_before - self._attributed_compiles), in_warmup)
+                self._compile(UNKNOWN, max(0, compiles_before - self._attributed_compiles),
+                              (sizes[:split], aliases[:split_aliases]))
                 if len(self._prior) < MAX_PRIOR:
                     self._prior.append(UNKNOWN)
             if fallbacks is not None:
@@ -149,30 +165,59 @@ class Attribution:
             if compiles_at_marker:
                 location, frames = marker_site or (UNKNOWN, [])
                 self._site(location, frames)
-                self._compile(location, compiles_at_marker, in_warmup)
+                self._compile(location, compiles_at_marker, (sizes[split:], aliases[split_aliases:]))
             self._prior.clear()
             self._attributed_cuts = self._attributed_compiles = 0
 
-    def _compile(self, location: str, compiles: int, in_warmup: bool) -> None:
+    def _compile(self, location: str, compiles: int, traits: tuple) -> None:
         if not compiles or self.probing:
             return
         graph = (location, *self._prior)
         record = self._site(location)
-        before = self._compiled.get(graph)
-        if before is None or in_warmup:
+        variants = self._compiled.get(graph)
+        if variants is None:
+            if len(self._compiled) >= MAX_GRAPHS:
+                record.new_graphs += compiles
+                return
+            variants = self._compiled[graph] = {}
+        same = self._same_computation(variants, traits)
+        if same is None:
             record.new_graphs += compiles
         else:
             record.recompilations += compiles
-            record.changes.append(self._what_changed(before))
-        if before is not None or len(self._compiled) < MAX_GRAPHS:
-            self._compiled[graph] = dict(self._uploads)
+            record.changes.append(self._what_changed(variants[same]))
+        uploads = dict(self._uploads)
+        variants.pop(traits, None)
+        variants[traits] = uploads
+        if len(variants) > MAX_VARIANTS:
+            del variants[next(iter(variants))]
+        if traits in self._by_traits or len(self._by_traits) < MAX_GRAPHS:
+            self._by_traits[traits] = uploads
+
+    def _same_computation(self, variants: dict[tuple, dict[str, tuple]], traits: tuple) -> tuple | None:
+        """The traits of the earlier compilation of this computation (at this site or, for other shapes, elsewhere),
+        None if it is a new one."""
+        if traits in variants:
+            return traits
+        if variants:
+            last = next(reversed(variants))
+            if last[1] == traits[1] and self._shapes_changed(variants[last]):
+                return last
+        elsewhere = self._by_traits.get(traits) if traits != ((), ()) else None
+        if elsewhere is not None and self._shapes_changed(elsewhere):
+            variants[traits] = elsewhere  # what _what_changed compares with
+            return traits
+        return None
+
+    def _shapes_changed(self, before: dict[str, tuple]) -> bool:
+        return any(site in before and before[site] != shapes for site, shapes in self._uploads.items())
 
     def _what_changed(self, before: dict[str, tuple]) -> dict:
         changed = {site: {"before": _shown(before.get(site)), "now": _shown(shapes)}
                    for site, shapes in self._uploads.items() if site in before and before[site] != shapes}
         if not changed:
             return {"uploads": {}, "cause": "the graph changed without any upload changing shape: a Python value "
-                                            "baked into the graph (x[:, :n]), or another code path"}
+                                            "baked into the graph (x[:, :n])"}
         return {"uploads": changed, "cause": "uploads changed shape"}
 
     # -- reading --------------------------------------------------------------------------------------------

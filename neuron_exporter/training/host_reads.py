@@ -9,8 +9,9 @@ A read inside another (``print(t)`` calls several) counts once. Results and exce
 torch_xla's partial sync of chosen tensors (``_xla_sync_multi``: ``xm.mesh_reduce``, ``xm.save``) is wrapped the
 same way: it cuts the graph without a Tensor method, and its cuts are named ``sync_tensors``.
 
-Uploads (``Tensor.to(device)`` of a CPU tensor, and ``_xla_tensors_from_aten``, which the parallel loaders use)
-are recorded with their shapes, to name the input whose shape changed at a recompilation.
+Uploads (``Tensor.to(device)`` of a CPU tensor, ``_xla_tensors_from_aten``, and the batch a parallel loader hands to
+the training thread, whose own uploads run ahead on a thread of their own) are recorded with their shapes, to name
+the input whose shape changed at a recompilation.
 
 While ``torch.compile`` (dynamo) compiles, the wrappers are taken off, so that it traces the methods as they are
 and breaks its graphs exactly where it would without the exporter. ``uninstall()`` puts every method back.
@@ -41,6 +42,7 @@ READS = {
     "__format__": "print",
 }
 MISSING = object()
+MAX_BATCH_TENSORS = 64  # tensors of a loader's batch whose shapes are recorded
 
 
 class HostReadHook:
@@ -55,6 +57,7 @@ class HostReadHook:
         self._originals: dict[str, object] = {}  # method -> the class attribute it replaced, MISSING if inherited
         self._from_aten = None
         self._sync_multi = None
+        self._next_item = self._next_item_wrapper = None
         self._compiling = 0
         self._dynamo_callbacks = None
 
@@ -111,6 +114,21 @@ class HostReadHook:
         never_compiled(_xla_tensors_from_aten)
         return _xla_tensors_from_aten
 
+    def _wrap_next_item(self, original):
+        hook = self
+
+        def next_item(loader, device):
+            item = original(loader, device)
+            if item is not None:
+                try:
+                    hook._on_upload(sys._getframe(1), _batch_shapes(item))
+                except Exception:  # noqa: BLE001 (the batch goes on whatever the bookkeeping thinks of it)
+                    pass
+            return item
+
+        never_compiled(next_item)
+        return next_item
+
     def _wrap_sync_multi(self, original):
         hook = self
 
@@ -130,6 +148,11 @@ class HostReadHook:
         xlac._xla_tensors_from_aten = self._wrap_from_aten(self._from_aten)
         self._sync_multi = xlac._xla_sync_multi
         xlac._xla_sync_multi = self._wrap_sync_multi(self._sync_multi)
+        from torch_xla.distributed.parallel_loader import ParallelLoader
+
+        self._next_item = ParallelLoader.__dict__["next_item"]
+        self._next_item_wrapper = self._wrap_next_item(self._next_item)
+        ParallelLoader.next_item = self._next_item_wrapper
         self._watch_dynamo()
 
     def uninstall(self) -> None:
@@ -140,6 +163,11 @@ class HostReadHook:
             torch_xla._XLAC._xla_tensors_from_aten = self._from_aten
             torch_xla._XLAC._xla_sync_multi = self._sync_multi
             self._from_aten = self._sync_multi = None
+            from torch_xla.distributed.parallel_loader import ParallelLoader
+
+            if ParallelLoader.__dict__.get("next_item") is self._next_item_wrapper:
+                ParallelLoader.next_item = self._next_item
+            self._next_item = self._next_item_wrapper = None
         if self._dynamo_callbacks is not None:
             from torch._dynamo.callback import callback_handler
 
@@ -195,3 +223,18 @@ def _target_type(args, kwargs) -> str | None:
     if isinstance(target, torch.Tensor):  # t.to(other): other's device
         return target.device.type
     return None
+
+
+def _batch_shapes(item) -> tuple:
+    """The shapes of the tensors in a loader's batch (lists, tuples and dicts of tensors), in order."""
+    shapes: list[tuple] = []
+    pending = [item]
+    while pending and len(shapes) < MAX_BATCH_TENSORS:
+        value = pending.pop()
+        if isinstance(value, torch.Tensor):
+            shapes.append(tuple(value.shape))
+        elif isinstance(value, dict):
+            pending.extend(reversed(list(value.values())))
+        elif isinstance(value, (list, tuple)):
+            pending.extend(reversed(value))
+    return tuple(shapes)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -17,10 +18,14 @@ STEP_DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5
                          120.0, 300.0, 600.0, 1800.0, float("inf"))
 GRAPHS_PER_STEP_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, float("inf"))
 FLUSH_EVERY = 64  # events recorded before the training thread accounts them itself
+# Steps held back while no optimizer exists: setup (a broadcast of the initial weights, a checkpoint load) if one
+# turns up, steps of a process that trains without one (inference, custom updates) once this many have passed.
+SETUP_MARKERS, SETUP_SECONDS = 8, 60.0
 # Events, kept in the order they happened until they are accounted. Each is a tuple:
 #   (SYNC, graphs before, compilations before, graphs after, compilations after, perf_counter() after, extra,
 #    optimizer steps since the marker before): a step marker (see on_sync)
-#   (READ, cause, location, frames or None, graphs run, compilations): a host read (see Attribution.host_read)
+#   (READ, cause, location, frames or None, graphs run, compilations, graph sizes): a host read (see
+#    Attribution.host_read)
 #   (UPLOAD, location, shapes); (OPTIMIZER_CREATED,); (PROBE_ON,) and (PROBE_OFF,): the step the fallback probe watches
 SYNC, READ, UPLOAD = "sync", "read", "upload"
 OPTIMIZER_CREATED = "optimizer created"
@@ -71,17 +76,21 @@ class StepTracker:
     A step is what the user counts. Once the process has made (or stepped) a ``torch.optim`` optimizer, a step is
     a training step: it ends at the first step marker that runs a graph after an optimizer step, so gradient
     accumulation with a marker per micro-batch, eval loops and step closures do not count as steps. Without one
-    (inference, custom updates), a step is a step marker that ran a graph. Warm-up counts steps of the current kind.
+    (inference, custom updates), a step is a step marker that ran a graph. Until one of the two is known, such
+    markers are held back: dropped as setup when an optimizer turns up, counted (late, with their own durations)
+    once SETUP_MARKERS of them or SETUP_SECONDS have passed with none, or when the process ends. Counters only grow.
 
     A graph that runs between two step markers is a *graph cut*: something (``.item()``, a print, a CPU
     fallback) needed a value before the step ended. A step with a cut is fragmented.
     """
 
-    def __init__(self, warmup_steps: int, graphs_seen: int, compiles_seen: int, attribution=None):
+    def __init__(self, warmup_steps: int, graphs_seen: int, compiles_seen: int, attribution=None,
+                 clock=time.perf_counter):
         """``graphs_seen``/``compiles_seen``: the counters at attach time, so earlier work is not a step.
         ``attribution`` (an ``Attribution``) is told of markers, host reads and uploads in the order they happened,
-        as they are accounted."""
+        as they are accounted. ``clock``: what the markers' times are read with."""
         self.warmup_steps = warmup_steps
+        self._clock = clock
         self.attribution = attribution
         self._graphs = graphs_seen
         self._compiles = compiles_seen
@@ -98,7 +107,7 @@ class StepTracker:
         # to it directly, the cheapest thing it can do on the training thread.
         self.optimizer_steps = 0
         self._optimizer_stepped = False  # since the last step end
-        self._steps_of_kind = 0  # steps since the step kind was last chosen: warm-up counts these
+        self._held: list[tuple[int, int, float]] | None = []  # (graphs, cuts, end) of steps that may be setup
         self._step_graphs = 0
         self._step_cuts = 0
 
@@ -144,7 +153,7 @@ class StepTracker:
                 elif attribution is None:
                     continue
                 elif kind is READ:
-                    attribution.host_read(*event[1:], self.in_warmup)
+                    attribution.host_read(*event[1:])
                 elif kind is UPLOAD:
                     attribution.upload(*event[1:])
                 else:
@@ -153,7 +162,7 @@ class StepTracker:
     def _count_training_steps(self) -> None:
         if not self._state.optimizer_steps:
             self._state.optimizer_steps = True
-            self._steps_of_kind = 0  # warm-up counts training steps
+            self._held = None  # setup: the markers before the optimizer were no steps
             self._step_graphs = self._step_cuts = 0  # what ran before belongs to no training step
 
     def _account_sync(self, event: tuple) -> None:
@@ -168,29 +177,42 @@ class StepTracker:
         compiled_before = compiles_before - compiles if compiles_before >= compiles else compiles_before
         compiled_at_marker = compiles_total - compiles_before if compiles_total >= compiles_before else compiles_total
         if self.attribution is not None and (cuts or compiled_before or compiled_at_marker or extra is not None):
-            self.attribution.step_marker(cuts, compiled_before, compiled_at_marker, self.in_warmup, extra)
+            self.attribution.step_marker(cuts, compiled_before, at_marker, compiled_at_marker, extra)
         if at_marker:
             state.markers += 1
         self._step_graphs += cuts + at_marker
         self._step_cuts += cuts
         if cuts + at_marker == 0 or (state.optimizer_steps and not self._optimizer_stepped):
             return  # an empty sync, or a marker inside a training step (micro-batch, eval, closure)
-        state.steps += 1
-        self._steps_of_kind += 1
-        state.graphs_per_step.observe(self._step_graphs)
-        if self._step_cuts:
-            state.fragmented_steps += 1
-        if state.last_step_end is not None:
-            state.step_duration.observe(now - state.last_step_end)
-        state.last_step_end = now
+        step = (self._step_graphs, self._step_cuts, now)
         self._step_graphs = self._step_cuts = 0
         self._optimizer_stepped = False
+        held = self._held
+        if held is None or state.optimizer_steps:
+            self._count_step(*step)
+            return
+        held.append(step)  # no optimizer yet: setup, or a process that steps without one
+        self._settle(now)
 
-    @property
-    def in_warmup(self) -> bool:
-        """Whether the current step is one of the first ``warmup_steps`` (of the current kind); call after
-        ``flush()`` for an answer up to date."""
-        return self._steps_of_kind < self.warmup_steps
+    def _settle(self, now: float | None) -> None:
+        """Count the held steps as steps if enough markers or time passed without an optimizer (always if ``now`` is
+        None: the process ends)."""
+        held = self._held
+        if not held or (now is not None and len(held) < SETUP_MARKERS and now - held[0][2] < SETUP_SECONDS):
+            return
+        self._held = None
+        for step in held:
+            self._count_step(*step)
+
+    def _count_step(self, graphs: int, cuts: int, end: float) -> None:
+        state = self._state
+        state.steps += 1
+        state.graphs_per_step.observe(graphs)
+        if cuts:
+            state.fragmented_steps += 1
+        if state.last_step_end is not None:
+            state.step_duration.observe(end - state.last_step_end)
+        state.last_step_end = end
 
     @property
     def last_step_end(self) -> float | None:
@@ -198,9 +220,16 @@ class StepTracker:
         self.flush()
         return self._state.last_step_end
 
+    def end(self) -> None:
+        """The process stops training: steps still held as possible setup are steps."""
+        self.flush()
+        with self._lock:
+            self._settle(None)
+
     def state(self) -> StepState:
         self.flush()
         with self._lock:
+            self._settle(self._clock())
             state = self._state
             return StepState(
                 syncs=state.syncs, markers=state.markers, steps=state.steps,

@@ -16,6 +16,9 @@ from ..snapshot_metrics import HOST_SCALAR_READ_OP
 
 NANOSECONDS_PER_SECOND = 1e9
 CACHED_COMPILE, UNCACHED_COMPILE = "CachedCompile", "UncachedCompile"  # every graph that runs passes one of them
+GRAPH_SIZE = "TensorsGraphSize"  # one sample per graph that runs: its IR node count
+ALIASES = "InputOutputAliasCount"  # one sample per compilation: inputs whose buffers its outputs reuse
+MAX_TRAITS = 16
 
 
 class XlaReader:
@@ -28,6 +31,7 @@ class XlaReader:
         self._metric_names = xlac._xla_metric_names
         self._metric_data = xlac._xla_metric_data
         self._fallback_ops = xlac._get_executed_fallback_ops
+        self._aliases_read = 0.0  # the time of the last InputOutputAliasCount sample taken
 
     def counter(self, name: str) -> int:
         return self.counter_value(name) or 0
@@ -42,6 +46,24 @@ class XlaReader:
         value = self.counter_value
         uncached = value(UNCACHED_COMPILE) or 0
         return (value(CACHED_COMPILE) or 0) + uncached, uncached
+
+    def graph_traits(self, graphs: int, compiles: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """What the graphs just run are made of, which other shapes or Python values do not change: the IR node counts
+        of the last ``graphs`` graphs, and the aliased inputs of the last ``compiles`` compilations (each at most
+        MAX_TRAITS, oldest first). It reads every retained sample (tens of microseconds): call it only after a
+        compilation."""
+        sizes = self._last_samples(GRAPH_SIZE, graphs)
+        aliases = self._last_samples(ALIASES, compiles, after=self._aliases_read)
+        if aliases:
+            self._aliases_read = aliases[-1][0]
+        return tuple(int(value) for _, value in sizes), tuple(int(value) for _, value in aliases)
+
+    def _last_samples(self, name: str, count: int, after: float = 0.0) -> list[tuple[float, float]]:
+        data = self._metric_data(name) if count > 0 else None
+        if not data:
+            return []
+        # A sample older than the last one taken belongs to an earlier compilation: a path that samples none.
+        return [sample for sample in data[2][-min(count, MAX_TRAITS):] if sample[0] > after]
 
     def snapshot(self) -> Snapshot:
         snapshot = Snapshot()

@@ -2,7 +2,11 @@
 initialized from a config (nothing is downloaded), trained for STEPS optimizer steps on fixed-length batches with an
 attention mask, logging every LOGGING_STEPS steps.
 
-Usage: python hf_trainer.py STEPS LOGGING_STEPS
+Usage: python hf_trainer.py STEPS LOGGING_STEPS [fixed|dynamic]
+
+With ``dynamic``, sequences have different lengths and each batch is padded to its longest ("dynamic padding"); the
+batches, taken in order, are LENGTHS long in turn, so the step's graphs compile once for each of LENGTHS and find
+their graphs in the cache from then on.
 
 Prints one JSON line ({"url", "versions", "xla": torch_xla's own counters, "global_step": the Trainer's count})
 when training is done, then waits for stdin to close.
@@ -19,6 +23,7 @@ import torch
 import neuron_exporter
 
 steps, logging_steps = int(sys.argv[1]), int(sys.argv[2])
+dynamic = sys.argv[3:] == ["dynamic"]
 handle = neuron_exporter.attach(port=0, addr="127.0.0.1", spool_dir=tempfile.mkdtemp())
 
 import torch_xla.debug.metrics as met  # noqa: E402
@@ -26,6 +31,8 @@ import transformers  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments  # noqa: E402
 
 SEQUENCE = 32
+LENGTHS = (16, 24, 32)
+BATCH = 4
 torch.manual_seed(0)
 config = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=SEQUENCE)
@@ -37,15 +44,37 @@ class Tokens(torch.utils.data.Dataset):
         return 4 * steps
 
     def __getitem__(self, index):
-        ids = torch.randint(0, config.vocab_size, (SEQUENCE,), generator=torch.Generator().manual_seed(index))
-        return {"input_ids": ids, "attention_mask": torch.ones(SEQUENCE, dtype=torch.long), "labels": ids}
+        longest = LENGTHS[index // BATCH % len(LENGTHS)]
+        length = (longest - 4 * (index % BATCH) if index % 2 else longest) if dynamic else SEQUENCE
+        ids = torch.randint(1, config.vocab_size, (length,), generator=torch.Generator().manual_seed(index))
+        return {"input_ids": ids, "attention_mask": torch.ones(length, dtype=torch.long), "labels": ids}
 
 
-arguments = TrainingArguments(output_dir=tempfile.mkdtemp(), max_steps=steps, per_device_train_batch_size=4,
+def pad_to_longest(items: list[dict]) -> dict:
+    """Dynamic padding: the batch is as long as its longest sequence (labels padded with -100, ignored)."""
+    longest = max(len(item["input_ids"]) for item in items)
+
+    def padded(key, fill):
+        return torch.stack([torch.nn.functional.pad(item[key], (0, longest - len(item[key])), value=fill)
+                            for item in items])
+
+    return {"input_ids": padded("input_ids", 0), "attention_mask": padded("attention_mask", 0),
+            "labels": padded("labels", -100)}
+
+
+arguments = TrainingArguments(output_dir=tempfile.mkdtemp(), max_steps=steps, per_device_train_batch_size=BATCH,
                               logging_steps=logging_steps, save_strategy="no", report_to=[],
                               dataloader_drop_last=True, disable_tqdm=True, learning_rate=1e-3,
                               optim="adamw_torch")  # the fused default has no XLA kernel
-trainer = Trainer(model=model, args=arguments, train_dataset=Tokens())
+
+
+class InOrder(Trainer):
+    def _get_train_sampler(self, *args, **kwargs):
+        return torch.utils.data.SequentialSampler(self.train_dataset)
+
+
+trainer = (InOrder if dynamic else Trainer)(model=model, args=arguments, train_dataset=Tokens(),
+                                            data_collator=pad_to_longest if dynamic else None)
 trainer.train()  # site: train
 
 import torch_xla  # noqa: E402

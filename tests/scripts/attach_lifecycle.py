@@ -23,13 +23,16 @@ import neuron_exporter
 
 device = torch_xla.device()
 model = torch.nn.Linear(8, 2).to(device)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)  # made before attach(): seen at its first step
 spool_dir = tempfile.mkdtemp()
 seen: dict = {}
 
 
 def train(steps: int) -> None:
     for _ in range(steps):
+        optimizer.zero_grad()
         model(torch.randn(4, 8).to(device)).sum().backward()
+        optimizer.step()
         torch_xla.sync()
 
 

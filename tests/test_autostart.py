@@ -27,7 +27,7 @@ import json, site, sys
 sys.path[:0] = {path!r}
 before = set(sys.modules)
 {trigger}
-armed = any(type(f).__name__ == "_AttachAfterImport" for f in sys.meta_path)
+armed = any(type(f).__name__ == "_ImportWatcher" for f in sys.meta_path)
 print(json.dumps({{"armed": armed, "modules": sorted(set(sys.modules) - before)}}))
 """
 
@@ -69,22 +69,23 @@ def test_python_dash_i_is_left_alone(tmp_path):
     assert through_pth(tmp_path, "1", "-I") == {"armed": False, "modules": []}
 
 
-def test_arming_imports_three_small_modules_and_nothing_of_importlib(tmp_path):
+def test_arming_imports_four_small_modules_and_nothing_of_importlib(tmp_path):
     found = through_pth(tmp_path, "1")
     assert found["armed"]
-    assert found["modules"] == ["neuron_exporter", "neuron_exporter.training", "neuron_exporter.training.autostart"]
+    assert found["modules"] == ["neuron_exporter", "neuron_exporter.training", "neuron_exporter.training.autostart",
+                                "neuron_exporter.training.import_watch"]
 
 
 def test_the_plain_finder_attaches_after_the_watched_import(tmp_path):
-    package = tmp_path / "packages" / "torch_xla"
+    package = tmp_path / "packages" / "torch"
     package.mkdir(parents=True)
-    (package / "__init__.py").write_text("print('torch_xla imported', flush=True)\n")
+    (package / "__init__.py").write_text("print('torch imported', flush=True)\n")
     code = (f"import sys; sys.path[:0] = [{str(ROOT)!r}, {str(tmp_path / 'packages')!r}]\n"
             "from neuron_exporter.training import autostart\n"
             "autostart._attach = lambda: print('attached', flush=True)\n"
             "autostart.install(); autostart.install()\n"
-            "import json; import torch_xla\n"
-            "print(sum(type(f).__name__ == '_AttachAfterImport' for f in sys.meta_path))\n")
+            "import json; import torch\n"
+            "print(sum(type(f).__name__ == '_ImportWatcher' for f in sys.meta_path))\n")
     result = subprocess.run([sys.executable, "-c", code], env={"PATH": os.environ["PATH"]}, capture_output=True,
                             text=True, timeout=60)
-    assert result.stdout.split("\n") == ["torch_xla imported", "attached", "0", ""], result.stderr
+    assert result.stdout.split("\n") == ["torch imported", "attached", "0", ""], result.stderr

@@ -33,7 +33,7 @@ SAMPLE_SUFFIXES = ("", "_bucket", "_sum", "_count", "_created")
 # writes creation times in this format.)
 RESERVED_SUFFIXES = ("_bucket", "_sum", "_count")
 
-RANK_PREFIXES = ("xla_", "neuron_exporter_", "torch_compile_")
+RANK_PREFIXES = ("xla_", "neuron_exporter_", "torch_compile_", "training_")
 # Families the node endpoint itself renders: a rank file must not publish them.
 NODE_FAMILIES = ("neuron_exporter_rank_up", "neuron_exporter_rank_state",
                  "neuron_exporter_rank_last_report_timestamp_seconds", "neuron_exporter_ranks")

@@ -1,9 +1,14 @@
-"""``attach()``: one line in a training script turns every torch_xla step into Prometheus metrics.
+"""``attach()``: one line in a training script (or none, with ``neuron-exporter run``) turns every training step of
+a PyTorch process into Prometheus metrics.
 
+The handle only wires the sources and runs their life cycle; each source starts with the library it reads
+(``import_watch``), so a process without torch_xla never loads it:
+- ``training_steps``: every ``torch.optim`` optimizer step (``OptimizerHook``), whatever runs the model;
+- ``torch_compile``: dynamo's records, once ``torch._dynamo`` is imported;
+- ``xla_source``: torch_xla's step markers, host reads and fallbacks, once torch_xla is imported;
+- the process and the exporter itself (``RankCollector``).
 What runs where:
-- on the training thread, around each step marker: four counter reads and a little arithmetic (``StepHook``);
-  after each optimizer step a count (``OptimizerHook``); around each host read of an XLA tensor, four counter reads
-  and its site (``HostReadHook``);
+- on the training thread: the sources' hooks (see each module);
 - on the spool thread, every ``spool_interval_seconds``: this rank's exposition written to the spool directory,
   where the node endpoint picks it up; and, when this process started the job's node endpoint (a process of its own,
   ``node_endpoint``), the answers to its questions: this rank's own exposition, rendered at most twice a second;
@@ -12,10 +17,11 @@ What runs where:
 No process merges other ranks' files on its training thread's GIL.
 Nothing here forces a device sync, runs a graph, or lets an exporter failure reach the training loop.
 
-A process claims its rank (writes the spool, shows itself on the node endpoint) at its first step, not at
-``attach()``: a launcher that only starts the workers (``torch_xla.launch``, ``xmp.spawn``) or a DataLoader worker
-never shadows the rank that trains. Child processes are attached too: forked ones inherit the hook, and ones started
-afresh (spawn, torchrun) attach when they import torch_xla, through ``autostart`` and the variables set here.
+A process claims its rank (writes the spool, shows itself on the node endpoint) at its first step or compilation,
+not at ``attach()``: a launcher that only starts the workers (``torch_xla.launch``, ``xmp.spawn``, ``torchrun``) or a
+DataLoader worker never shadows the rank that trains. Child processes are attached too: forked ones inherit the
+hooks, and ones started afresh (spawn, torchrun) attach when they import torch, through ``autostart`` and the
+variables set here.
 """
 
 from __future__ import annotations
@@ -38,18 +44,16 @@ from ..node.job_link import DIAGNOSIS, METRICS
 from ..node.spool import write_rank_file
 from ..web.http_server import MetricsServer
 from ..web.web_config import load_web_config
-from .rank import rank_labels
-from .rank_collector import RankCollector
 from .attribution import Attribution
-from .host_reads import HostReadHook
+from .import_watch import after_import, forget
 from .node_endpoint import NodeEndpointProcess
 from .optimizer_hook import OptimizerHook
+from .rank import rank_labels
+from .rank_collector import RankCollector
 from .self_metrics import SelfStats
-from .sites import UNKNOWN, SiteFinder
-from .step_hook import StepHook
-from .step_tracker import FLUSH_EVERY, READ, SYNC, StepTracker
+from .step_tracker import StepState
 from .torch_compile import TorchCompileSource
-from .xla_reader import CACHED_COMPILE, UNCACHED_COMPILE, XlaReader
+from .training_steps import TrainingSteps
 
 AUTOSTART_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "autostart_path")
 
@@ -58,7 +62,7 @@ ENDPOINT_SHORT_LIFE_SECONDS, ENDPOINT_MAX_FAILURES = 10.0, 3
 
 _lock = threading.RLock()
 _current: ExporterHandle | None = None
-_starting = False  # attach() is importing torch_xla, which would start the autostart attach() inside it
+_starting = False  # attach() is importing torch, which would start the autostart attach() inside it
 _children_attached = False  # this process set NEURON_EXPORTER_AUTO for its children
 
 
@@ -67,33 +71,20 @@ class ExporterHandle:
 
     def __init__(self, options: Options, registry: CollectorRegistry | None, auto: bool = False):
         self.options = options
-        self.auto = auto  # started by the import of torch_xla in a child process, not by a call in the script
+        self.auto = auto  # started by the import of torch in a child process, not by a call in the script
         self.stats = SelfStats()
-        self.reader = XlaReader()
-        self.sites = SiteFinder()
-        self.attribution = Attribution()
-        counters = self.reader.compile_counters()
-        self.tracker = StepTracker(options.warmup_steps, *counters, self.attribution)
-        self.collector = RankCollector(self.reader, self.tracker, self.stats, options.max_op_series,
-                                       self.attribution, options.max_site_series)
+        self.xla = None  # the XlaSource, once torch_xla is imported
+        self.steps = TrainingSteps(self._lazy_steps)
         self.torch_compile = TorchCompileSource(options.max_site_series, self._step_error)
+        self.collector = RankCollector(self.stats)
+        self.collector.add_part("training_steps", self.steps.families)
         self.collector.add_part("torch_compile", self.torch_compile.families)
         self._rank_registry = CollectorRegistry(auto_describe=False)
         self._rank_registry.register(self.collector)
         self._user_registry = registry
         if registry is not None:  # e.g. the registry the application already serves
             registry.register(self.collector)
-        self._hook = StepHook(self._step_marker)
         self._optimizer_hook = OptimizerHook(self._on_optimizer_created, self._on_optimizer_step)
-        self._host_reads = HostReadHook(self._host_read, self._on_upload)
-        self._probe = None
-        if options.fallback_sites:
-            from .fallback_probe import FallbackProbe
-
-            self._probe = FallbackProbe(self.sites, self._on_fallback_site, self._step_error)
-        # Graphs run as far as the exporter can tell: the count when the last step marker ended, plus the graphs host
-        # reads ran since. A marker that finds more was preceded by a cut no host read explains.
-        self._graphs_seen, self._compiles_seen = counters
         self._server: MetricsServer | NodeEndpointProcess | None = None
         self._endpoint_failures = 0
         self._stop = threading.Event()
@@ -103,145 +94,50 @@ class ExporterHandle:
         self._detached = False
         self._crashed = False
 
+    # -- the sources ----------------------------------------------------------------------------------------
+    def _start_torch_compile(self) -> None:
+        if not self._detached:
+            self.torch_compile.install()  # never raises
+
+    def _start_xla(self) -> None:
+        """Right after torch_xla is imported (on the importing thread): its hooks go in."""
+        if self._detached or self.xla is not None:
+            return
+        try:
+            from .xla_source import XlaSource
+
+            source = XlaSource(self.options, self.stats)
+            source.install()
+        except Exception as error:  # noqa: BLE001 (never into the user's import)
+            self.stats.record_error("step", error)
+            log.warning("neuron-exporter: torch_xla's steps are not measured: %s: %s", type(error).__name__, error)
+            return
+        self.xla = source
+        for name, collect_part in source.families.parts().items():
+            self.collector.add_part(name, collect_part)
+
+    def _lazy_steps(self) -> StepState | None:
+        xla = self.xla
+        return xla.tracker.state() if xla is not None else None
+
     # -- the training thread ------------------------------------------------------------------------------
     def _step_error(self, error: BaseException) -> None:
         self.stats.record_error("step", error)
 
-    def _step_marker(self, original, hook: StepHook):
-        """The wrapper of torch_xla's step marker: the compile counters before and after it, one event for the
-        tracker, and, rarely, what needs the moment (the marker's line when it compiled, the fallback counters when
-        a graph was cut that no host read explains). Written as one function that calls nothing in Python: it runs at
-        every step, right after the graph ran, when every extra call costs several times what it costs warm. The
-        handle's parts are looked up at each call, because a forked child replaces them."""
-        handle = self
-        perf_counter = time.perf_counter
-
-        def step_marker(*args, **kwargs):
-            if not hook.active:
-                return original(*args, **kwargs)
-            start = perf_counter()
-            try:
-                value = handle.reader.counter_value
-                compiles_before = value(UNCACHED_COMPILE) or 0
-                graphs_before = (value(CACHED_COMPILE) or 0) + compiles_before
-            except Exception as error:  # noqa: BLE001 (never into the training loop)
-                handle._step_error(error)  # this marker is not accounted; one failure is counted
-                value = None
-            own = perf_counter() - start
-            result = original(*args, **kwargs)  # its exceptions reach the caller unchanged
-            if value is None:
-                return result
-            now = perf_counter()
-            try:
-                compiles = value(UNCACHED_COMPILE) or 0
-                graphs = (value(CACHED_COMPILE) or 0) + compiles
-                # Graphs run since the last marker that no host read ran: a CPU fallback may have cut them.
-                seen = handle._graphs_seen
-                unexplained = graphs_before != seen
-                handle_compiles_seen = handle._compiles_seen
-                compiled = compiles != handle_compiles_seen  # at the marker or at a cut no host read explains
-                handle._graphs_seen, handle._compiles_seen = graphs, compiles
-                if compiled or unexplained or handle._probe is not None:
-                    handle._unusual_sync(graphs_before, compiles_before, graphs, compiles, now, unexplained,
-                                         (graphs - seen, compiles - handle_compiles_seen) if compiled else None)
-                else:  # tracker.on_sync(graphs_before, compiles_before, graphs, compiles, now), inlined
-                    tracker = handle.tracker
-                    stepped, tracker.optimizer_steps = tracker.optimizer_steps, 0
-                    pending = tracker.pending
-                    pending.append((SYNC, graphs_before, compiles_before, graphs, compiles, now, None, stepped))
-                    if len(pending) >= FLUSH_EVERY:
-                        tracker.flush()
-            except Exception as error:  # noqa: BLE001
-                handle._step_error(error)
-            handle.stats.hook_seconds += own + perf_counter() - now
-            return result
-
-        return step_marker
-
-    def _unusual_sync(self, graphs_before: int, compiles_before: int, graphs: int, compiles: int, now: float,
-                      unexplained: bool, compiled: tuple[int, int] | None) -> None:
-        """A marker that compiled, or after a cut no host read explains, or with the fallback probe on. ``compiled``:
-        the graphs run and the compilations since the last marker or host read, if any compiled."""
-        frame = sys._getframe(2)  # the step marker's caller (past this and the wrapper)
-        site = (self.sites.site(frame), self.sites.frames(frame)) if compiles != compiles_before else None
-        fallbacks = self.reader.fallback_counts() if unexplained else None
-        extra = None
-        if site is not None or fallbacks is not None or compiled:
-            traits = self.reader.graph_traits(*compiled) if compiled else ((), ())
-            extra = (site, sum(fallbacks.values()) if fallbacks is not None else None, traits)
-        self.tracker.on_sync(graphs_before, compiles_before, graphs, compiles, now, extra)
-        if self._probe is not None:
-            self._watch_fallbacks(fallbacks)
-
-    def _watch_fallbacks(self, fallbacks: dict[str, int] | None) -> None:
-        """After a marker: end the fallback probe's watch of the step that ended, and watch the next one if an
-        operator fell back that the probe has not watched."""
-        if self._probe.active and self._probe.disarm():
-            self.tracker.on_probe(False)
-        if fallbacks and self._probe.arm(fallbacks):
-            self.tracker.on_probe(True)
-
-    def _on_fallback_site(self, op: str, location: str, frames: list[str], backward: bool) -> None:
-        self.attribution.fallback_site(op, location, frames, backward)
-
-    def _host_read(self, original, cause: str, tensor, args, kwargs, frame):
-        """A host read of an XLA tensor, made from ``frame`` (HostReadHook's ``read``): the compile counters and the
-        site before it, the counters after it, one event for the tracker. Written as one function, like the step
-        marker's wrapper; its exceptions are the original method's only."""
-        perf_counter = time.perf_counter
-        start = perf_counter()
-        try:
-            value = self.reader.counter_value
-            compiles_before = value(UNCACHED_COMPILE) or 0
-            graphs_before = (value(CACHED_COMPILE) or 0) + compiles_before
-            # The site is found before the read: the graph the read may run leaves the CPU caches cold, and the less
-            # that runs after it, the less the read costs.
-            location = self.sites.site(frame)
-            frames = None if location in self.attribution.sites else self.sites.frames(frame)
-        except Exception as error:  # noqa: BLE001 (never into the training loop)
-            self._step_error(error)  # this read is not accounted; one failure is counted
-            value = None
-        own = perf_counter() - start
-        try:
-            return original(tensor, *args, **kwargs)
-        finally:
-            now = perf_counter()
-            if value is not None:
-                try:
-                    compiles = value(UNCACHED_COMPILE) or 0
-                    graphs = (value(CACHED_COMPILE) or 0) + compiles - graphs_before
-                    self._graphs_seen += graphs
-                    self._compiles_seen += compiles - compiles_before
-                    compiled = compiles - compiles_before
-                    traits = self.reader.graph_traits(graphs, compiled) if compiled else ((), ())
-                    tracker = self.tracker
-                    pending = tracker.pending
-                    pending.append((READ, cause, location, frames, graphs, compiled, traits))
-                    if len(pending) >= FLUSH_EVERY:
-                        tracker.flush()
-                except Exception as error:  # noqa: BLE001
-                    self._step_error(error)
-            self.stats.hook_seconds += own + perf_counter() - now
-
-    def _on_upload(self, frame, shapes: tuple) -> None:
-        start = time.perf_counter()
-        try:
-            location = self.sites.site(frame)
-            if location != UNKNOWN:  # a loader's own thread: its batch is recorded where the training thread takes it
-                self.tracker.on_upload(location, shapes)
-        except Exception as error:  # noqa: BLE001
-            self._step_error(error)
-        self.stats.hook_seconds += time.perf_counter() - start
-
     def _on_optimizer_created(self) -> None:
         try:
-            self.tracker.on_optimizer_created()
+            self.steps.on_optimizer_created()
+            if self.xla is not None:
+                self.xla.on_optimizer_created()
         except Exception as error:  # noqa: BLE001
             self._step_error(error)
 
     def _on_optimizer_step(self, optimizer, args, kwargs) -> None:
         try:
-            self.tracker.optimizer_steps += 1
+            xla = self.xla
+            if xla is not None:
+                xla.tracker.optimizer_steps += 1  # carried by the next step marker
+            self.steps.on_optimizer_step(optimizer)
             if self.torch_compile.record_pending:
                 self.torch_compile.check()
         except Exception as error:  # noqa: BLE001
@@ -250,7 +146,15 @@ class ExporterHandle:
     @property
     def claimed(self) -> bool:
         """Whether this process has trained (made a step), and so reports as its rank."""
-        return self.tracker.last_step_end is not None
+        return self.last_step_end is not None or self.torch_compile.compiled
+
+    @property
+    def last_step_end(self) -> float | None:
+        """time.perf_counter() at the end of the last step, torch_xla's or a training step."""
+        xla = self.xla
+        ends = [end for end in (xla.last_step_end if xla is not None else None, self.steps.last_step_end)
+                if end is not None]
+        return max(ends) if ends else None
 
     # -- life cycle ---------------------------------------------------------------------------------------
     @property
@@ -263,10 +167,9 @@ class ExporterHandle:
 
     def _start(self) -> None:
         log.setLevel(self.options.log_level.upper())
-        self._hook.install()
         self._optimizer_hook.install()
-        self._host_reads.install()
-        self.torch_compile.install()
+        after_import("torch._dynamo", self._start_torch_compile)
+        after_import("torch_xla", self._start_xla)
         if not self.auto:  # a child attached by autostart binds the port once it trains (in the spool thread)
             self._serve(first_try=True)
         self._start_spool_thread()
@@ -300,7 +203,9 @@ class ExporterHandle:
 
     def diagnosis(self) -> dict:
         """This process's diagnosis document: its own rank only (``neuron_exporter.diagnosis``)."""
-        rank = self.attribution.diagnosis(rank_labels(), self.tracker.state().steps, self.reader.fallback_counts())
+        xla = self.xla
+        labels = rank_labels()
+        rank = xla.diagnosis(labels) if xla is not None else Attribution().diagnosis(labels, self.steps.steps, {})
         rank["torch_compile"] = self.torch_compile.diagnosis()
         return diagnosis.fit({"format": diagnosis.FORMAT, "ranks": [rank]})  # what the node reads, no more
 
@@ -320,7 +225,7 @@ class ExporterHandle:
 
     def _meta(self, finished: bool = False) -> dict:
         # A hung training thread still lets the spool thread write, so liveness is judged by the last step.
-        last_step = self.tracker.last_step_end
+        last_step = self.last_step_end
         last_step_time = None if last_step is None else time.time() - (time.perf_counter() - last_step)
         return {**rank_labels(), "pid": os.getpid(), "start_time": self._process_start, "finished": finished,
                 "last_step_time": last_step_time}
@@ -371,13 +276,12 @@ class ExporterHandle:
             if self._detached:
                 return
             self._detached = True
-            self._hook.uninstall()
-            if self._probe is not None:
-                self._probe.disarm()
+            forget(self._start_xla)
+            forget(self._start_torch_compile)
+            if self.xla is not None:
+                self.xla.uninstall()
             self._optimizer_hook.uninstall()
-            self._host_reads.uninstall()
             self.torch_compile.uninstall()
-            self.tracker.end()
             self._stop.set()
             if isinstance(self._server, NodeEndpointProcess):
                 self._server.wake()
@@ -404,12 +308,10 @@ class ExporterHandle:
             self._server = None
         self.stats = SelfStats()
         self.collector.stats = self.stats
-        self.attribution = Attribution()
-        self.collector.attribution = self.attribution
-        counters = self.reader.compile_counters()
-        self.tracker = StepTracker(self.options.warmup_steps, *counters, self.attribution)
-        self.collector.tracker = self.tracker
-        self._graphs_seen, self._compiles_seen = counters
+        if self.xla is not None:
+            self.xla.after_fork(self.stats)
+        self.steps = TrainingSteps(self._lazy_steps)
+        self.collector.add_part("training_steps", self.steps.families)
         self.torch_compile.after_fork()
         self._process_start = psutil.Process().create_time()
         self.auto = True  # like a child started afresh: bind the port only once it trains, and quietly
@@ -424,7 +326,8 @@ class ExporterHandle:
 
 def attach(port: int | None = None, addr: str | None = None, registry: CollectorRegistry | None = None,
            _auto: bool = False, **options) -> ExporterHandle:
-    """Start exporting this process's torch_xla step metrics; a second call returns the same handle.
+    """Start exporting this process's training metrics (every backend; torch_xla's and torch.compile's once they are
+    imported); a second call returns the same handle.
 
     ``port=0`` asks for a free port (``handle.port`` tells which). ``options`` are the keys of the configuration
     table in the README (``warmup_steps``, ``spool_dir``, ...); ``NEURON_EXPORTER_*`` variables set the same keys,
@@ -461,7 +364,7 @@ def _detach_at_the_end_of_multiprocessing_children(handle: ExporterHandle) -> No
 
 
 def _attach_children(overrides: dict) -> None:
-    """Child processes started afresh (spawn, torchrun, subprocess) attach themselves when they import torch_xla,
+    """Child processes started afresh (spawn, torchrun, subprocess) attach themselves when they import torch,
     with the same options: they inherit these variables."""
     global _children_attached
     _children_attached = True

@@ -1,16 +1,19 @@
-"""Attach the exporter right after a process imports torch_xla, without a line in the user's script.
+"""Attach the exporter right after a process imports torch, without a line in the user's script.
 
 ``install()`` is called at interpreter start-up when ``NEURON_EXPORTER_AUTO=1``: by ``autostart_path/
 sitecustomize.py`` (on ``PYTHONPATH`` under ``neuron-exporter run`` and in the children of an attached process)
 and by the ``neuron_exporter_autostart.pth`` file an installed wheel puts in site-packages. It only adds an
-import watcher: a process that never imports torch_xla loads nothing else of the exporter. After the import,
+import watcher: a process that never imports torch loads nothing else of the exporter. After the import,
 ``attach()`` runs as if the script had called it, except that the process takes the HTTP port only once it trains
-(the node endpoint is usually served by someone else).
+(the node endpoint is usually served by someone else); torch_xla's and torch.compile's sources start when those are
+imported in turn. Every process that imports torch is attached, but only one that trains or compiles claims a rank.
 """
 
 import sys
 
-WATCHED = "torch_xla"
+from .import_watch import after_import
+
+WATCHED = "torch"
 
 
 def _attach() -> None:
@@ -22,33 +25,5 @@ def _attach() -> None:
         print(f"neuron-exporter: not attached: {type(error).__name__}: {error}", file=sys.stderr)
 
 
-class _AttachAfterImport:
-    """Finds nothing itself: it wraps the real loader of torch_xla so that ``attach()`` runs after the import.
-    A plain object with ``find_spec`` (all ``sys.meta_path`` asks for): ``importlib.abc`` would cost every Python
-    process of the environment tens of milliseconds at start-up (it imports ``importlib.resources``, ``typing``...).
-    """
-
-    def find_spec(self, name, path=None, target=None):
-        if name != WATCHED:
-            return None
-        sys.meta_path.remove(self)
-        import importlib.util
-
-        spec = importlib.util.find_spec(name)
-        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return spec
-        exec_module = spec.loader.exec_module
-
-        def exec_then_attach(module):
-            exec_module(module)
-            _attach()
-
-        spec.loader.exec_module = exec_then_attach
-        return spec
-
-
 def install() -> None:
-    if WATCHED in sys.modules:
-        _attach()
-    elif not any(isinstance(finder, _AttachAfterImport) for finder in sys.meta_path):
-        sys.meta_path.insert(0, _AttachAfterImport())
+    after_import(WATCHED, _attach)

@@ -10,14 +10,26 @@ nothing is marked and the wrappers are still taken off while dynamo traces (see 
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
+
+from .import_watch import after_import
 
 
 def never_compiled(*functions: Callable) -> None:
+    """Mark ``functions`` now, or when dynamo is imported: importing it here would cost a process that never
+    compiles most of a second."""
+    if "torch._dynamo" in sys.modules:
+        _mark(functions)
+    else:
+        after_import("torch._dynamo", lambda: _mark(functions))
+
+
+def _mark(functions: tuple[Callable, ...]) -> None:
     try:
         from torch._C._dynamo.eval_frame import set_code_exec_strategy
         from torch._dynamo.types import FrameAction, FrameExecStrategy
-    except ImportError:
+    except Exception:  # noqa: BLE001 (an older or changed torch: nothing is marked)
         return
     strategy = FrameExecStrategy(FrameAction.SKIP, FrameAction.SKIP)
     for function in functions:

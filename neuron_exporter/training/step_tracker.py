@@ -26,7 +26,8 @@ SETUP_MARKERS, SETUP_SECONDS = 8, 60.0
 #    optimizer steps since the marker before): a step marker (see on_sync)
 #   (READ, cause, location, frames or None, graphs run, compilations, graph sizes): a host read (see
 #    Attribution.host_read)
-#   (UPLOAD, location, shapes); (OPTIMIZER_CREATED,); (PROBE_ON,) and (PROBE_OFF,): the step the fallback probe watches
+#   (UPLOAD, location, shapes); (OPTIMIZER_CREATED, time); (PROBE_ON,) and (PROBE_OFF,): the step the fallback probe
+#    watches
 SYNC, READ, UPLOAD = "sync", "read", "upload"
 OPTIMIZER_CREATED = "optimizer created"
 PROBE_ON, PROBE_OFF = "fallback probe on", "fallback probe off"
@@ -46,6 +47,12 @@ class Histogram:
     def observe(self, value: float) -> None:
         self.counts[bisect.bisect_left(self.upper_bounds, value)] += 1
         self.total += value
+
+    def copy(self) -> Histogram:
+        copy = Histogram(self.upper_bounds)
+        copy.counts = list(self.counts)
+        copy.total = self.total
+        return copy
 
     def cumulative(self) -> list[tuple[str, int]]:
         """[(le, cumulative count)], the form Prometheus exposes."""
@@ -108,13 +115,14 @@ class StepTracker:
         self.optimizer_steps = 0
         self._optimizer_stepped = False  # since the last step end
         self._held: list[tuple[int, int, float]] | None = []  # (graphs, cuts, end) of steps that may be setup
+        self._first_start = clock()  # where the first training step starts: attach, or the optimizer's creation
         self._step_graphs = 0
         self._step_cuts = 0
 
     # -- the training thread: record only --------------------------------------------------------------------
     def on_optimizer_created(self) -> None:
-        """A ``torch.optim`` optimizer was made: from now on, steps are training steps."""
-        self.pending.append((OPTIMIZER_CREATED,))
+        """A ``torch.optim`` optimizer was made: from now on, steps are training steps, the first timed from now."""
+        self.pending.append((OPTIMIZER_CREATED, self._clock()))
 
     def on_probe(self, watching: bool) -> None:
         """The fallback probe starts (after a marker) or stops (after the next one) watching a step."""
@@ -149,6 +157,8 @@ class StepTracker:
                         self._optimizer_stepped = True
                     self._account_sync(event)
                 elif kind is OPTIMIZER_CREATED:
+                    if not self._state.optimizer_steps:
+                        self._first_start = event[1]
                     self._count_training_steps()
                 elif attribution is None:
                     continue
@@ -210,8 +220,11 @@ class StepTracker:
         state.graphs_per_step.observe(graphs)
         if cuts:
             state.fragmented_steps += 1
-        if state.last_step_end is not None:
-            state.step_duration.observe(end - state.last_step_end)
+        start = state.last_step_end
+        if start is None and state.optimizer_steps:
+            start = self._first_start
+        if start is not None:
+            state.step_duration.observe(end - start)
         state.last_step_end = end
 
     @property
@@ -235,12 +248,6 @@ class StepTracker:
                 syncs=state.syncs, markers=state.markers, steps=state.steps,
                 fragmented_steps=state.fragmented_steps,
                 optimizer_steps=state.optimizer_steps, last_step_end=state.last_step_end,
-                step_duration=_copy(state.step_duration), graphs_per_step=_copy(state.graphs_per_step),
+                step_duration=state.step_duration.copy(), graphs_per_step=state.graphs_per_step.copy(),
             )
 
-
-def _copy(histogram: Histogram) -> Histogram:
-    copy = Histogram(histogram.upper_bounds)
-    copy.counts = list(histogram.counts)
-    copy.total = histogram.total
-    return copy

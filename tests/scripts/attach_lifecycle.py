@@ -87,9 +87,9 @@ def broken(*args):
 
 handle.detach()
 handle = neuron_exporter.attach(port=0, addr="127.0.0.1", spool_dir=spool_dir)
-handle.reader.counter_value = broken
+handle.xla.reader.counter_value = broken
 train(3)
-handle.reader.snapshot = broken
+handle.xla.reader.snapshot = broken
 response = urllib.request.urlopen(handle.url)
 scraped = values(response.read().decode())
 seen["broken_scrape_status"] = response.status

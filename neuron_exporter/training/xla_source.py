@@ -1,0 +1,211 @@
+"""The torch_xla source: step markers, host reads, uploads and CPU fallbacks of a process that runs on an XLA device.
+
+Started when torch_xla is imported (``import_watch``), never before: a process without torch_xla never loads it.
+What runs on the training thread:
+- around each step marker, four counter reads and a little arithmetic (``StepHook`` with the wrapper below);
+- around each host read of an XLA tensor, four counter reads and its site (``HostReadHook``);
+- after a compilation only, the traits of what compiled (``XlaReader.graph_traits``).
+Events go to the ``StepTracker``, which owns their format and accounts them in batches; ``Attribution`` keeps the
+sites. The families are ``XlaFamilies``'. Nothing here forces a device sync, runs a graph, or raises into the loop.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from ..config import Options
+from .attribution import Attribution
+from .host_reads import HostReadHook
+from .self_metrics import SelfStats
+from .sites import UNKNOWN, SiteFinder
+from .step_hook import StepHook
+from .step_tracker import FLUSH_EVERY, READ, SYNC, StepTracker
+from .xla_families import XlaFamilies
+from .xla_reader import CACHED_COMPILE, UNCACHED_COMPILE, XlaReader
+
+
+class XlaSource:
+    def __init__(self, options: Options, stats: SelfStats):
+        self.options = options
+        self.stats = stats  # replaced in a forked child
+        self.reader = XlaReader()
+        self.sites = SiteFinder()
+        self.attribution = Attribution()
+        counters = self.reader.compile_counters()
+        self.tracker = StepTracker(options.warmup_steps, *counters, self.attribution)
+        self.families = XlaFamilies(self, options.max_op_series, options.max_site_series)
+        self._hook = StepHook(self._step_marker)
+        self._host_reads = HostReadHook(self._host_read, self._on_upload)
+        self._probe = None
+        if options.fallback_sites:
+            from .fallback_probe import FallbackProbe
+
+            self._probe = FallbackProbe(self.sites, self._on_fallback_site, self._step_error)
+        # Graphs run and compilations as far as the exporter can tell: the counts when the last step marker ended,
+        # plus what host reads ran since. A marker that finds more was preceded by a cut no host read explains.
+        self._graphs_seen, self._compiles_seen = counters
+
+    # -- life cycle ---------------------------------------------------------------------------------------
+    def install(self) -> None:
+        self._hook.install()
+        self._host_reads.install()
+
+    def uninstall(self) -> None:
+        self._hook.uninstall()
+        if self._probe is not None:
+            self._probe.disarm()
+        self._host_reads.uninstall()
+        self.tracker.end()
+
+    def after_fork(self, stats: SelfStats) -> None:
+        """In a forked child: its own counts from here on; the hooks stay (the training code may run there)."""
+        self.stats = stats
+        self.attribution = Attribution()
+        counters = self.reader.compile_counters()
+        self.tracker = StepTracker(self.options.warmup_steps, *counters, self.attribution)
+        self._graphs_seen, self._compiles_seen = counters
+
+    # -- what the handle reads ----------------------------------------------------------------------------
+    @property
+    def last_step_end(self) -> float | None:
+        return self.tracker.last_step_end
+
+    def diagnosis(self, labels: dict[str, str]) -> dict:
+        return self.attribution.diagnosis(labels, self.tracker.state().steps, self.reader.fallback_counts())
+
+    # -- optimizer events (OptimizerHook, through the handle) ---------------------------------------------
+    def on_optimizer_created(self) -> None:
+        self.tracker.on_optimizer_created()
+
+    def on_optimizer_step(self) -> None:
+        self.tracker.optimizer_steps += 1  # the cheapest thing on the training thread; carried by the next marker
+
+    # -- the training thread ------------------------------------------------------------------------------
+    def _step_error(self, error: BaseException) -> None:
+        self.stats.record_error("step", error)
+
+    def _step_marker(self, original, hook: StepHook):
+        """The wrapper of torch_xla's step marker: the compile counters before and after it, one event for the
+        tracker, and, rarely, what needs the moment (the marker's line when it compiled, the fallback counters when
+        a graph was cut that no host read explains). Written as one function that calls nothing in Python: it runs at
+        every step, right after the graph ran, when every extra call costs several times what it costs warm. The
+        source's parts are looked up at each call, because a forked child replaces them."""
+        source = self
+        perf_counter = time.perf_counter
+
+        def step_marker(*args, **kwargs):
+            if not hook.active:
+                return original(*args, **kwargs)
+            start = perf_counter()
+            try:
+                value = source.reader.counter_value
+                compiles_before = value(UNCACHED_COMPILE) or 0
+                graphs_before = (value(CACHED_COMPILE) or 0) + compiles_before
+            except Exception as error:  # noqa: BLE001 (never into the training loop)
+                source._step_error(error)  # this marker is not accounted; one failure is counted
+                value = None
+            own = perf_counter() - start
+            result = original(*args, **kwargs)  # its exceptions reach the caller unchanged
+            if value is None:
+                return result
+            now = perf_counter()
+            try:
+                compiles = value(UNCACHED_COMPILE) or 0
+                graphs = (value(CACHED_COMPILE) or 0) + compiles
+                # Graphs run since the last marker that no host read ran: a CPU fallback may have cut them.
+                graphs_seen, compiles_seen = source._graphs_seen, source._compiles_seen
+                unexplained = graphs_before != graphs_seen
+                compiled = compiles != compiles_seen  # at the marker or at a cut no host read explains
+                source._graphs_seen, source._compiles_seen = graphs, compiles
+                if compiled or unexplained or source._probe is not None:
+                    source._unusual_sync(graphs_before, compiles_before, graphs, compiles, now, unexplained,
+                                         (graphs - graphs_seen, compiles - compiles_seen) if compiled else None)
+                else:  # tracker.on_sync(graphs_before, compiles_before, graphs, compiles, now), inlined
+                    tracker = source.tracker
+                    stepped, tracker.optimizer_steps = tracker.optimizer_steps, 0
+                    pending = tracker.pending
+                    pending.append((SYNC, graphs_before, compiles_before, graphs, compiles, now, None, stepped))
+                    if len(pending) >= FLUSH_EVERY:
+                        tracker.flush()
+            except Exception as error:  # noqa: BLE001
+                source._step_error(error)
+            source.stats.hook_seconds += own + perf_counter() - now
+            return result
+
+        return step_marker
+
+    def _unusual_sync(self, graphs_before: int, compiles_before: int, graphs: int, compiles: int, now: float,
+                      unexplained: bool, compiled: tuple[int, int] | None) -> None:
+        """A marker that compiled, or after a cut no host read explains, or with the fallback probe on. ``compiled``:
+        the graphs run and the compilations since the last marker or host read, if any compiled."""
+        frame = sys._getframe(2)  # the step marker's caller (past this and the wrapper)
+        site = (self.sites.site(frame), self.sites.frames(frame)) if compiles != compiles_before else None
+        fallbacks = self.reader.fallback_counts() if unexplained else None
+        extra = None
+        if site is not None or fallbacks is not None or compiled:
+            traits = self.reader.graph_traits(*compiled) if compiled else ((), ())
+            extra = (site, sum(fallbacks.values()) if fallbacks is not None else None, traits)
+        self.tracker.on_sync(graphs_before, compiles_before, graphs, compiles, now, extra)
+        if self._probe is not None:
+            self._watch_fallbacks(fallbacks)
+
+    def _watch_fallbacks(self, fallbacks: dict[str, int] | None) -> None:
+        """After a marker: end the fallback probe's watch of the step that ended, and watch the next one if an
+        operator fell back that the probe has not watched."""
+        if self._probe.active and self._probe.disarm():
+            self.tracker.on_probe(False)
+        if fallbacks and self._probe.arm(fallbacks):
+            self.tracker.on_probe(True)
+
+    def _on_fallback_site(self, op: str, location: str, frames: list[str], backward: bool) -> None:
+        self.attribution.fallback_site(op, location, frames, backward)
+
+    def _host_read(self, original, cause: str, tensor, args, kwargs, frame):
+        """A host read of an XLA tensor, made from ``frame`` (HostReadHook's ``read``): the compile counters and the
+        site before it, the counters after it, one event for the tracker. Written as one function, like the step
+        marker's wrapper; its exceptions are the original method's only."""
+        perf_counter = time.perf_counter
+        start = perf_counter()
+        try:
+            value = self.reader.counter_value
+            compiles_before = value(UNCACHED_COMPILE) or 0
+            graphs_before = (value(CACHED_COMPILE) or 0) + compiles_before
+            # The site is found before the read: the graph the read may run leaves the CPU caches cold, and the less
+            # that runs after it, the less the read costs.
+            location = self.sites.site(frame)
+            frames = None if location in self.attribution.sites else self.sites.frames(frame)
+        except Exception as error:  # noqa: BLE001 (never into the training loop)
+            self._step_error(error)  # this read is not accounted; one failure is counted
+            value = None
+        own = perf_counter() - start
+        try:
+            return original(tensor, *args, **kwargs)
+        finally:
+            now = perf_counter()
+            if value is not None:
+                try:
+                    compiles = value(UNCACHED_COMPILE) or 0
+                    graphs = (value(CACHED_COMPILE) or 0) + compiles - graphs_before
+                    compiled = compiles - compiles_before
+                    self._graphs_seen += graphs
+                    self._compiles_seen += compiled
+                    traits = self.reader.graph_traits(graphs, compiled) if compiled else ((), ())
+                    tracker = self.tracker
+                    pending = tracker.pending
+                    pending.append((READ, cause, location, frames, graphs, compiled, traits))
+                    if len(pending) >= FLUSH_EVERY:
+                        tracker.flush()
+                except Exception as error:  # noqa: BLE001
+                    self._step_error(error)
+            self.stats.hook_seconds += own + perf_counter() - now
+
+    def _on_upload(self, frame, shapes: tuple) -> None:
+        start = time.perf_counter()
+        try:
+            location = self.sites.site(frame)
+            if location != UNKNOWN:  # a loader's own thread: its batch is recorded where the training thread takes it
+                self.tracker.on_upload(location, shapes)
+        except Exception as error:  # noqa: BLE001
+            self._step_error(error)
+        self.stats.hook_seconds += time.perf_counter() - start

@@ -223,8 +223,9 @@ def test_a_function_at_the_recompile_limit_is_counted_once_at_its_line(source):
     assert guard.startswith("n == 1 ") and guard.endswith(" in shifted")  # the guard, without torch 2.11's stack
 
 
-def test_a_compiled_module_trained_with_adamw_is_counted_as_dynamo_records_it(source):
-    train()
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])  # inductor: its own compile records (seconds here)
+def test_a_compiled_module_trained_with_adamw_is_counted_as_dynamo_records_it(source, backend):
+    train(backend=backend)
     own = dynamo_records()
     call = marked("train call")
     # the compiled module is named by the line that called it (its compiled frame is torch's own wrapper)

@@ -37,6 +37,7 @@ CONTRACT_COUNTERS_AND_GAUGES = {
     "xla_host_reads_total",
     "torch_compile_compilations_total", "torch_compile_recompilations_total", "torch_compile_graph_breaks_total",
     "torch_compile_recompile_limit_hits_total", "torch_compile_compile_seconds_total",
+    "neuron_exporter_torch_compile_readable",
 }
 CONTRACT_HISTOGRAMS = {"xla_step_duration_seconds", "xla_graphs_per_step"}
 PROMETHEUS_OWN = {"up"}

@@ -5,18 +5,20 @@ Whatever the backend (inductor, aot_eager, eager, torch_xla's openxla, a vendor'
 
 - one *compilation record* per frame it compiles, in ``torch._dynamo.utils._compilation_metrics`` (a ring of 64):
   its compile id, the compiled function's code (file, first line), the failed guard that made it a recompilation
-  (``tensor 'x' size mismatch at index 0. expected 4, actual 5``), ``RecompileLimitExceeded`` when the function
-  has recompiled too often and runs eagerly from then on, and the time spent. The ring is read at the start and
-  end of every compilation (dynamo's compile callbacks; the end callback fires before that compilation's record is
-  added), after the first optimizer step that follows a compilation, and at scrape time; each record is taken
-  once, by its compile id.
-- a call of ``torch._dynamo.symbolic_convert.log_graph_break`` for every graph break it finds while tracing, with
-  the reason and the user's stack: wrapped here, so it costs something only while dynamo compiles.
+  (``tensor 'x' size mismatch at index 0. expected 4, actual 5``), a failure when the function has recompiled too
+  often and runs eagerly from then on, and the time spent. The ring is read at the start and end of every
+  compilation (dynamo's compile callbacks; the end callback fires before that compilation's record is added), after
+  the first optimizer step that follows a compilation, and at scrape time; each record is taken once, by its
+  compile id.
+- a call of ``log_graph_break`` (``torch._dynamo.symbolic_convert``) for every graph break it finds while tracing,
+  with the reason and the user's stack: wrapped here, so it costs something only while dynamo compiles.
 
-Nothing here runs per operator or per call of a compiled function. These are private APIs of torch: they are read
-as above only on the torch versions this module was tested with (``TESTED_TORCH``) and only if they still have the
-shape it reads (``private_api_problems``). Elsewhere it counts only compilations and their time, from the compile
-callbacks, without lines, and says so once in the log.
+Nothing here runs per operator or per call of a compiled function. These are private APIs of torch, and they
+change: each is probed before it is read (``probe_records``, ``probe_callbacks``, ``probe_graph_breaks``), and
+``log_graph_break``, whose shape changed twice, is read by an adapter per known shape (``BREAK_SHAPES``). Checked
+against the source of every torch from 2.9.0 to 2.14.1 and tested on 2.9.0 and 2.14.1. When a probe fails, what
+the other APIs give is still counted (without the records: compilations and their time from the compile
+callbacks, without lines), one log line says what is not, and ``neuron_exporter_torch_compile_readable`` shows it.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from ..snapshot_metrics import LabelBudget
 from .dynamo_skip import never_compiled
@@ -39,12 +41,21 @@ from .sites import UNKNOWN, SiteFinder
 
 log = logging.getLogger("neuron_exporter")
 
-TESTED_TORCH = ("2.9",)  # major.minor versions whose private records were checked (tests/test_torch_compile.py)
-FULL, COUNTING, OFF = "full", "counting", "off"
+FULL, PARTIAL, COUNTING, OFF = "full", "partial", "counting", "off"
+# What a scrape can say, each readable or not on the torch this process runs (neuron_exporter_torch_compile_readable)
+READABLE = ("compilations", "compile_seconds", "source_lines", "recompilations", "recompile_limit_hits", "graph_breaks")
+FROM_RECORDS = ("compilations", "compile_seconds", "source_lines", "recompilations", "recompile_limit_hits")
+FROM_CALLBACKS = ("compilations", "compile_seconds")  # counted without the records: compile windows, no lines
+# A function at the recompile limit: the failure of its compilation record. torch 2.9 and 2.10 raise
+# RecompileLimitExceeded; from 2.11 on, an Unsupported graph break of this type; FailOnRecompileLimitHit on all
+# (fullgraph=True, or config.fail_on_recompile_limit_hit).
 LIMIT_FAILURES = ("RecompileLimitExceeded", "FailOnRecompileLimitHit")
+LIMIT_BREAK = "Dynamo recompile limit exceeded"
 RECORD_FIELDS = ("compile_id", "co_name", "co_filename", "co_firstlineno", "recompile_reason", "fail_type",
-                 "entire_frame_compile_time_s", "duration_us", "is_forward", "is_runtime", "start_time_us")
-LOG_GRAPH_BREAK_PARAMETERS = ("code_options", "reason", "exc_info", "user_stack")
+                 "fail_reason", "entire_frame_compile_time_s", "duration_us", "is_forward", "is_runtime",
+                 "start_time_us")
+CALLBACK_METHODS = ("register_start_callback", "register_end_callback", "remove_start_callback",
+                    "remove_end_callback")
 MAX_FUNCTIONS = 1000  # compiled functions remembered (the metrics' label budget is separate and smaller)
 MAX_BREAK_SITES = 1000
 MAX_FRAMES = 10_000  # dynamo frame ids remembered, to name the function of a backward or recompile-limit record
@@ -87,13 +98,15 @@ BREAK_REASONS = (
                                     r"implemented in C/C\+\+|^Unsupported")),
 )
 GRAPH_BREAK_REASONS = tuple(name for name, _ in BREAK_REASONS) + ("other",)
+# From torch 2.10, a graph break at a call or a comparison says so before the reason itself.
+BREAK_PREFIX = re.compile(r"^Encountered graph break when attempting to trace [^\n]*\n+")
 
 
 def guard_reason(text: str | None) -> str:
     """The class of a failed guard (a compilation record's ``recompile_reason``)."""
     if not text:
         return "other"
-    text = _without_compile_id(text)
+    text = _failed_guard(text)
     for name, pattern in GUARD_REASONS:
         if pattern.search(text):
             return name
@@ -102,17 +115,17 @@ def guard_reason(text: str | None) -> str:
 
 def break_reason(text: str | None) -> str:
     """The class of a graph break's reason (dynamo's message)."""
-    text = (text or "").strip()
+    text = BREAK_PREFIX.sub("", (text or "").strip())
     for name, pattern in BREAK_REASONS:
         if pattern.search(text):
             return name
     return "other"
 
 
-def _without_compile_id(text: str) -> str:
+def _failed_guard(text: str) -> str:
     """``0/1: tensor 'x' ...`` -> ``tensor 'x' ...``: dynamo prefixes the compile id of the entry whose guard
-    failed."""
-    return re.sub(r"^!?[0-9/]+(_[0-9]+)?: ", "", text.strip())
+    failed, and from torch 2.11 appends the user's stack (the guard already names its line)."""
+    return re.sub(r"^!?[0-9/]+(_[0-9]+)?: ", "", text.split("\nUser stack trace:", 1)[0].strip())
 
 
 def _shortened(text: str, limit: int = MAX_TEXT) -> str:
@@ -126,42 +139,107 @@ def torch_version() -> str:
     return str(torch.__version__)
 
 
-def tested(version: str) -> bool:
-    return ".".join(version.split("+")[0].split(".")[:2]) in TESTED_TORCH
+# -- probes: one per private API of dynamo, each says what is wrong with it on this torch (None: readable) ---------
+def probe_records() -> str | None:
+    """The compilation records: the ring ``torch._dynamo.utils._compilation_metrics`` of ``CompilationMetrics``
+    (the same shape from torch 2.9 to 2.14)."""
+    import dataclasses
 
-
-def private_api_problems() -> list[str]:
-    """What is missing or changed, of the private torch APIs the full mode reads; empty when all are as tested."""
-    problems = []
     try:
-        import dataclasses
-
-        import torch._dynamo.symbolic_convert as symbolic_convert
         import torch._dynamo.utils as dynamo_utils
-        from torch._dynamo.callback import callback_handler
-        from torch._guards import CompileContext, TracingContext
-    except Exception as error:  # noqa: BLE001 (any import failure means: not as tested)
-        return [f"cannot import dynamo's modules: {type(error).__name__}: {error}"]
+    except Exception as error:  # noqa: BLE001 (any import failure means: not readable)
+        return f"cannot import torch._dynamo.utils: {type(error).__name__}: {error}"
     if not isinstance(getattr(dynamo_utils, "_compilation_metrics", None), deque):
-        problems.append("torch._dynamo.utils._compilation_metrics is not a deque")
+        return "torch._dynamo.utils._compilation_metrics is not a deque"
     record = getattr(dynamo_utils, "CompilationMetrics", None)
     fields = {f.name for f in dataclasses.fields(record)} if dataclasses.is_dataclass(record) else set()
     missing = [name for name in RECORD_FIELDS if name not in fields]
-    if missing:
-        problems.append(f"CompilationMetrics lacks {', '.join(missing)}")
-    function = getattr(symbolic_convert, "log_graph_break", None)
+    return f"CompilationMetrics lacks {', '.join(missing)}" if missing else None
+
+
+def probe_callbacks() -> str | None:
+    """The compile callbacks, ``torch._dynamo.callback.callback_handler`` (the same from torch 2.9 to 2.14)."""
     try:
-        parameters = tuple(inspect.signature(function).parameters)[:len(LOG_GRAPH_BREAK_PARAMETERS)]
-    except (TypeError, ValueError):
-        parameters = ()
-    if parameters != LOG_GRAPH_BREAK_PARAMETERS:
-        problems.append(f"symbolic_convert.log_graph_break takes {parameters}, not {LOG_GRAPH_BREAK_PARAMETERS}")
-    for owner, name in ((callback_handler, "register_start_callback"), (callback_handler, "register_end_callback"),
-                        (callback_handler, "remove_start_callback"), (callback_handler, "remove_end_callback"),
-                        (TracingContext, "extract_stack"), (CompileContext, "current_compile_id")):
-        if not callable(getattr(owner, name, None)):
-            problems.append(f"{type(owner).__name__ if owner is callback_handler else owner.__name__}.{name} is gone")
-    return problems
+        from torch._dynamo.callback import callback_handler
+    except Exception as error:  # noqa: BLE001
+        return f"cannot import torch._dynamo.callback: {type(error).__name__}: {error}"
+    gone = [name for name in CALLBACK_METHODS if not callable(getattr(callback_handler, name, None))]
+    return f"callback_handler.{', '.join(gone)} gone" if gone else None
+
+
+@dataclass(frozen=True)
+class BreakHook:
+    """Dynamo's graph-break call as this torch has it: the module or class that holds ``log_graph_break``, its
+    signature, and the adapter that reads a call's arguments."""
+
+    owner: object
+    signature: inspect.Signature
+    read: Callable[[dict], tuple | None]
+
+
+def probe_graph_breaks() -> tuple[BreakHook | None, str | None]:
+    """(the hook, None) if ``log_graph_break`` has a shape of ``BREAK_SHAPES``, else (None, what it is)."""
+    try:
+        import torch._dynamo.symbolic_convert as symbolic_convert
+        from torch._guards import TracingContext
+    except Exception as error:  # noqa: BLE001
+        return None, f"cannot import torch._dynamo.symbolic_convert: {type(error).__name__}: {error}"
+    if not callable(getattr(TracingContext, "extract_stack", None)):
+        return None, "TracingContext.extract_stack is gone"
+    for where in ("symbolic_convert", "InstructionTranslatorBase"):
+        owner = symbolic_convert if where == "symbolic_convert" else getattr(symbolic_convert, where, None)
+        function = vars(owner).get("log_graph_break") if owner is not None else None
+        if function is None:
+            continue
+        try:
+            signature = inspect.signature(function)
+        except (TypeError, ValueError):
+            return None, f"{where}.log_graph_break has no signature"
+        read = BREAK_SHAPES.get((where, tuple(signature.parameters)))
+        if read is None:
+            return None, (f"{where}.log_graph_break takes ({', '.join(signature.parameters)}), a shape this "
+                          "exporter does not know")
+        return BreakHook(owner, signature, read), None
+    return None, "torch._dynamo.symbolic_convert has no log_graph_break"
+
+
+# -- adapters: one per shape of log_graph_break; each turns a call's arguments into (code options, reason, user
+# stack), or None for a graph break that call does not log --------------------------------------------------------
+def _break_with_stack(arguments: dict) -> tuple | None:
+    """torch 2.9 (a function) and 2.10 (a method): the user's stack is an argument, or dynamo's current one."""
+    from torch._guards import TracingContext
+
+    stack = arguments.get("user_stack")
+    return (arguments["code_options"], arguments.get("reason", ""),
+            TracingContext.extract_stack() if stack is None else stack)
+
+
+def _break_with_exception(arguments: dict) -> tuple | None:
+    """torch 2.11 to 2.14: the graph break's exception carries the user's stack (``real_stack``) and is logged once
+    (``logged``, set by the call)."""
+    from torch._guards import TracingContext
+
+    exception = arguments["exc"]
+    if getattr(exception, "logged", False):
+        return None
+    stack = getattr(exception, "real_stack", None)
+    return (arguments["code_options"], arguments.get("reason", ""),
+            TracingContext.extract_stack() if stack is None else stack)
+
+
+# (where log_graph_break is, its parameters) -> its adapter, for every torch from 2.9.0 to 2.14.1
+BREAK_SHAPES = {
+    ("symbolic_convert", ("code_options", "reason", "exc_info", "user_stack")): _break_with_stack,  # 2.9
+    ("InstructionTranslatorBase", ("self", "code_options", "reason", "user_stack")): _break_with_stack,  # 2.10
+    ("InstructionTranslatorBase", ("self", "code_options", "reason", "exc")): _break_with_exception,  # 2.11-2.14
+}
+
+
+def limit_hit(record) -> bool:
+    """Whether a compilation record is a function at the recompile limit (see ``LIMIT_FAILURES``)."""
+    if record.fail_type in LIMIT_FAILURES:
+        return True
+    return record.fail_type == "Unsupported" and (record.fail_reason or "").startswith(LIMIT_BREAK)
 
 
 class Places(SiteFinder):
@@ -261,9 +339,8 @@ class TorchCompileSource:
         self._places: Places | None = None
         self._utils = None  # torch._dynamo.utils, whose _compilation_metrics may be replaced by a new deque
         self._callbacks = None
-        self._graph_break_module = None
-        self._original_log_graph_break = None
-        self._wrapper = None
+        self._hook: tuple | None = None  # (owner of log_graph_break, the original, the wrapper)
+        self.readable: tuple[str, ...] = ()  # of READABLE
         self.record_pending = False  # a compilation ended whose record may not have been read yet
         self._clear()
 
@@ -281,56 +358,63 @@ class TorchCompileSource:
 
     # -- life cycle -----------------------------------------------------------------------------------------
     def install(self) -> None:
-        """Start reading; never raises (dynamo missing or changed: counting only, or nothing)."""
+        """Start reading what dynamo gives on this torch; never raises (an API missing or changed: the others are
+        still read, and one log line says what is not)."""
         try:
             self.version = torch_version()
-            problems = private_api_problems() if tested(self.version) else [
-                f"torch {self.version} is not a version this exporter was tested with "
-                f"({', '.join(TESTED_TORCH)})"]
-            if problems:
-                self._install_counting(problems)
-            else:
-                self._install_full()
+            self._places = Places()
+            records, callbacks = probe_records(), probe_callbacks()
+            hook, graph_breaks = probe_graph_breaks()
+            if records is None:
+                self._read_records()
+            if callbacks is None:
+                self._register_callbacks(*((self._on_compile_start, self._on_compile_end) if records is None
+                                           else (self._counting_start, self._counting_end)))
+            if hook is not None:
+                self._wrap_graph_breaks(hook)
+            self.readable = readable(records is None, callbacks is None, hook is not None)
+            self.mode = mode_of(self.readable)
+            self._say_unreadable([problem for problem in (records, callbacks, graph_breaks) if problem])
         except Exception as error:  # noqa: BLE001 (an exporter failure never reaches the training script)
-            self.mode = OFF
+            self.mode, self.readable = OFF, ()
             self._on_error(error)
+            try:
+                self.uninstall()  # whatever was hooked before the failure
+            except Exception as failure:  # noqa: BLE001
+                self._on_error(failure)
 
-    def _install_full(self) -> None:
-        import torch._dynamo.symbolic_convert as symbolic_convert
+    def _read_records(self) -> None:
         import torch._dynamo.utils as dynamo_utils
 
-        self._places = Places()
         self._utils = dynamo_utils
         with self._lock:
             for record in list(dynamo_utils._compilation_metrics):  # compiled before attach(): names, not counts
                 self._remember_frame(record)
                 self._seen_before(record)
                 self._newest = record
-        self._register_callbacks(self._on_compile_start, self._on_compile_end)
-        source = self
-        original = symbolic_convert.log_graph_break
+
+    def _wrap_graph_breaks(self, hook: BreakHook) -> None:
+        source, original, signature, read = self, vars(hook.owner)["log_graph_break"], hook.signature, hook.read
 
         def log_graph_break(*args, **kwargs):
             try:
-                source._graph_break(args, kwargs)
+                found = read(signature.bind(*args, **kwargs).arguments)
+                if found is not None:
+                    source._graph_break(*found)
             except Exception as error:  # noqa: BLE001
                 source._on_error(error)
             return original(*args, **kwargs)
 
-        self._graph_break_module, self._original_log_graph_break = symbolic_convert, original
-        self._wrapper = log_graph_break
-        symbolic_convert.log_graph_break = log_graph_break
-        self.mode = FULL
+        setattr(hook.owner, "log_graph_break", log_graph_break)
+        self._hook = (hook.owner, original, log_graph_break)
 
-    def _install_counting(self, problems: list[str]) -> None:
-        log.warning("neuron-exporter: torch.compile: %s; counting compilations and their time only, without "
-                    "source lines, recompilations or graph breaks", "; ".join(problems))
-        try:
-            self._register_callbacks(self._counting_start, self._counting_end)
-        except Exception:  # noqa: BLE001 (no compile callbacks either: nothing to count)
-            self.mode = OFF
-            return
-        self.mode = COUNTING
+    def _say_unreadable(self, problems: list[str]) -> None:
+        """One log line, if any private API could not be read."""
+        if problems:
+            unread = [name for name in READABLE if name not in self.readable]
+            log.warning("neuron-exporter: torch.compile on torch %s: %s; still counted: %s; not counted: %s",
+                        self.version, "; ".join(problems), ", ".join(self.readable) or "nothing",
+                        ", ".join(unread) or "nothing")
 
     def _register_callbacks(self, start, end) -> None:
         from torch._dynamo.callback import callback_handler
@@ -352,12 +436,12 @@ class TorchCompileSource:
                 except ValueError:
                     pass
             self._callbacks = None
-        if self._wrapper is not None:
-            if self._graph_break_module.log_graph_break is self._wrapper:
-                self._graph_break_module.log_graph_break = self._original_log_graph_break
-            self._wrapper = self._graph_break_module = self._original_log_graph_break = None
-        if self.mode == FULL:
-            self.poll()  # what was compiled before detach() is still served; nothing compiled after it
+        if self._hook is not None:
+            owner, original, wrapper = self._hook
+            if vars(owner).get("log_graph_break") is wrapper:
+                setattr(owner, "log_graph_break", original)
+            self._hook = None
+        self.poll()  # what was compiled before detach() is still served; nothing compiled after it
         self._utils = None
 
     def after_fork(self) -> None:
@@ -419,14 +503,11 @@ class TorchCompileSource:
         if started is not None:
             self.compile_seconds += time.perf_counter() - started
 
-    def _graph_break(self, args: tuple, kwargs: dict) -> None:
-        from torch._guards import CompileContext, TracingContext
+    def _graph_break(self, code_options: dict, reason: str, user_stack) -> None:
+        """One graph break, as an adapter of ``BREAK_SHAPES`` read it from dynamo's call."""
+        from torch._guards import CompileContext
 
-        code_options = kwargs.get("code_options", args[0] if args else None) or {}
-        reason = str(kwargs.get("reason", args[1] if len(args) > 1 else ""))
-        user_stack = kwargs.get("user_stack", args[3] if len(args) > 3 else None)
-        if user_stack is None:
-            user_stack = TracingContext.extract_stack()
+        code_options, reason = code_options or {}, BREAK_PREFIX.sub("", str(reason or "").strip())
         stack = [(frame.filename, frame.lineno, frame.name) for frame in user_stack]
         if not stack and code_options.get("co_filename"):  # the first instruction of the frame
             stack = [(code_options["co_filename"], code_options.get("co_firstlineno"), code_options.get("co_name"))]
@@ -456,7 +537,7 @@ class TorchCompileSource:
     def poll(self) -> None:
         """Take every record of the ring not taken yet."""
         utils = self._utils
-        if utils is None or self.mode != FULL:
+        if utils is None:
             return
         with self._lock:
             records = list(utils._compilation_metrics)  # one C-level copy, under the GIL
@@ -517,8 +598,8 @@ class TorchCompileSource:
         function.compile_seconds += seconds
         if record.is_forward is False:
             return  # the backward graph of a compiled frame, compiled at its first backward: time only
-        guard = _shortened(_without_compile_id(record.recompile_reason)) if record.recompile_reason else None
-        if record.fail_type in LIMIT_FAILURES:
+        guard = _shortened(_failed_guard(record.recompile_reason)) if record.recompile_reason else None
+        if limit_hit(record):
             function.limit_hits += 1
             function.guards.append({"reason": guard_reason(record.recompile_reason), "guard": guard,
                                     "compile_id": record.compile_id, "recompile_limit_hit": True})
@@ -546,39 +627,46 @@ class TorchCompileSource:
                     self.compile_seconds, self.compilations)
 
     def families(self, labels: dict[str, str]) -> Iterator[Metric]:
-        """The ``torch_compile_*`` families of this rank (none while the source is off)."""
+        """The ``torch_compile_*`` families of this rank that this torch lets it read, and which those are."""
+        if not self.version:
+            return  # never installed
+        names, values = list(labels), list(labels.values())
+        family = GaugeMetricFamily("neuron_exporter_torch_compile_readable", "1 if the exporter reads this record "
+                                   "of torch.compile on this torch, 0 if the private API of torch it comes from is "
+                                   "missing or of a shape the exporter does not know (the log says which), by record",
+                                   labels=names + ["record"])
+        for name in READABLE:
+            family.add_metric(values + [name], float(name in self.readable))
+        yield family
         if self.mode == OFF:
             return
         functions, breaks, seconds, counted = self.snapshot()
-        names, values = list(labels), list(labels.values())
-        if self.mode == COUNTING:
-            family = CounterMetricFamily("torch_compile_compilations", FAMILIES["torch_compile_compilations"][0],
-                                         labels=names + ["location"])
-            if counted:
-                family.add_metric(values + [UNKNOWN], counted)
+        if "source_lines" not in self.readable:  # compilations counted from the compile callbacks, without lines
+            functions = [FunctionRecord(UNKNOWN, compilations=counted)]
+        for name, (documentation, extra) in FAMILIES.items():
+            if name.removeprefix("torch_compile_") not in self.readable:
+                continue
+            budget = self._budgets[name]
+            totals: dict[tuple[str, ...], float] = {}
+            for key, value in _values(name, functions, breaks):
+                key = (budget.label_for(key[0]), *key[1:])
+                totals[key] = totals.get(key, 0) + value
+            family = CounterMetricFamily(name, documentation, labels=names + extra)
+            for key, value in sorted(totals.items()):
+                family.add_metric(values + list(key), value)
             yield family
-        else:
-            for name, (documentation, extra) in FAMILIES.items():
-                budget = self._budgets[name]
-                totals: dict[tuple[str, ...], float] = {}
-                for key, value in _values(name, functions, breaks):
-                    key = (budget.label_for(key[0]), *key[1:])
-                    totals[key] = totals.get(key, 0) + value
-                family = CounterMetricFamily(name, documentation, labels=names + extra)
-                for key, value in sorted(totals.items()):
-                    family.add_metric(values + list(key), value)
-                yield family
-        total = CounterMetricFamily("torch_compile_compile_seconds", "Time torch.compile spent compiling (dynamo "
-                                    "and the backend, forward and backward graphs)", labels=names)
-        total.add_metric(values, seconds)
-        yield total
+        if "compile_seconds" in self.readable:
+            total = CounterMetricFamily("torch_compile_compile_seconds", "Time torch.compile spent compiling (dynamo "
+                                        "and the backend, forward and backward graphs)", labels=names)
+            total.add_metric(values, seconds)
+            yield total
 
     def diagnosis(self) -> dict:
         """This rank's ``torch_compile`` part of the diagnosis document (see ``neuron_exporter.diagnosis``)."""
         functions, breaks, seconds, counted = self.snapshot()
         return {
             "mode": self.mode, "torch_version": self.version,
-            "compilations": sum(f.compilations for f in functions) if self.mode == FULL else counted,
+            "compilations": sum(f.compilations for f in functions) if "source_lines" in self.readable else counted,
             "recompilations": sum(sum(f.recompilations.values()) for f in functions),
             "graph_breaks": sum(b.count for b in breaks),
             "recompile_limit_hits": sum(f.limit_hits for f in functions),
@@ -610,6 +698,21 @@ def _frame_of(compile_id) -> str | None:
         return None
     text = str(compile_id)
     return text.rsplit("/", 1)[0] if "/" in text else text
+
+
+def readable(records: bool, callbacks: bool, graph_breaks: bool) -> tuple[str, ...]:
+    """What can be counted, of READABLE, given which private APIs are readable."""
+    found = FROM_RECORDS if records else FROM_CALLBACKS if callbacks else ()
+    return found + (("graph_breaks",) if graph_breaks else ())
+
+
+def mode_of(found: tuple[str, ...]) -> str:
+    """full: everything; counting: compilations without lines (no records); partial: some other part missing."""
+    if set(READABLE) <= set(found):
+        return FULL
+    if not found:
+        return OFF
+    return COUNTING if "compilations" in found and "source_lines" not in found else PARTIAL
 
 
 def records_maxlen(utils) -> int | None:

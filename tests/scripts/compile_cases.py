@@ -1,17 +1,21 @@
 """Functions compiled with torch.compile that recompile, break their graphs or hit the recompile limit at known
 lines, and a clean compiled training loop, to check what the exporter says about them.
 
-Usage: python compile_cases.py SCENARIO BACKEND STEPS [--no-attach] [--untested-torch]
+Usage: python compile_cases.py SCENARIO BACKEND STEPS [--no-attach] [--unknown-torch]
 
 SCENARIO: shapes (the batch size changes), int_arg (a Python int argument changes), print, branch (data-dependent
 control flow), limit (torch._dynamo.config.recompile_limit lowered to 2), train (a clean training loop).
 BACKEND: a torch.compile backend; with "openxla" the tensors live on the XLA device and every step ends with
-torch_xla.sync(). Lines the tests look for carry a ``# site:`` comment. Prints one JSON line when the loop is done
-({"url", "torch": what torch's own records say}), then waits for stdin to close.
+torch_xla.sync(). torch_xla is imported whenever it is installed, attached or not (importing it turns dynamo's
+automatic dynamic shapes off), so both runs of a case compile alike. --unknown-torch: dynamo's compilation records
+and its graph-break call look as on a torch the exporter does not know. Lines the tests look for carry a ``# site:``
+comment. Prints one JSON line when the loop is done ({"url", "torch": what torch's own records say}), then waits for
+stdin to close.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import json
 import logging
@@ -24,9 +28,9 @@ import torch
 import torch._dynamo
 from torch._dynamo.utils import get_compilation_metrics
 
-import torch_xla
-
 scenario, backend, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
+if backend == "openxla" or importlib.util.find_spec("torch_xla") is not None:
+    import torch_xla
 
 # torch's own account of graph breaks: dynamo logs one record per graph break to its graph_breaks artifact logger.
 logged_breaks = []
@@ -51,8 +55,9 @@ if "--no-attach" not in sys.argv:
     import neuron_exporter
     from neuron_exporter.training import torch_compile
 
-    if "--untested-torch" in sys.argv:
-        torch_compile.TESTED_TORCH = ()
+    if "--unknown-torch" in sys.argv:  # records with a field this torch lacks, a graph-break call of no known shape
+        torch_compile.RECORD_FIELDS += ("a_field_of_a_future_torch",)
+        torch_compile.BREAK_SHAPES = {}
     handle = neuron_exporter.attach(port=0, addr="127.0.0.1", warmup_steps=2, spool_dir=tempfile.mkdtemp())
 
 device = torch_xla.device() if backend == "openxla" else torch.device("cpu")
@@ -144,6 +149,12 @@ def place(filename, line):
     return f"{os.path.relpath(filename)}:{line}" if filename else None
 
 
+def at_limit(record):
+    """A compilation refused at the recompile limit: RecompileLimitExceeded up to torch 2.10, then an Unsupported."""
+    return record.fail_type == "RecompileLimitExceeded" or (
+        record.fail_type == "Unsupported" and (record.fail_reason or "").startswith("Dynamo recompile limit exceeded"))
+
+
 # torch's own account of compilations: its compilation records (fewer than the ring's 64 here)
 records = [r for r in get_compilation_metrics() if not r.is_runtime]
 functions = {r.compile_id.split("/")[0]: place(r.co_filename, r.co_firstlineno) for r in records if r.co_filename}
@@ -152,8 +163,7 @@ own = {
     "compilations": [place(r.co_filename, r.co_firstlineno) for r in forward if r.fail_type is None],
     "recompilations": [[place(r.co_filename, r.co_firstlineno), r.recompile_reason] for r in forward
                        if r.recompile_reason and r.fail_type is None],
-    "limit_hits": [functions.get(r.compile_id.split("/")[0]) for r in forward
-                   if r.fail_type == "RecompileLimitExceeded"],
+    "limit_hits": [functions.get(r.compile_id.split("/")[0]) for r in forward if at_limit(r)],
     "graph_breaks": logged_breaks,
     "compile_ids": [r.compile_id for r in forward],
     "compile_seconds": sum((r.duration_us or 0) / 1e6 for r in records),

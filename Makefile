@@ -15,8 +15,8 @@ export PJRT_DEVICE ?= CPU
 comma := ,
 EXTRAS := xla,auth,test$(if $(filter 3.10,$(PYTHON_VERSION)),,$(comma)dashboards)
 SDK_TESTS = $(shell $(PY) -c 'import grafana_foundation_sdk' 2>/dev/null || echo alert_rules dashboards end_to_end_prometheus)
-# The tests that train with torch_xla (most of the suite's time); `make test-fast` runs every other one.
-XLA_TESTS := attach_lifecycle attach_scenarios concurrent_scrapes end_to_end_prometheus job_endpoint launchers multirank \
+# The tests that train (most with torch_xla: most of the suite's time); `make test-fast` runs every other one.
+XLA_TESTS := any_backend attach_lifecycle attach_scenarios concurrent_scrapes end_to_end_prometheus job_endpoint launchers multirank \
   run_command runs sites torch_compile training_steps
 
 .PHONY: venv demo test test-fast test-trainer test-compile-latest fuzz dashboards prometheus bench clean
@@ -72,7 +72,8 @@ $(LATEST_STAMP): pyproject.toml Makefile
 	touch $@
 
 test-compile-latest: $(LATEST_STAMP)
-	$(LATEST_VENV)/bin/python -m pytest tests/test_torch_compile.py tests/test_torch_compile_records.py
+	$(LATEST_VENV)/bin/python -m pytest tests/test_torch_compile.py tests/test_torch_compile_records.py \
+	  tests/test_any_backend.py
 
 fuzz: venv
 	NEURON_EXPORTER_FUZZ_CASES=20000 $(PY) -m pytest -q -k fuzz

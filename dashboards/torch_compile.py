@@ -116,6 +116,38 @@ def where_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                                   f"(torch_compile_compilations_total{{{q.rank}}}))"), "Ranks", None))))
 
 
+def steps_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
+    """Per training step (``training_steps_total``: rounds of optimizer steps, whatever the backend): a job with no
+    torch_xla series at all gets its steps, step time and what compiling costs each step."""
+
+    def per_step(metric: str) -> str:
+        return f"{q.rate(metric)} / ({q.rate('training_steps_total')} > 0)"
+
+    return (board.with_row(Row("Per training step"))
+            .with_panel(graph(
+                "Training steps per second by rank", "Training steps (rounds of torch.optim optimizer steps) per "
+                "second on each rank, whatever runs the model.",
+                "suffix:steps/s", (q.rate("training_steps_total"), RANK_LEGEND), width=8))
+            .with_panel(graph(
+                "Step time by rank", "Average wall time of a training step on each rank.",
+                "s", (q.ratio("training_step_duration_seconds_sum", "training_step_duration_seconds_count"),
+                      RANK_LEGEND), width=8))
+            .with_panel(graph(
+                "Compile time per training step by rank", "Seconds spent compiling (dynamo and the backend) per "
+                "training step on each rank: what recompiling costs each step.",
+                "s", (per_step("torch_compile_compile_seconds_total"), RANK_LEGEND), width=8))
+            .with_panel(graph(
+                "torch.compile recompilations per training step by rank", "Recompilations per training step on each "
+                "rank. After warm-up the line should stay at 0.",
+                "suffix:compiles/step",
+                (per_step("torch_compile_recompilations_total"), RANK_LEGEND), width=12))
+            .with_panel(graph(
+                "Graph breaks per training step by rank", "Graph breaks found per training step on each rank (only "
+                "while dynamo compiles: a new shape or function).",
+                "suffix:breaks/step", (per_step("torch_compile_graph_breaks_total"), RANK_LEGEND),
+                width=12)))
+
+
 def rank_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
     return (board.with_row(Row("By rank"))
             .with_panel(graph(
@@ -157,6 +189,6 @@ def build(c: Config = DEFAULTS) -> model.Dashboard:
              .tags(["neuron-exporter", "torch-compile"]).time("now-1h", "now").refresh("30s")
              .tooltip(model.DashboardCursorSync.CROSSHAIR).links(dashboard_links()))
     board = variables(board, q)
-    for row in (summary_row, where_row, rank_row):
+    for row in (summary_row, steps_row, where_row, rank_row):
         board = row(board, c, q)
     return finish(board)

@@ -17,7 +17,7 @@ from dashboards import build
 # Prometheus' own `up`. Histograms are listed by their base name.
 # TODO(owner): move to neuron_exporter/metric_names.py once it exists, and import it here.
 CONTRACT_COUNTERS_AND_GAUGES = {
-    "xla_steps_total", "xla_fragmented_steps_total",
+    "training_steps_total", "xla_steps_total", "xla_fragmented_steps_total",
     "xla_compilations_total", "xla_graph_cache_hits_total", "xla_recompilations_total", "xla_compile_seconds_total",
     "xla_graph_executions_total", "xla_execute_seconds_total",
     "xla_device_to_host_transfers_total", "xla_transfer_from_device_seconds_total",
@@ -39,7 +39,7 @@ CONTRACT_COUNTERS_AND_GAUGES = {
     "torch_compile_recompile_limit_hits_total", "torch_compile_compile_seconds_total",
     "neuron_exporter_torch_compile_readable",
 }
-CONTRACT_HISTOGRAMS = {"xla_step_duration_seconds", "xla_graphs_per_step"}
+CONTRACT_HISTOGRAMS = {"training_step_duration_seconds", "xla_step_duration_seconds", "xla_graphs_per_step"}
 PROMETHEUS_OWN = {"up"}
 CONTRACT_METRICS = (CONTRACT_COUNTERS_AND_GAUGES | PROMETHEUS_OWN
                     | {f"{h}{suffix}" for h in CONTRACT_HISTOGRAMS for suffix in ("_bucket", "_sum", "_count")})

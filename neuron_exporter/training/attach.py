@@ -250,7 +250,7 @@ class ExporterHandle:
     @property
     def claimed(self) -> bool:
         """Whether this process has trained (made a step), and so reports as its rank."""
-        return self.tracker.last_step_end is not None
+        return self.tracker.last_active is not None
 
     # -- life cycle ---------------------------------------------------------------------------------------
     @property
@@ -320,7 +320,7 @@ class ExporterHandle:
 
     def _meta(self, finished: bool = False) -> dict:
         # A hung training thread still lets the spool thread write, so liveness is judged by the last step.
-        last_step = self.tracker.last_step_end
+        last_step = self.tracker.last_active
         last_step_time = None if last_step is None else time.time() - (time.perf_counter() - last_step)
         return {**rank_labels(), "pid": os.getpid(), "start_time": self._process_start, "finished": finished,
                 "last_step_time": last_step_time}

@@ -63,7 +63,7 @@ def recording_rules(c: Config = DEFAULTS) -> dict[str, str]:
     The per-rank ratios sum over the sites of the labelled counters: ``xla_recompilations_total{location}``
     counts recompilations only (a computation compiled again for other shapes or Python values), never new graphs.
     A rank's recompilations per step count only once the rank had made its warm-up steps
-    (``neuron_exporter_warmup_steps``) when the window began: the first steps may try a few shapes.
+    (``neuron_exporter_warmup_steps``) at the window's first sample: the first steps may try a few shapes.
     """
     rank = labels(*c.rank_labels)
     run = labels(*c.run_labels)
@@ -87,7 +87,7 @@ def recording_rules(c: Config = DEFAULTS) -> dict[str, str]:
         MARKERS_PER_STEP: per_step("xla_step_markers_total"),
         FRAGMENTED_STEPS: per_step("xla_fragmented_steps_total"),
         RECOMPILATIONS_PER_STEP: (f"{per_step('xla_recompilations_total')}\nand on ({rank})\n"
-                                  f"(sum by ({rank}) ({select(c, 'xla_steps_total')} offset {WINDOW})\n"
+                                  f"(sum by ({rank}) (min_over_time({select(c, 'xla_steps_total')}[{WINDOW}]))\n"
                                   f" >= sum by ({rank}) ({select(c, 'neuron_exporter_warmup_steps')}))"),
         HOST_READS_PER_STEP: per_step("xla_device_to_host_transfers_total"),
         COMPILE_TIME_SHARE: f"{rate('xla_compile_seconds_total')}\n/\n({rate('xla_step_duration_seconds_sum')} > 0)",

@@ -99,7 +99,7 @@ class Options:
         3600.0, "A rank that stopped reporting (hung, dead or finished) is served with its last values until its "
                 "last report is this old; then a dead rank's files are deleted.")
     warmup_steps: int = _option(2, "Steps after which recompilations alert (`XlaRecompilationStorm` counts a rank "
-                                   "once it had made this many steps when its 5-minute window began); it changes "
+                                   "once it had made this many steps at the first sample of its 5-minute window); it changes "
                                    "no count.")
     max_op_series: int = _option(
         100, "At most this many `op` label values per operator family; the rest are counted as `op=\"other\"`.")

@@ -106,8 +106,12 @@ def test_every_way_of_ending_a_step_is_named_at_the_scripts_line():
     # MpDeviceLoader sync inside torch_xla: the site is the script's line all the same, and so are the frames.
     exposition, result = run("markers")
     lines = [line_of(site) for site in ("mark_step", "torch_xla.sync", "loader", "optimizer_step")]
-    assert set(series(exposition, "xla_new_graphs_total")) == {(line,) for line in lines}
-    assert total(exposition, "xla_new_graphs_total") == result["xla"]["UncachedCompile"]
+    # Each compiles at its own line: a new graph, or the same computation as an earlier loop's for its own batch
+    # size (a recompilation).
+    compiled = {**series(exposition, "xla_new_graphs_total"), **series(exposition, "xla_recompilations_total")}
+    assert set(compiled) == {(line,) for line in lines}
+    assert total(exposition, "xla_new_graphs_total") + total(exposition, "xla_recompilations_total") == \
+        result["xla"]["UncachedCompile"]
     (rank,) = result["diagnosis"]["ranks"]
     for site in rank["sites"]:
         assert site["frames"][0].endswith(f"({site['location']})"), site
@@ -130,9 +134,11 @@ def test_a_shape_that_changes_every_step_is_a_recompilation_at_the_step_marker()
 
 
 def test_a_python_value_baked_into_the_graph_is_a_recompilation_with_no_upload_changed():
+    # A single repeat with nothing changed cannot be told from a process settling in its first steps: the second
+    # compilation is a new graph, every later one a recompilation.
     exposition, result = run("values")
-    assert series(exposition, "xla_recompilations_total") == {(line_of("values sync"),): STEPS - 1}
-    assert series(exposition, "xla_new_graphs_total") == {(line_of("values sync"),): 1}
+    assert series(exposition, "xla_recompilations_total") == {(line_of("values sync"),): STEPS - 2}
+    assert series(exposition, "xla_new_graphs_total") == {(line_of("values sync"),): 2}
     (rank,) = result["diagnosis"]["ranks"]
     (site,) = [s for s in rank["sites"] if s["location"] == line_of("values sync")]
     assert all(change["uploads"] == {} and "Python value" in change["cause"]

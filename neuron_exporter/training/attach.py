@@ -146,13 +146,14 @@ class ExporterHandle:
     @property
     def claimed(self) -> bool:
         """Whether this process has trained (made a step), and so reports as its rank."""
-        return self.last_step_end is not None or self.torch_compile.compiled
+        return self.last_active is not None or self.torch_compile.compiled
 
     @property
-    def last_step_end(self) -> float | None:
-        """time.perf_counter() at the end of the last step, torch_xla's or a training step."""
+    def last_active(self) -> float | None:
+        """time.perf_counter() at the end of the last step, torch_xla's (or its last marker while its first steps
+        are held as possible setup) or a training step's."""
         xla = self.xla
-        ends = [end for end in (xla.last_step_end if xla is not None else None, self.steps.last_step_end)
+        ends = [end for end in (xla.last_active if xla is not None else None, self.steps.last_step_end)
                 if end is not None]
         return max(ends) if ends else None
 
@@ -225,7 +226,7 @@ class ExporterHandle:
 
     def _meta(self, finished: bool = False) -> dict:
         # A hung training thread still lets the spool thread write, so liveness is judged by the last step.
-        last_step = self.last_step_end
+        last_step = self.last_active
         last_step_time = None if last_step is None else time.time() - (time.perf_counter() - last_step)
         return {**rank_labels(), "pid": os.getpid(), "start_time": self._process_start, "finished": finished,
                 "last_step_time": last_step_time}

@@ -9,12 +9,15 @@ traits: its size in IR nodes (torch_xla's ``TensorsGraphSize``) and the inputs w
 (``InputOutputAliasCount``). A site that runs different code (the first step that also builds the optimizer's
 state, an eval pass, a logging step, ``correct += ...`` from 0 then from a tensor) runs graphs with other traits.
 Another Python value baked into the graph (``x[:, :n]``) changes neither trait; other input shapes keep the aliases
-but may move the size by a node or two (a batch of 8 and one of 9 lower differently). So a compilation is a
-*recompilation* of a computation when its site and the sites before it compiled before with the same traits, or
-with the same aliases and uploads of other shapes than at the site's last compilation, or when a graph of the same
-traits compiled elsewhere with uploads of other shapes (a logging step ends the usual step at another line);
-otherwise it is a *new graph*, whenever it happens. The uploads whose shapes differ from that earlier compilation are named, old -> new;
-if none differs, a Python value baked into the graph changed. Neither depends on when a step logs.
+but may move the size by a node or two (a batch of 8 and one of 9 lower differently).
+
+So a compilation is a *recompilation* when uploads changed shape since an earlier compilation of the same computation
+(the same traits, or the same aliases at the site's last compilation; or the same traits elsewhere, as when a
+logging step ends the usual step at another line), or when the same computation compiles a third time or more with
+no upload changed (a Python value that keeps changing: a single repeat is what the first steps of a process do as it
+settles, and cannot be told from one). Any other compilation is a *new graph*, whenever it happens: neither depends
+on when a step logs. At a recompilation the uploads whose shapes changed are named, old -> new; if none did, a Python
+value baked into the graph changed.
 """
 
 from __future__ import annotations
@@ -62,6 +65,14 @@ class SiteRecord:
 
 
 @dataclass
+class Variant:
+    """A computation's compilations at one site with the same traits."""
+
+    uploads: dict[str, tuple] = field(default_factory=dict)  # upload shapes at the last compilation
+    compiles: int = 0
+
+
+@dataclass
 class FallbackSite:
     """Where a CPU-fallback operator was called, as the fallback probe saw it."""
 
@@ -82,8 +93,7 @@ class Attribution:
     def __init__(self):
         self._lock = threading.Lock()
         self.sites: dict[str, SiteRecord] = {}
-        # (site, sites before it) -> {traits: upload shapes at their last compilation}, the last compiled last
-        self._compiled: dict[tuple, dict[tuple, dict[str, tuple]]] = {}
+        self._compiled: dict[tuple, dict[tuple, Variant]] = {}  # (site, sites before it) -> {traits: variant}
         self._by_traits: dict[tuple, dict[str, tuple]] = {}  # traits -> upload shapes at their last compilation
         self._uploads: dict[str, tuple] = {}  # upload site -> the shapes it sent last
         self._prior: list[str] = []  # sites of the graphs run since the last step marker
@@ -180,33 +190,32 @@ class Attribution:
                 record.new_graphs += compiles
                 return
             variants = self._compiled[graph] = {}
-        same = self._same_computation(variants, traits)
-        if same is None:
+        earlier = self._same_computation(variants, traits)
+        if earlier is None:
             record.new_graphs += compiles
         else:
             record.recompilations += compiles
-            record.changes.append(self._what_changed(variants[same]))
-        uploads = dict(self._uploads)
-        variants.pop(traits, None)
-        variants[traits] = uploads
+            record.changes.append(self._what_changed(earlier.uploads))
+        variant = variants.pop(traits, None) or Variant()
+        variant.uploads, variant.compiles = dict(self._uploads), variant.compiles + compiles
+        variants[traits] = variant  # the last compiled last
         if len(variants) > MAX_VARIANTS:
             del variants[next(iter(variants))]
         if traits in self._by_traits or len(self._by_traits) < MAX_GRAPHS:
-            self._by_traits[traits] = uploads
+            self._by_traits[traits] = variant.uploads
 
-    def _same_computation(self, variants: dict[tuple, dict[str, tuple]], traits: tuple) -> tuple | None:
-        """The traits of the earlier compilation of this computation (at this site or, for other shapes, elsewhere),
-        None if it is a new one."""
-        if traits in variants:
-            return traits
+    def _same_computation(self, variants: dict[tuple, Variant], traits: tuple) -> Variant | None:
+        """The earlier compilation of this computation that this one recompiles, None if it is a new graph."""
+        same = variants.get(traits)
+        if same is not None and (self._shapes_changed(same.uploads) or same.compiles >= 2):
+            return same
         if variants:
             last = next(reversed(variants))
-            if last[1] == traits[1] and self._shapes_changed(variants[last]):
-                return last
-        elsewhere = self._by_traits.get(traits) if traits != ((), ()) else None
+            if last[1] == traits[1] and self._shapes_changed(variants[last].uploads):
+                return variants[last]
+        elsewhere = self._by_traits.get(traits) if traits[0] else None
         if elsewhere is not None and self._shapes_changed(elsewhere):
-            variants[traits] = elsewhere  # what _what_changed compares with
-            return traits
+            return Variant(elsewhere)
         return None
 
     def _shapes_changed(self, before: dict[str, tuple]) -> bool:

@@ -116,6 +116,7 @@ class StepTracker:
         self._optimizer_stepped = False  # since the last step end
         self._held: list[tuple[int, int, float]] | None = []  # (graphs, cuts, end) of steps that may be setup
         self._first_start = clock()  # where the first training step starts: attach, or the optimizer's creation
+        self._last_marker_end: float | None = None
         self._step_graphs = 0
         self._step_cuts = 0
 
@@ -190,6 +191,8 @@ class StepTracker:
             self.attribution.step_marker(cuts, compiled_before, at_marker, compiled_at_marker, extra)
         if at_marker:
             state.markers += 1
+        if cuts + at_marker:
+            self._last_marker_end = now
         self._step_graphs += cuts + at_marker
         self._step_cuts += cuts
         if cuts + at_marker == 0 or (state.optimizer_steps and not self._optimizer_stepped):
@@ -232,6 +235,14 @@ class StepTracker:
         """time.perf_counter() at the last step end (no copy of the histograms)."""
         self.flush()
         return self._state.last_step_end
+
+    @property
+    def last_active(self) -> float | None:
+        """time.perf_counter() at the last step end or, while the first steps are held as possible setup, at the last
+        marker that ran a graph: the process trains either way."""
+        self.flush()
+        state = self._state
+        return state.last_step_end if state.last_step_end is not None else self._last_marker_end
 
     def end(self) -> None:
         """The process stops training: steps still held as possible setup are steps."""

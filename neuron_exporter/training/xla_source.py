@@ -68,8 +68,8 @@ class XlaSource:
 
     # -- what the handle reads ----------------------------------------------------------------------------
     @property
-    def last_step_end(self) -> float | None:
-        return self.tracker.last_step_end
+    def last_active(self) -> float | None:
+        return self.tracker.last_active
 
     def diagnosis(self, labels: dict[str, str]) -> dict:
         return self.attribution.diagnosis(labels, self.tracker.state().steps, self.reader.fallback_counts())

@@ -5,9 +5,9 @@ the dashboard variables."""
 from __future__ import annotations
 
 from grafana_foundation_sdk.builders import common, dashboard, prometheus, stat, table, text, timeseries
+from grafana_foundation_sdk.models import common as common_model
 from grafana_foundation_sdk.models import dashboard as model
 from grafana_foundation_sdk.models import prometheus as prom_model
-from grafana_foundation_sdk.models import common as common_model
 from grafana_foundation_sdk.models.common import DataSourceRef
 
 from .config import Config

@@ -7,8 +7,18 @@ from grafana_foundation_sdk.builders.dashboard import Dashboard, Row
 from grafana_foundation_sdk.models import dashboard as model
 
 from .config import DEFAULTS, Config
-from .panels import (BY_RANK, RANK_LEGEND, Queries, dashboard_links, finish, graph, merged_table, note, single_stat,
-                     variables)
+from .panels import (
+    BY_RANK,
+    RANK_LEGEND,
+    Queries,
+    dashboard_links,
+    finish,
+    graph,
+    merged_table,
+    note,
+    single_stat,
+    variables,
+)
 
 UID = "neuron-exporter-torch-compile"
 

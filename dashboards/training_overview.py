@@ -7,8 +7,19 @@ from grafana_foundation_sdk.builders.dashboard import Dashboard, Row
 from grafana_foundation_sdk.models import dashboard as model
 
 from .config import DEFAULTS, Config
-from .panels import (BY_RUN, RANK_LEGEND, RUN_LEGEND, Queries, dashboard_links, finish, graph, instant_table,
-                     merged_table, single_stat, variables)
+from .panels import (
+    BY_RUN,
+    RANK_LEGEND,
+    RUN_LEGEND,
+    Queries,
+    dashboard_links,
+    finish,
+    graph,
+    instant_table,
+    merged_table,
+    single_stat,
+    variables,
+)
 
 UID = "neuron-exporter-training"
 

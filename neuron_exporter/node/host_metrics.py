@@ -11,7 +11,6 @@ from collections.abc import Iterator
 import psutil
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-
 # Linux counts guest time inside user and nice already; leaving it out keeps the modes summable.
 GUEST_MODES = ("guest", "guest_nice")
 

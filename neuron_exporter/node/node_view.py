@@ -22,14 +22,25 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
 from prometheus_client.utils import floatToGoString
 
-from .. import __version__
-from .. import diagnosis
+from .. import __version__, diagnosis
 from ..config import Options
 from .exposition_check import escape_label_value
 from .host_metrics import HostCollector
 from .spool import (
-    RankMeta, RankReport, RejectedFile, SpoolDirError, check_spool_dir, file_trust, is_expired, rank_order,
-    read_diagnosis, remove_rank_files, remove_stale_temp_files, trusted_owners, writer_alive)
+    RankMeta,
+    RankReport,
+    RejectedFile,
+    SpoolDirError,
+    check_spool_dir,
+    file_trust,
+    is_expired,
+    rank_order,
+    read_diagnosis,
+    remove_rank_files,
+    remove_stale_temp_files,
+    trusted_owners,
+    writer_alive,
+)
 from .spool_reader import SpoolReader
 
 log = logging.getLogger(__name__)

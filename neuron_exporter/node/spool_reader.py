@@ -22,8 +22,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from .spool import (
-    DATA_SUFFIX, PREFIX, RankReport, RejectedFile, file_identity, file_stem, rank_order, read_rank_file)
+from .spool import DATA_SUFFIX, PREFIX, RankReport, RejectedFile, file_identity, file_stem, rank_order, read_rank_file
 
 DEFAULT_MAX_FILES = 1024
 DEFAULT_MAX_TOTAL_BYTES = 64 * 1024 * 1024

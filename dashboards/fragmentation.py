@@ -191,7 +191,8 @@ def recompile_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                 (f"topk(10, 60 * {q.rate('xla_recompilations_total', by='run_id, location')})", SITE_LEGEND)))
             .with_panel(graph(
                 "Recompilations per step", "Recompilations (compilations of a computation that compiled "
-                "before, for other shapes or values) per training step, per rank. The dashed line is the recompilation-storm alert threshold.",
+                "before, for other shapes or values) per training step, per rank. The dashed line is the "
+                "recompilation-storm alert threshold.",
                 "suffix:compiles/step", (q.ratio("xla_recompilations_total", "xla_steps_total"), RANK_LEGEND),
                 width=8, threshold=c.recompilations_per_step))
             .with_panel(graph(

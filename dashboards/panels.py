@@ -76,7 +76,7 @@ def instant_table_query(expr: str, ref: str = "A") -> prometheus.Dataquery:
 
 
 def _targets(panel, queries):
-    for ref, (expr, legend) in zip(REF_IDS, queries):
+    for ref, (expr, legend) in zip(REF_IDS, queries, strict=False):
         panel = panel.with_target(query(expr, legend, ref))
     return panel
 
@@ -138,7 +138,7 @@ def merged_table(title: str, description: str, unit: str, columns: dict[str, str
     """A table of several instant queries joined on their labels, one row per label set: ``columns`` maps the
     labels to show, in order, to their headers; ``values`` are (expr, header, unit) triples, one column each (unit
     None: the panel's ``unit``). Sorted by the first value column, descending; ``limit`` keeps the first rows."""
-    names = {f"Value #{ref}": header for ref, (_, header, _) in zip(REF_IDS, values)}
+    names = {f"Value #{ref}": header for ref, (_, header, _) in zip(REF_IDS, values, strict=False)}
     order = [*columns, *names]
     first = values[0][1]
     panel = (table.Panel().title(title).description(description).unit(unit).datasource(DATASOURCE)
@@ -154,7 +154,7 @@ def merged_table(title: str, description: str, unit: str, columns: dict[str, str
         panel = (panel.with_transformation(model.DataTransformerConfig(
                      id_val="sortBy", options={"sort": [{"field": first, "desc": True}]}))
                  .with_transformation(model.DataTransformerConfig(id_val="limit", options={"limitField": limit})))
-    for ref, (expr, header, column_unit) in zip(REF_IDS, values):
+    for ref, (expr, header, column_unit) in zip(REF_IDS, values, strict=False):
         panel = panel.with_target(instant_table_query(expr, ref))
         if column_unit is not None:
             panel = panel.override_by_name(header, [model.DynamicConfigValue(id_val="unit", value=column_unit)])

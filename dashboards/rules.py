@@ -112,7 +112,8 @@ def run_name(c: Config) -> str:
     parts = ['{{ $sep := "" }}']
     for label in c.aggregation_labels:
         word = "run" if label == "run_id" else label
-        parts.append(f'{{{{ with $labels.{label} }}}}{{{{ $sep }}}}{word} {{{{ . }}}}{{{{ $sep = ", " }}}}{{{{ end }}}}')
+        parts.append(f"{{{{ with $labels.{label} }}}}{{{{ $sep }}}}{word} "
+                     '{{ . }}{{ $sep = ", " }}{{ end }}')
     return "".join(parts)
 
 

@@ -4,8 +4,8 @@ A rank file is written by a training process, but anyone who can write to the sp
 The node endpoint serves a rank only if its exposition is what a rank writes: the text format 0.0.4 as
 prometheus_client renders it, line by line; only the exporter's own families, never one the node endpoint owns
 (``neuron_exporter_rank_up`` and the like); every sample labelled with the rank and local rank of the file's
-header (and its run), so a file cannot speak for another rank. One bad line and the whole rank is left out: a single malformed
-line would make Prometheus reject the whole node's scrape.
+header (and its run), so a file cannot speak for another rank. One bad line and the whole rank is left out: a single
+malformed line would make Prometheus reject the whole node's scrape.
 
 A rank rewrites its file every couple of seconds, usually with new values only. ``recheck`` compares a rewrite with
 the last checked exposition of the same file line by line: if every line but the sample values is the same, only the

@@ -292,7 +292,7 @@ def rank_families(statuses: list[RankStatus]) -> list[Family]:
             state.append(f'neuron_exporter_rank_state{{{labels},state="{name}"}} '
                          f"{'1.0' if status.state == name else '0.0'}".encode())
     return [(name, name + b" " + help_text, b"# TYPE " + name + b" gauge", b"\n".join(lines))
-            for (name, help_text), lines in zip(RANK_FAMILIES, (up, state, last))]
+            for (name, help_text), lines in zip(RANK_FAMILIES, (up, state, last), strict=True)]
 
 
 class _NodeMetrics:

@@ -46,7 +46,7 @@ class SpoolReader:
         self.max_total_bytes = max_total_bytes
         self.max_files = max_files
         # A run's files end with its part of the file name; the header, checked on reading, has the last word.
-        self._suffix = "." + file_stem("0", run_id).split(".", 1)[1] + DATA_SUFFIX if run_id is not None else DATA_SUFFIX
+        self._suffix = DATA_SUFFIX if run_id is None else "." + file_stem("0", run_id).split(".", 1)[1] + DATA_SUFFIX
         self._entries: dict[str, _Entry] = {}
         self._lock = threading.Lock()
         self.over_budget = 0  # files left out by the last refresh for the budget

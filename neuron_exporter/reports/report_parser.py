@@ -111,7 +111,7 @@ def parse_duration(text: str) -> float:
         # neither was a 0 further down. Either means the text came from a formatter without the quirk.
         if values[i + 1] >= DURATION_FIELDS[i + 1][2] / 2 and values[i] >= (2 if i == first else 1):
             values[i] -= 1
-    return sum(value * scale for value, (_, scale, _) in zip(values, DURATION_FIELDS))
+    return sum(value * scale for value, (_, scale, _) in zip(values, DURATION_FIELDS, strict=True))
 
 
 def parse_bytes(text: str) -> float:

@@ -174,7 +174,7 @@ class MetricsServer:
     def _loop(self) -> None:
         while not self._stopping:
             try:
-                for key, events in self._selector.select(timeout=0.25):
+                for key, _events in self._selector.select(timeout=0.25):
                     if key.data is None:
                         self._accept()
                     elif key.data is _WAKE:
@@ -185,7 +185,7 @@ class MetricsServer:
                 if now >= self._next_sweep:
                     self._next_sweep = now + 0.25
                     self._sweep(now)
-            except Exception as error:  # noqa: BLE001 - the endpoint must outlive any one connection
+            except Exception as error:  # the endpoint must outlive any one connection
                 self._log_once(f"HTTP server loop: {type(error).__name__}: {error}")
                 log.debug("HTTP server loop", exc_info=True)
 

@@ -86,7 +86,7 @@ def load_web_config(path) -> WebConfig:
         if root is None:
             return config
         top = _mapping(path, root, "web config")
-        for key, (key_node, value_node) in top.items():
+        for key, (key_node, _value_node) in top.items():
             if key not in TOP_KEYS:
                 raise WebConfigError(f"{path}:{_line(key_node)}: unsupported key {_quote(key)} "
                                      f"(supported: {', '.join(TOP_KEYS)})")
@@ -252,7 +252,7 @@ def _tls_context(path: Path, config: WebConfig, section_node, node) -> ssl.SSLCo
 
 def _users(path: Path, node) -> dict[str, bytes]:
     users, lines = {}, {}
-    for user, (key_node, value_node) in _mapping(path, node, "basic_auth_users").items():
+    for user, (_key_node, value_node) in _mapping(path, node, "basic_auth_users").items():
         hashed = _string(path, "basic_auth_users", user, value_node)
         where = f"{path}:{_line(value_node)}: basic_auth_users.{user}"
         match = BCRYPT_HASH.fullmatch(hashed)

@@ -85,7 +85,7 @@ def measure(backend: str, rounds: int, steps: int) -> None:
     with neuron_exporter.attach(port=0, addr="127.0.0.1"):
         own = hooks_per_step()
     bare, attached = (statistics.median(per_step[v]) for v in ("bare", "attach()"))
-    paired = statistics.median(a / b for a, b in zip(per_step["attach()"], per_step["bare"]))
+    paired = statistics.median(a / b for a, b in zip(per_step["attach()"], per_step["bare"], strict=True))
     fastest = min(per_step["attach()"]) / min(per_step["bare"])  # the blocks least disturbed by the machine
     print(f"{backend} ({'XLA CPU device' if backend == 'openxla' else 'CPU'}, one intra-op thread): {rounds} rounds "
           f"x {steps} steps per variant, interleaved; median time per step:")

@@ -149,7 +149,7 @@ def main() -> None:
         for variant in order.sample(list(BARE_OF), len(BARE_OF)):
             pair = [variant, BARE_OF[variant]]
             order.shuffle(pair)
-            seconds = dict(zip(pair, (run(pair[0]), run(pair[1]))))
+            seconds = dict(zip(pair, (run(pair[0]), run(pair[1])), strict=True))
             ratios[variant].append(seconds[variant] / seconds[BARE_OF[variant]])
 
     print(f"{args.rounds} rounds x {args.steps} timed steps per variant, each block next to a block of its bare loop "

@@ -5,6 +5,7 @@ the dashboard variables."""
 from __future__ import annotations
 
 from grafana_foundation_sdk.builders import common, dashboard, prometheus, stat, table, text, timeseries
+from grafana_foundation_sdk.cog import builder as cogbuilder
 from grafana_foundation_sdk.models import common as common_model
 from grafana_foundation_sdk.models import dashboard as model
 from grafana_foundation_sdk.models import prometheus as prom_model
@@ -211,7 +212,7 @@ def finish(board: dashboard.Dashboard) -> model.Dashboard:
     return built
 
 
-def dashboard_links() -> list[dashboard.DashboardLink]:
+def dashboard_links() -> list[cogbuilder.Builder[model.DashboardLink]]:
     """A drop-down to the other neuron-exporter dashboards, carrying the time range and the variables."""
     return [dashboard.DashboardLink("neuron-exporter").type(model.DashboardLinkType.DASHBOARDS)
             .tags(["neuron-exporter"]).as_dropdown(True).include_vars(True).keep_time(True)]

@@ -152,7 +152,7 @@ class NodeView:
         launcher started) is shown instead of it."""
         now = time.time() if now is None else now
         statuses = []
-        own_meta = RankMeta.of(own[0]) if own is not None else None
+        own_meta, own_exposition = (RankMeta.of(own[0]), own[1]) if own is not None else (None, b"")
         for report in self._spool_reports(now):
             alive = writer_alive(report, self._file_trust)
             if self.run_id is not None and report.meta.run_id != self.run_id:
@@ -167,7 +167,7 @@ class NodeView:
                 continue
             statuses.append(self._status(report.meta, report.exposition, alive, report.mtime, now, report.path))
         if own_meta is not None:
-            statuses.append(self._status(own_meta, own[1], alive=True, written=now, now=now))
+            statuses.append(self._status(own_meta, own_exposition, alive=True, written=now, now=now))
         return sorted(statuses, key=lambda s: (s.meta.run_id, rank_order(s.meta.rank)))
 
     def _spool_reports(self, now: float) -> list[RankReport]:
@@ -185,9 +185,9 @@ class NodeView:
         scraped, self._last_scrape = self._last_scrape, time.monotonic()
         background = self._reading is not None and self._last_scrape - scraped < IDLE_SECONDS
         reports, self.rejected = self._reader.refresh(read_changed=not background)
-        for name, error in self.rejected:
-            if error.reason != "over_budget":
-                self._log_once(name, error.reason, f"{name}: {error}")
+        for name, rejection in self.rejected:
+            if rejection.reason != "over_budget":
+                self._log_once(name, rejection.reason, f"{name}: {rejection}")
         if self._reader.over_budget and not self._budget_logged:
             self._budget_logged = True
             log.warning("neuron-exporter: not serving %d files of the spool directory %s: it holds more than the %d "

@@ -406,8 +406,8 @@ def read_rank_file(path, max_bytes: int = DEFAULT_MAX_BYTES, previous: RankRepor
     same_rank = previous is not None and (previous.meta.rank, previous.meta.local_rank, previous.meta.run_id) == (
         meta.rank, meta.local_rank, meta.run_id)
     try:
-        checked = recheck(exposition, previous.checked if same_rank else None, meta.rank, meta.local_rank,
-                          meta.run_id)
+        checked = recheck(exposition, previous.checked if previous is not None and same_rank else None, meta.rank,
+                          meta.local_rank, meta.run_id)
     except ExpositionError as error:
         raise RejectedFile("bad_exposition", str(error)) from None
     return RankReport(meta, exposition, info.st_mtime, path, checked)
@@ -466,7 +466,7 @@ def writer_alive(report: RankReport, trusted: frozenset[int] | None = None) -> b
         os.close(fd)
 
 
-_own = {}
+_own: dict[str, float] = {}  # pid, start_time
 
 
 def _own_start_time() -> float:

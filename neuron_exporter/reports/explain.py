@@ -398,7 +398,8 @@ CHECKS = (("fallback", _fallback), ("host_reads", _host_reads), ("fragmentation"
 
 
 def _findings(f: _Figures) -> list[Finding]:
-    found, listed = [], set()
+    found: list[Finding] = []
+    listed: set[str] = set()
     for name, check in CHECKS:
         finding = check(f, listed)
         if finding:

@@ -168,6 +168,7 @@ def _last_report(path: str, history: SyncHistory | None = None) -> tuple[int | N
         count += 1
         if history is not None:
             history.add(step, snapshot)
+    assert snapshot is not None  # parse_report_stream raises on an input without a report
     return step, count, snapshot, source
 
 

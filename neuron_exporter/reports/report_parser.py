@@ -109,7 +109,9 @@ def parse_duration(text: str) -> float:
     for i in range(len(DURATION_FIELDS) - 2, first - 1, -1):
         # The first field is printed only when it is at least 1, so a 1 there was never rounded up;
         # neither was a 0 further down. Either means the text came from a formatter without the quirk.
-        if values[i + 1] >= DURATION_FIELDS[i + 1][2] / 2 and values[i] >= (2 if i == first else 1):
+        below = DURATION_FIELDS[i + 1][2]  # how many of the unit below make one of this
+        assert below is not None  # only the first unit, days, has none above it
+        if values[i + 1] >= below / 2 and values[i] >= (2 if i == first else 1):
             values[i] -= 1
     return sum(value * scale for value, (_, scale, _) in zip(values, DURATION_FIELDS, strict=True))
 
@@ -172,7 +174,9 @@ class _Reader:
             if self.next == len(self.lines):
                 break
             start = self.next + 1
-            step = int(STREAM_HEADER.fullmatch(self.lines[self.next].strip()).group(1))
+            header = STREAM_HEADER.fullmatch(self.lines[self.next].strip())
+            assert header is not None  # blocks() stops at a stream header or at the end
+            step = int(header.group(1))
             self.next += 1
         if not found:
             raise self.error(1, f"no report here: the text has no {BLOCK_FORM} block")

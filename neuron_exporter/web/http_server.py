@@ -28,6 +28,7 @@ from collections.abc import Callable
 from email.utils import formatdate
 from http import HTTPStatus
 from os import PathLike
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from prometheus_client.exposition import choose_encoder, gzip_accepted
@@ -88,7 +89,7 @@ class MetricsServer:
                  listener: socket.socket | None = None):
         if isinstance(web_config, (str, PathLike)):
             web_config = load_web_config(web_config)
-        self._source = source
+        self._source: Any = source  # a collector (it has collect()) or a function that renders the exposition
         self._pages = dict(pages or {})  # path -> page(query parameters) -> (body, content type)
         self._configs = WebConfigReloader(web_config)
         self._config = web_config
@@ -139,9 +140,11 @@ class MetricsServer:
             self._thread.join()
             self._thread = None
         for connection in list(self._busy):
+            sock = connection.sock  # None if its worker closed it already
             try:
-                connection.sock.shutdown(socket.SHUT_RDWR)  # the worker answering it fails and closes it
-            except (OSError, AttributeError):
+                if sock is not None:
+                    sock.shutdown(socket.SHUT_RDWR)  # the worker answering it fails and closes it
+            except OSError:
                 pass
         for _ in self._workers:
             self._jobs.put(None)
@@ -204,6 +207,7 @@ class MetricsServer:
             if HEAD_END.search(connection.buffer):  # it sent its next request during the pause
                 self._hand_over(connection)
             else:
+                assert connection.sock is not None  # open until _close() takes it out of _paused
                 self._selector.register(connection.sock, selectors.EVENT_READ, connection)
 
     def _accept(self) -> None:
@@ -229,7 +233,7 @@ class MetricsServer:
             connection = _Connection(sock, client_key(address[0]), time.monotonic() + HEAD_TIMEOUT_SECONDS)
             if tls is not None:
                 try:
-                    connection.sock = tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+                    connection.sock = sock = tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
                 except (OSError, ValueError):
                     sock.close()
                     continue
@@ -240,7 +244,7 @@ class MetricsServer:
                 self._paused[connection] = None
                 continue
             self._waiting[connection] = None
-            self._selector.register(connection.sock, selectors.EVENT_READ, connection)
+            self._selector.register(sock, selectors.EVENT_READ, connection)
 
     def _connection_to_close(self) -> _Connection | None:
         """To make room: a paused one (its client was refused too often), else the one that has waited longest,
@@ -254,8 +258,10 @@ class MetricsServer:
 
     def _read(self, connection: _Connection) -> None:
         sock = connection.sock
+        assert sock is not None  # open while in the selector
         try:
             if connection.handshaking:
+                assert isinstance(sock, ssl.SSLSocket)
                 sock.do_handshake()
                 connection.handshaking = False
                 self._selector.modify(sock, selectors.EVENT_READ, connection)
@@ -312,6 +318,7 @@ class MetricsServer:
     def _close(self, connection: _Connection) -> None:
         self._waiting.pop(connection, None)
         self._paused.pop(connection, None)
+        assert connection.sock is not None  # closed once only
         try:
             self._selector.unregister(connection.sock)
         except (KeyError, ValueError):
@@ -456,6 +463,7 @@ class MetricsServer:
             # A client refused as fast as it asks (guessing passwords, say) would cost the process a request each
             # time: its next request waits, unread, where closing would make it reconnect (a TLS handshake each).
             connection.paused_until = time.monotonic() + self._refusals.seconds_until_token(connection.client)
+        assert connection.sock is not None  # open until the worker that sends this closes it
         _send_all(connection.sock, data, time.monotonic() + WRITE_TIMEOUT_SECONDS)
         connection.served = connection.served or 200 <= status < 300
 

@@ -138,7 +138,7 @@ def _compose(path: Path, text: str):
             if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
                 depth += 1
                 if depth > MAX_NESTING:
-                    raise WebConfigError(f"{path}:{event.start_mark.line + 1}: nested deeper than {MAX_NESTING} "
+                    raise WebConfigError(f"{path}:{_line(event)}: nested deeper than {MAX_NESTING} "
                                          "levels")
             elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
                 depth -= 1
@@ -269,9 +269,9 @@ def _users(path: Path, node) -> dict[str, bytes]:
         except ImportError:
             raise WebConfigError(f"{path}:{_line(node)}: basic_auth_users needs the bcrypt package: "
                                  "pip install 'neuron-exporter[auth]'") from None
-        for user, hashed in users.items():
+        for user, encoded in users.items():
             try:  # the same hash at the lowest cost: bcrypt reads the salt as it would at a login, in 1 ms
-                bcrypt.checkpw(b"", hashed[:4] + b"04" + hashed[6:])
+                bcrypt.checkpw(b"", encoded[:4] + b"04" + encoded[6:])
             except ValueError:
                 raise WebConfigError(f"{path}:{lines[user]}: basic_auth_users.{user}: not a valid bcrypt hash "
                                      "(its salt does not decode)") from None

@@ -333,7 +333,8 @@ def _options_in(loader: yaml.SafeLoader, path_text: str) -> dict:
     if not isinstance(root, yaml.MappingNode):
         raise ConfigError(f"{path_text}:{root.start_mark.line + 1}: the config file must be a mapping "
                           f"of option names to values (known: {_known()})")
-    values, seen = {}, {}
+    values = {}
+    seen: dict[str, int] = {}
     for key_node, value_node in root.value:
         line = key_node.start_mark.line + 1
         key = key_node.value if isinstance(key_node, yaml.ScalarNode) else None

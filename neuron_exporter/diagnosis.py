@@ -105,14 +105,14 @@ def _checked(value, schema, clip: bool):
         bound = MAX_FRAMES if schema is FRAMES else MAX_ITEMS
         if len(value) > bound and not clip:
             raise _Invalid(f"more than {bound} entries")
-        result = []
+        items = []
         for n, item in enumerate(value[:bound]):
             try:
-                result.append(_checked(item, schema[0], clip))
+                items.append(_checked(item, schema[0], clip))
             except _Invalid as error:
                 error.path.append(f"[{n}]")
                 raise
-        return result
+        return items
     if not isinstance(value, dict):
         raise _Invalid("not an object")
     if "*" in schema:
@@ -457,7 +457,9 @@ def _break_advice(reason: str) -> str:
 def _changes(changes: list[dict]) -> list[str]:
     lines = []
     for change in changes:
-        uploads = change.get("uploads") if isinstance(change.get("uploads"), dict) else {}
+        uploads = change.get("uploads")
+        if not isinstance(uploads, dict):
+            uploads = {}
         for upload, shapes in list(uploads.items())[:4]:
             if isinstance(shapes, dict):
                 lines.append(f"upload at {upload}: {shapes.get('before')} -> {shapes.get('now')}")
@@ -520,7 +522,7 @@ def render_text(document: dict) -> str:
 
 def _compile_summary(ranks: list) -> str | None:
     """One line of torch.compile totals over the ranks that compiled anything; None if none did."""
-    parts = [rank.get("torch_compile") for rank in ranks if isinstance(rank, dict)]
+    parts: list = [rank.get("torch_compile") for rank in ranks if isinstance(rank, dict)]
     parts = [p for p in parts if isinstance(p, dict) and (_number(p.get("compilations"))
                                                           or _number(p.get("graph_breaks")))]
     if not parts:

@@ -36,9 +36,15 @@ class _Entry:
 
 
 class SpoolReader:
-    def __init__(self, directory, max_file_bytes: int, max_total_bytes: int = DEFAULT_MAX_TOTAL_BYTES,
-                 max_files: int = DEFAULT_MAX_FILES, run_id: str | None = None,
-                 trusted: frozenset[int] | None = None):
+    def __init__(
+        self,
+        directory,
+        max_file_bytes: int,
+        max_total_bytes: int = DEFAULT_MAX_TOTAL_BYTES,
+        max_files: int = DEFAULT_MAX_FILES,
+        run_id: str | None = None,
+        trusted: frozenset[int] | None = None,
+    ):
         """``trusted``: the uids whose files are served (``spool.file_trust``); None: anyone's."""
         self.directory = Path(directory)
         self.trusted = trusted
@@ -60,8 +66,9 @@ class SpoolReader:
 
     def _refresh(self, read_changed: bool) -> tuple[list[RankReport], list[tuple[str, RejectedFile]]]:
         try:
-            names = [name for name in os.listdir(self.directory)
-                     if name.startswith(PREFIX) and name.endswith(self._suffix)]
+            names = [
+                name for name in os.listdir(self.directory) if name.startswith(PREFIX) and name.endswith(self._suffix)
+            ]
         except OSError:
             names = []
         names.sort(key=_order)
@@ -78,9 +85,17 @@ class SpoolReader:
                 continue  # gone since the listing
             if index >= self.max_files or (stat.S_ISREG(info.st_mode) and info.st_size > budget):
                 self.over_budget += 1
-                rejected.append((name, RejectedFile("over_budget", "the spool directory holds more than the "
-                                                    f"{self.max_files} files or {self.max_total_bytes} bytes "
-                                                    "the endpoint reads")))
+                rejected.append(
+                    (
+                        name,
+                        RejectedFile(
+                            "over_budget",
+                            "the spool directory holds more than the "
+                            f"{self.max_files} files or {self.max_total_bytes} bytes "
+                            "the endpoint reads",
+                        ),
+                    )
+                )
                 continue
             entry = self._entries.get(name)
             identity = file_identity(info)
@@ -116,8 +131,9 @@ class SpoolReader:
 
     def _read(self, path: Path, identity: tuple[int, int, int, int], previous: _Entry | None) -> _Entry:
         try:
-            report = read_rank_file(path, self.max_file_bytes, previous.report if previous is not None else None,
-                                    self.trusted)
+            report = read_rank_file(
+                path, self.max_file_bytes, previous.report if previous is not None else None, self.trusted
+            )
         except RejectedFile as error:
             return _Entry(identity, None, error)
         except OSError as error:
@@ -127,5 +143,5 @@ class SpoolReader:
 
 def _order(name: str):
     """Files in the order of their runs, then ranks (numerically where ranks are numbers), from their names."""
-    rank, _, run = name[len(PREFIX):-len(DATA_SUFFIX)].partition(".")
+    rank, _, run = name[len(PREFIX) : -len(DATA_SUFFIX)].partition(".")
     return run, rank_order(rank)

@@ -83,10 +83,15 @@ class MetricsServer:
     file (same format as Prometheus exporters' ``--web.config.file``); its files are re-read when they change.
     """
 
-    def __init__(self, source: Callable[[], bytes] | object, addr: str = "0.0.0.0", port: int = 19478,
-                 web_config: WebConfig | str | PathLike | None = None,
-                 pages: dict[str, Callable[[dict[str, list[str]]], tuple[bytes, str]]] | None = None,
-                 listener: socket.socket | None = None):
+    def __init__(
+        self,
+        source: Callable[[], bytes] | object,
+        addr: str = "0.0.0.0",
+        port: int = 19478,
+        web_config: WebConfig | str | PathLike | None = None,
+        pages: dict[str, Callable[[dict[str, list[str]]], tuple[bytes, str]]] | None = None,
+        listener: socket.socket | None = None,
+    ):
         if isinstance(web_config, (str, PathLike)):
             web_config = load_web_config(web_config)
         self._source: Any = source  # a collector (it has collect()) or a function that renders the exposition
@@ -371,8 +376,8 @@ class MetricsServer:
                     return True  # part of the next request: back to the loop
                 self._send(connection, "GET", 431, b"Request Header Fields Too Large\n", TEXT, {}, False)
                 return False
-            head = bytes(connection.buffer[:end.start()])
-            del connection.buffer[:end.end()]
+            head = bytes(connection.buffer[: end.start()])
+            del connection.buffer[: end.end()]
             if not self._answer(connection, head):
                 return False
             if connection.paused_until:
@@ -389,22 +394,35 @@ class MetricsServer:
         method, target, version, headers = request
         status, body, content_type, extra = self._respond(method, target, headers, connection.client)
         # Request bodies are never read: after one, the connection cannot be reused.
-        keep_alive = (version == "HTTP/1.1" and headers.get("connection", "").lower() != "close"
-                      and headers.get("content-length", "0") == "0" and "transfer-encoding" not in headers)
+        keep_alive = (
+            version == "HTTP/1.1"
+            and headers.get("connection", "").lower() != "close"
+            and headers.get("content-length", "0") == "0"
+            and "transfer-encoding" not in headers
+        )
         self._send(connection, method, status, body, content_type, extra, keep_alive)
         return keep_alive
 
-    def _respond(self, method: str, target: str, headers: dict[str, str],
-                 client: str) -> tuple[int, bytes, str, dict[str, str]]:
+    def _respond(
+        self, method: str, target: str, headers: dict[str, str], client: str
+    ) -> tuple[int, bytes, str, dict[str, str]]:
         config = self._config
         if config is not None and config.users:
             verdict = self._auth.check(config, headers.get("authorization"), client)
             if verdict == LIMITED:
-                return (429, b"Too Many Requests: too many failed logins from your address, retry later\n", TEXT,
-                        {"Retry-After": str(round(CLIENT_REFILL_SECONDS))})
+                return (
+                    429,
+                    b"Too Many Requests: too many failed logins from your address, retry later\n",
+                    TEXT,
+                    {"Retry-After": str(round(CLIENT_REFILL_SECONDS))},
+                )
             if verdict != OK:
-                return (401, b"Unauthorized\n", TEXT,
-                        {"WWW-Authenticate": 'Basic realm="neuron-exporter", charset="UTF-8"'})
+                return (
+                    401,
+                    b"Unauthorized\n",
+                    TEXT,
+                    {"WWW-Authenticate": 'Basic realm="neuron-exporter", charset="UTF-8"'},
+                )
         # Everything, health paths included, is behind basic auth when it is configured, as in Prometheus'
         # exporter-toolkit (which exempts no path): a probe sends the credentials, or probes the TCP port.
         if method not in ("GET", "HEAD"):
@@ -449,11 +467,24 @@ class MetricsServer:
         extra = {"Content-Encoding": "gzip"} if body is not render.body else {}
         return 200, body, render.content_type, extra
 
-    def _send(self, connection: _Connection, method: str, status: int, body: bytes, content_type: str,
-              extra: dict[str, str], keep_alive: bool) -> None:
-        lines = [f"HTTP/1.1 {status} {HTTPStatus(status).phrase}", "Server: neuron-exporter",
-                 f"Date: {formatdate(usegmt=True)}", f"Content-Type: {content_type}",
-                 f"Content-Length: {len(body)}", *(f"{name}: {value}" for name, value in extra.items())]
+    def _send(
+        self,
+        connection: _Connection,
+        method: str,
+        status: int,
+        body: bytes,
+        content_type: str,
+        extra: dict[str, str],
+        keep_alive: bool,
+    ) -> None:
+        lines = [
+            f"HTTP/1.1 {status} {HTTPStatus(status).phrase}",
+            "Server: neuron-exporter",
+            f"Date: {formatdate(usegmt=True)}",
+            f"Content-Type: {content_type}",
+            f"Content-Length: {len(body)}",
+            *(f"{name}: {value}" for name, value in extra.items()),
+        ]
         if not keep_alive:
             lines.append("Connection: close")
         data = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (b"" if method == "HEAD" else body)
@@ -531,7 +562,7 @@ def _send_all(sock: socket.socket, data: bytes, deadline: float) -> None:
         if remaining <= 0:
             raise TimeoutError("the client did not read the response in time")
         sock.settimeout(remaining)
-        view = view[sock.send(view):]
+        view = view[sock.send(view) :]
 
 
 def _url_host(addr: str) -> str:

@@ -13,13 +13,13 @@ export PJRT_DEVICE ?= CPU
 # grafana-foundation-sdk (the dashboards extra) needs Python 3.11: an older Python goes without it, and without
 # the tests that build dashboards.
 comma := ,
-EXTRAS := xla,auth,test$(if $(filter 3.10,$(PYTHON_VERSION)),,$(comma)dashboards)
+EXTRAS := xla,auth,test,check$(if $(filter 3.10,$(PYTHON_VERSION)),,$(comma)dashboards)
 SDK_TESTS = $(shell $(PY) -c 'import grafana_foundation_sdk' 2>/dev/null || echo alert_rules dashboards end_to_end_prometheus)
 # The tests that train (most with torch_xla: most of the suite's time); `make test-fast` runs every other one.
 XLA_TESTS := any_backend attach_lifecycle attach_scenarios concurrent_scrapes end_to_end_prometheus job_endpoint launchers multirank \
   run_command runs sites torch_compile training_steps
 
-.PHONY: venv demo test test-fast test-trainer test-compile-latest fuzz dashboards prometheus bench clean
+.PHONY: venv check demo test test-fast test-trainer test-compile-latest fuzz dashboards prometheus bench clean
 
 venv: $(STAMP)
 
@@ -37,6 +37,15 @@ prometheus:
 	@command -v promtool >/dev/null && command -v prometheus >/dev/null || { \
 	  echo "installing Prometheus (Debian package)"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null; }
+
+# The gates, in seconds: ruff lints and checks the formatting of the repository's Python (`ruff format` fixes
+# it); mypy checks the package as Python 3.10, the oldest supported, and the dashboards generator as 3.11, which
+# the Grafana SDK needs (pyproject.toml has the settings and what is left out for now).
+check: venv
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+	$(PY) -m mypy
+	$(PY) -m mypy --python-version 3.11 --cache-dir .mypy_cache/3.11 dashboards
 
 demo: venv prometheus
 	$(PY) examples/demo.py
@@ -88,4 +97,4 @@ bench: venv
 	$(PY) benchmarks/node_scale.py
 
 clean:
-	rm -rf $(VENV) $(LATEST_VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) $(LATEST_VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -88,6 +88,7 @@ def flood(port: int, tls: bool, keep_alive: bool, connections: int, nice: int, f
 
 def make_step():
     import torch
+
     torch.set_num_threads(1)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10))
@@ -114,9 +115,26 @@ def web_config(directory: Path, tls: bool) -> Path:
     hashed = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(rounds=10)).decode()
     text = f"basic_auth_users:\n  {USER}: {hashed}\n"
     if tls:
-        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=x",
-                        "-keyout", str(directory / "server.key"), "-out", str(directory / "server.crt")],
-                       check=True, capture_output=True)
+        subprocess.run(
+            [
+                "openssl",
+                "req",
+                "-x509",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-days",
+                "1",
+                "-subj",
+                "/CN=x",
+                "-keyout",
+                str(directory / "server.key"),
+                "-out",
+                str(directory / "server.crt"),
+            ],
+            check=True,
+            capture_output=True,
+        )
         text += "tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n"
     (directory / "web.yml").write_text(text)
     return directory / "web.yml"
@@ -133,8 +151,9 @@ def main() -> None:
     parser.add_argument("--no-keep-alive", dest="keep_alive", action="store_false")
     args = parser.parse_args()
 
-    server = MetricsServer(lambda: b"# TYPE demo counter\ndemo 1\n", "127.0.0.1", 0,
-                           web_config(Path(tempfile.mkdtemp()), args.tls)).start()
+    server = MetricsServer(
+        lambda: b"# TYPE demo counter\ndemo 1\n", "127.0.0.1", 0, web_config(Path(tempfile.mkdtemp()), args.tls)
+    ).start()
     checks = []  # from now on: loading the config checked each hash once too
     real_checkpw = bcrypt.checkpw
     bcrypt.checkpw = lambda password, hashed: checks.append(1) or real_checkpw(password, hashed)
@@ -188,15 +207,19 @@ def main() -> None:
 
     quiet, flooded = statistics.median(rates["quiet"]), statistics.median(rates["flood"])
     answered = sum(statuses.values())
-    print(f"{args.rounds} rounds of {args.seconds:g} s blocks, {args.flooders} flooding processes x "
-          f"{args.connections} connections (nice {args.nice}, "
-          f"{'kept-alive' if args.keep_alive else 'a connection per guess'}), "
-          f"{'HTTPS' if args.tls else 'HTTP'}, bcrypt cost 10")
+    print(
+        f"{args.rounds} rounds of {args.seconds:g} s blocks, {args.flooders} flooding processes x "
+        f"{args.connections} connections (nice {args.nice}, "
+        f"{'kept-alive' if args.keep_alive else 'a connection per guess'}), "
+        f"{'HTTPS' if args.tls else 'HTTP'}, bcrypt cost 10"
+    )
     print(f"  steps/s without a flood   {quiet:8.1f}")
     print(f"  steps/s during the flood  {flooded:8.1f}   x{flooded / quiet:.3f} of the rate without")
-    print(f"  flood: {answered} answered or failed ({answered / flood_seconds:.0f}/s), "
-          f"{', '.join(f'{key}: {value}' for key, value in sorted(statuses.items(), key=str))}; "
-          f"bcrypt checks: {len(checks)}")
+    print(
+        f"  flood: {answered} answered or failed ({answered / flood_seconds:.0f}/s), "
+        f"{', '.join(f'{key}: {value}' for key, value in sorted(statuses.items(), key=str))}; "
+        f"bcrypt checks: {len(checks)}"
+    )
     print(f"  the scraper with the right password: {dict(scrapes)}")
 
 

@@ -85,21 +85,30 @@ def measure(backend: str, rounds: int, steps: int) -> None:
     with neuron_exporter.attach(port=0, addr="127.0.0.1"):
         own = hooks_per_step()
     bare, attached = (statistics.median(per_step[v]) for v in ("bare", "attach()"))
-    paired = statistics.median(a / b for a, b in zip(per_step["attach()"], per_step["bare"]))
+    paired = statistics.median(a / b for a, b in zip(per_step["attach()"], per_step["bare"], strict=True))
     fastest = min(per_step["attach()"]) / min(per_step["bare"])  # the blocks least disturbed by the machine
-    print(f"{backend} ({'XLA CPU device' if backend == 'openxla' else 'CPU'}, one intra-op thread): {rounds} rounds "
-          f"x {steps} steps per variant, interleaved; median time per step:")
+    print(
+        f"{backend} ({'XLA CPU device' if backend == 'openxla' else 'CPU'}, one intra-op thread): {rounds} rounds "
+        f"x {steps} steps per variant, interleaved; median time per step:"
+    )
     print(f"  bare       {bare * 1e6:9.1f} us/step")
-    print(f"  attach()   {attached * 1e6:9.1f} us/step   x{attached / bare:.3f} of bare "
-          f"({(attached - bare) * 1e6:+.1f} us/step)")
-    print(f"  median of the rounds' own ratios x{paired:.3f}; fastest block attached / fastest block bare "
-          f"x{fastest:.3f}")
+    print(
+        f"  attach()   {attached * 1e6:9.1f} us/step   x{attached / bare:.3f} of bare "
+        f"({(attached - bare) * 1e6:+.1f} us/step)"
+    )
+    print(
+        f"  median of the rounds' own ratios x{paired:.3f}; fastest block attached / fastest block bare x{fastest:.3f}"
+    )
     bare_cpu, attached_cpu = (statistics.median(cpu_per_step[v]) for v in ("bare", "attach()"))
-    print(f"  CPU time of the training thread: bare {bare_cpu * 1e6:.1f} us/step, attach() {attached_cpu * 1e6:.1f} "
-          f"us/step, x{attached_cpu / bare_cpu:.3f}")
-    print(f"  the exporter's own time on the training thread: {hook_seconds / (rounds * steps) * 1e6:.2f} us/step in "
-          f"its step hook and host-read wrappers (torch_xla step markers), {own * 1e6:.2f} us/step in its "
-          f"optimizer-step hooks (step counting, and the check for new compilation records)")
+    print(
+        f"  CPU time of the training thread: bare {bare_cpu * 1e6:.1f} us/step, attach() {attached_cpu * 1e6:.1f} "
+        f"us/step, x{attached_cpu / bare_cpu:.3f}"
+    )
+    print(
+        f"  the exporter's own time on the training thread: {hook_seconds / (rounds * steps) * 1e6:.2f} us/step in "
+        f"its step hook and host-read wrappers (torch_xla step markers), {own * 1e6:.2f} us/step in its "
+        f"optimizer-step hooks (step counting, and the check for new compilation records)"
+    )
     print(f"  compilations while measuring: {compiled_since} (attach() must add none)")
 
 
@@ -126,8 +135,10 @@ def main() -> None:
         measure(backends[0], args.rounds, args.steps)
         return
     for backend in backends:  # one process each: the XLA device must exist before the first backward pass
-        subprocess.run([sys.executable, __file__, "--rounds", str(args.rounds), "--steps", str(args.steps),
-                        "--setups", backend], check=True)
+        subprocess.run(
+            [sys.executable, __file__, "--rounds", str(args.rounds), "--steps", str(args.steps), "--setups", backend],
+            check=True,
+        )
 
 
 if __name__ == "__main__":

@@ -77,13 +77,37 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as spool:
         rewrite = ["--rewrite", str(args.rewrite)] if args.rewrite else []
-        ranks = subprocess.Popen([sys.executable, str(WRITER), spool, f"0-{args.ranks - 1}", "--ops", str(args.ops),
-                                  "--steps", "1000", *rewrite], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        command = [
+            sys.executable,
+            str(WRITER),
+            spool,
+            f"0-{args.ranks - 1}",
+            "--ops",
+            str(args.ops),
+            "--steps",
+            "1000",
+            *rewrite,
+        ]
+        ranks = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         assert ranks.stdout.readline().strip() == "ready"
         log = Path(spool).parent / f"neuron-exporter-bench-{ranks.pid}.log"
         with open(log, "w") as out:
-            daemon = subprocess.Popen([sys.executable, "-m", "neuron_exporter", "serve", "--addr", "127.0.0.1",
-                                       "--port", "0", "--spool-dir", spool], cwd=ROOT, stderr=out)
+            daemon = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "neuron_exporter",
+                    "serve",
+                    "--addr",
+                    "127.0.0.1",
+                    "--port",
+                    "0",
+                    "--spool-dir",
+                    spool,
+                ],
+                cwd=ROOT,
+                stderr=out,
+            )
         try:
             port = int(wait_for(lambda: re.search(r"listening on http://[^:]+:(\d+)", log.read_text())).group(1))
             rss_idle = psutil.Process(daemon.pid).memory_info().rss
@@ -98,11 +122,15 @@ def main() -> None:
             log.unlink(missing_ok=True)
 
     rewritten = f", rewritten every {args.rewrite:g} s" if args.rewrite else ""
-    print(f"node daemon: {args.ranks} ranks x {args.ops} fallback-operator series{rewritten}, {args.scrapes} scrapes "
-          "each way")
+    print(
+        f"node daemon: {args.ranks} ranks x {args.ops} fallback-operator series{rewritten}, {args.scrapes} scrapes "
+        "each way"
+    )
     for name, times, size in (("plain", plain, plain_size), ("gzip", gzipped, gzip_size)):
-        print(f"  {name:5s}  median {statistics.median(times) * 1e3:7.2f} ms   p99 {percentile(times, 0.99) * 1e3:7.2f} ms"
-              f"   {size / 1024:8.1f} KiB per scrape")
+        print(
+            f"  {name:5s}  median {statistics.median(times) * 1e3:7.2f} ms"
+            f"   p99 {percentile(times, 0.99) * 1e3:7.2f} ms   {size / 1024:8.1f} KiB per scrape"
+        )
     print(f"  daemon resident memory: {rss / 2**20:.1f} MiB after the scrapes ({rss_idle / 2**20:.1f} MiB before)")
 
 

@@ -102,12 +102,28 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as spool:
         stop_file = Path(spool).parent / f"neuron-exporter-node-scale-{os.getpid()}.stop"
         stop_file.write_text("")
-        ranks = subprocess.Popen([sys.executable, str(WRITER), spool, f"1-{args.ranks - 1}", "--ops", str(args.ops),
-                                  "--steps", "1000", "--rewrite", str(args.rewrite)],
-                                 env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        ranks = subprocess.Popen(
+            [
+                sys.executable,
+                str(WRITER),
+                spool,
+                f"1-{args.ranks - 1}",
+                "--ops",
+                str(args.ops),
+                "--steps",
+                "1000",
+                "--rewrite",
+                str(args.rewrite),
+            ],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         assert ranks.stdout.readline().strip() == "ready"
-        trainer = subprocess.Popen([sys.executable, "-c", TRAINER, spool, str(stop_file)], env=env, cwd=ROOT,
-                                   stdout=subprocess.PIPE, text=True)
+        trainer = subprocess.Popen(
+            [sys.executable, "-c", TRAINER, spool, str(stop_file)], env=env, cwd=ROOT, stdout=subprocess.PIPE, text=True
+        )
         try:
             url = json.loads(trainer.stdout.readline())["url"]
             time.sleep(args.phase)  # settle: the first spool writes, the endpoint's first reads
@@ -137,16 +153,20 @@ def main() -> None:
             stop_file.unlink(missing_ok=True)
 
     rates = [(kind, rate(times, start, end)) for kind, start, end in windows]
-    print(f"node endpoint of a training job: rank 0 a real torch_xla trainer, {args.ranks - 1} simulated ranks x "
-          f"{args.ops} fallback-operator series rewritten every {args.rewrite:g} s; {args.rounds} rounds of "
-          f"{args.phase:g} s phases")
+    print(
+        f"node endpoint of a training job: rank 0 a real torch_xla trainer, {args.ranks - 1} simulated ranks x "
+        f"{args.ops} fallback-operator series rewritten every {args.rewrite:g} s; {args.rounds} rounds of "
+        f"{args.phase:g} s phases"
+    )
     idle = [r for kind, r in rates if kind == "idle"]
     print(f"  idle step rate: {statistics.median(idle):.0f} steps/s (from {min(idle):.0f} to {max(idle):.0f})")
     for kind in kinds:
         ratios = [r / ((rates[i - 1][1] + rates[i + 1][1]) / 2) for i, (k, r) in enumerate(rates) if k == kind]
         shown = ", ".join(f"{ratio:.3f}" for ratio in ratios)
-        print(f"  {kind:13s} step rate / idle: median {statistics.median(ratios):.3f} (rounds: {shown}); "
-              f"{counts[kind]['scrapes']} scrapes of {counts[kind]['bytes'] / 1024:.0f} KiB gzipped")
+        print(
+            f"  {kind:13s} step rate / idle: median {statistics.median(ratios):.3f} (rounds: {shown}); "
+            f"{counts[kind]['scrapes']} scrapes of {counts[kind]['bytes'] / 1024:.0f} KiB gzipped"
+        )
 
 
 if __name__ == "__main__":

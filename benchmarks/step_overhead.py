@@ -120,8 +120,9 @@ def main() -> None:
     run_block(steps[False], 20)  # compile and warm the cache
     run_block(steps[True], 20)
     dump = os.path.join(tempfile.mkdtemp(), "metrics.txt")
-    per_step: dict[str, list[float]] = {variant: [] for variant in (BARE, ATTACHED, REPORT, DUMP, BARE_READ,
-                                                                     ATTACHED_READ)}
+    per_step: dict[str, list[float]] = {
+        variant: [] for variant in (BARE, ATTACHED, REPORT, DUMP, BARE_READ, ATTACHED_READ)
+    }
     ratios: dict[str, list[float]] = {variant: [] for variant in BARE_OF}
     attached = {ATTACHED: Attached(), ATTACHED_READ: Attached()}
     order = random.Random(args.seed)
@@ -149,12 +150,14 @@ def main() -> None:
         for variant in order.sample(list(BARE_OF), len(BARE_OF)):
             pair = [variant, BARE_OF[variant]]
             order.shuffle(pair)
-            seconds = dict(zip(pair, (run(pair[0]), run(pair[1]))))
+            seconds = dict(zip(pair, (run(pair[0]), run(pair[1])), strict=True))
             ratios[variant].append(seconds[variant] / seconds[BARE_OF[variant]])
 
-    print(f"{args.rounds} rounds x {args.steps} timed steps per variant, each block next to a block of its bare loop "
-          f"(attach() settled for {args.settle} steps first); median time per step, and the median ratio to the "
-          f"bare block:")
+    print(
+        f"{args.rounds} rounds x {args.steps} timed steps per variant, each block next to a block of its bare loop "
+        f"(attach() settled for {args.settle} steps first); median time per step, and the median ratio to the "
+        f"bare block:"
+    )
     for variant, times in per_step.items():
         line = f"  {variant:30s} {statistics.median(times) * 1e6:9.1f} us/step"
         if variant in BARE_OF:
@@ -162,14 +165,17 @@ def main() -> None:
             line += f"   x{statistics.median(ratios[variant]):.3f} (middle half of rounds x{low:.3f} to x{high:.3f})"
         print(line)
     for variant, totals in attached.items():
-        print(f"  {variant}: the exporter's own time on the training thread "
-              f"{totals.hook_seconds / totals.steps * 1e6:.2f} us/step; its threads' CPU time "
-              f"{totals.thread_seconds / totals.steps * 1e6:.2f} us/step; "
-              f"attach() itself {statistics.median(totals.attach_seconds) * 1e3:.1f} ms")
+        print(
+            f"  {variant}: the exporter's own time on the training thread "
+            f"{totals.hook_seconds / totals.steps * 1e6:.2f} us/step; its threads' CPU time "
+            f"{totals.thread_seconds / totals.steps * 1e6:.2f} us/step; "
+            f"attach() itself {statistics.median(totals.attach_seconds) * 1e3:.1f} ms"
+        )
     bare = statistics.median(per_step[BARE])
     # The end-to-end difference of attach() is often within the noise (even below bare); its own time is not.
-    exporter = max(statistics.median(per_step[ATTACHED]) - bare,
-                   attached[ATTACHED].hook_seconds / attached[ATTACHED].steps)
+    exporter = max(
+        statistics.median(per_step[ATTACHED]) - bare, attached[ATTACHED].hook_seconds / attached[ATTACHED].steps
+    )
     for variant in (REPORT, DUMP):
         cost = statistics.median(per_step[variant]) - bare
         print(f"  {variant} adds {cost * 1e6:.0f} us/step: {cost / exporter:.0f}x what attach() adds")

@@ -132,8 +132,10 @@ class Config:
                     if not isinstance(label, str) or not LABEL_NAME.match(label):
                         raise ValueError(f"{name}: {label!r} is not a Prometheus label name")
                     if label in ("rank", "local_rank", "le", "__name__"):
-                        raise ValueError(f"{name}: {label!r} cannot be an aggregation label (alerts are per run; "
-                                         "per-rank detail is on the dashboards)")
+                        raise ValueError(
+                            f"{name}: {label!r} cannot be an aggregation label (alerts are per run; "
+                            "per-rank detail is on the dashboards)"
+                        )
                 if len(set(value)) != len(value):
                     raise ValueError(f"{name}: {list(value)!r} names a label twice")
                 object.__setattr__(self, name, tuple(value))
@@ -144,8 +146,10 @@ class Config:
             elif name.endswith("_severity") and value not in SEVERITIES:
                 raise ValueError(f"{name}: {value!r} is not one of {', '.join(SEVERITIES)}")
             elif name == "selector" and not MATCHERS.match(value):
-                raise ValueError(f"{name}: {value!r} is not a list of label matchers such as "
-                                 "job=\"neuron-exporter\", namespace=~\"ml-.*\" (without braces)")
+                raise ValueError(
+                    f"{name}: {value!r} is not a list of label matchers such as "
+                    'job="neuron-exporter", namespace=~"ml-.*" (without braces)'
+                )
 
     def as_dict(self) -> dict[str, Any]:
         """The configuration as a plain mapping (lists for the label tuples), the form ``config_from`` takes."""

@@ -8,8 +8,7 @@ from grafana_foundation_sdk.builders.dashboard import Dashboard, Row
 from grafana_foundation_sdk.models import dashboard as model
 
 from .config import DEFAULTS, Config
-from .panels import (RANK_LEGEND, Queries, dashboard_links, finish, graph, instant_table, merged_table, note,
-                     variables)
+from .panels import RANK_LEGEND, Queries, dashboard_links, finish, graph, instant_table, merged_table, note, variables
 
 UID = "neuron-exporter-fragmentation"
 
@@ -17,10 +16,12 @@ OP_LEGEND = "{{op}}, " + RANK_LEGEND
 SITE_LEGEND = "{{location}} {{run_id}}"
 SITE_COLUMNS = {"run_id": "Run", "location": "Site"}
 CAUSE_SITE_COLUMNS = {"run_id": "Run", "cause": "Cause", "location": "Site"}
-SITES = ("A site is the source line that made the graph run: the innermost line outside torch, torch_xla and "
-         "the standard library (yours, or a library's such as transformers/...); unknown when there is no Python "
-         "line (a CPU fallback inside C++, the autograd thread), other when the exporter's label budget is full. "
-         "neuron-exporter diagnose URL (or the endpoint's /diagnosis page) lists each site's call stack.")
+SITES = (
+    "A site is the source line that made the graph run: the innermost line outside torch, torch_xla and "
+    "the standard library (yours, or a library's such as transformers/...); unknown when there is no Python "
+    "line (a CPU fallback inside C++, the autograd thread), other when the exporter's label budget is full. "
+    "neuron-exporter diagnose URL (or the endpoint's /diagnosis page) lists each site's call stack."
+)
 
 FALLBACK_TEXT = """
 **What it means.** These operators have no XLA lowering (the `aten::`, `torchvision::` or custom operator
@@ -71,174 +72,323 @@ between runs.
 
 def fallback_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
     op = q.rank + ', op=~"$op"'
-    return (board.with_row(Row("CPU-fallback operators"))
-            .with_panel(note("CPU-fallback operators: what they mean, what to do",
-                             "How to read and fix the CPU-fallback operator panels of this row.", FALLBACK_TEXT))
-            .with_panel(merged_table(
-                "Fallback operators", "Each operator without an XLA lowering that ran in the selected time range, "
+    return (
+        board.with_row(Row("CPU-fallback operators"))
+        .with_panel(
+            note(
+                "CPU-fallback operators: what they mean, what to do",
+                "How to read and fix the CPU-fallback operator panels of this row.",
+                FALLBACK_TEXT,
+            )
+        )
+        .with_panel(
+            merged_table(
+                "Fallback operators",
+                "Each operator without an XLA lowering that ran in the selected time range, "
                 "per run: its calls per training step (summed over the run's selected ranks and divided by their "
                 "steps: 1 = once in every step of every rank) and how many ranks called it.",
-                "suffix:calls/step", {"run_id": "Run", "op": "Operator"},
+                "suffix:calls/step",
+                {"run_id": "Run", "op": "Operator"},
                 (q.per_run_step("xla_cpu_fallback_ops_total", "op", matchers=op), "Calls per step", None),
-                (q.ranks_with("xla_cpu_fallback_ops_total", "op", matchers=op), "Ranks", "short")))
-            .with_panel(instant_table(
-                "Where fallback operators are called", "The source line of each call of a CPU-fallback operator, "
+                (q.ranks_with("xla_cpu_fallback_ops_total", "op", matchers=op), "Ranks", "short"),
+            )
+        )
+        .with_panel(
+            instant_table(
+                "Where fallback operators are called",
+                "The source line of each call of a CPU-fallback operator, "
                 "per run, and how many ranks called it there: forward at the line that calls it, backward at the "
                 "line that called backward(). Only ranks that run with fallback_sites on "
                 "(NEURON_EXPORTER_FALLBACK_SITES=1) report it: it watches one step when an operator first falls back.",
-                "short", f"count by (run_id, op, location, pass) (last_over_time(xla_cpu_fallback_site_info{{{op}}}"
-                         f"[$__range]))",
-                {"run_id": "Run", "op": "Operator", "location": "Line", "pass": "Pass"}, "Ranks"))
-            .with_panel(instant_table(
-                "Fallback calls by rank and operator", "Calls of each operator without an XLA lowering in the "
+                "short",
+                f"count by (run_id, op, location, pass) (last_over_time(xla_cpu_fallback_site_info{{{op}}}[$__range]))",
+                {"run_id": "Run", "op": "Operator", "location": "Line", "pass": "Pass"},
+                "Ranks",
+            )
+        )
+        .with_panel(
+            instant_table(
+                "Fallback calls by rank and operator",
+                "Calls of each operator without an XLA lowering in the "
                 "selected time range, per run, rank and operator.",
-                "short", q.increase("xla_cpu_fallback_ops_total", "run_id, rank, op", matchers=op),
-                {"run_id": "Run", "rank": "Rank", "op": "Operator"}, "Calls in range"))
-            .with_panel(graph(
-                "Fallback calls per step", "Calls of each CPU-fallback operator per training step, per rank. "
+                "short",
+                q.increase("xla_cpu_fallback_ops_total", "run_id, rank, op", matchers=op),
+                {"run_id": "Run", "rank": "Rank", "op": "Operator"},
+                "Calls in range",
+            )
+        )
+        .with_panel(
+            graph(
+                "Fallback calls per step",
+                "Calls of each CPU-fallback operator per training step, per rank. "
                 "1 means the operator runs once in every step.",
                 "suffix:calls/step",
-                (f"{q.rate('xla_cpu_fallback_ops_total', by='run_id, rank, op', matchers=op)}"
-                 f" / on (run_id, rank) group_left {q.rate('xla_steps_total')}", OP_LEGEND)))
-            .with_panel(graph(
-                "Fallback calls per second", "Calls per second of each CPU-fallback operator, per rank.",
+                (
+                    f"{q.rate('xla_cpu_fallback_ops_total', by='run_id, rank, op', matchers=op)}"
+                    f" / on (run_id, rank) group_left {q.rate('xla_steps_total')}",
+                    OP_LEGEND,
+                ),
+            )
+        )
+        .with_panel(
+            graph(
+                "Fallback calls per second",
+                "Calls per second of each CPU-fallback operator, per rank.",
                 "suffix:calls/s",
-                (q.rate("xla_cpu_fallback_ops_total", by="run_id, rank, op", matchers=op), OP_LEGEND))))
+                (q.rate("xla_cpu_fallback_ops_total", by="run_id, rank, op", matchers=op), OP_LEGEND),
+            )
+        )
+    )
 
 
 def graph_cut_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
-    return (board.with_row(Row("Graph cuts: .item(), print and host reads"))
-            .with_panel(note("Graph cuts: what they mean, what to do",
-                             "How to read and fix the graph-cut panels of this row.", GRAPH_CUT_TEXT, height=10))
-            .with_panel(merged_table(
-                "Graph cuts by site", "Where the graphs are cut, per run: each site and cause (the host read: item, "
+    return (
+        board.with_row(Row("Graph cuts: .item(), print and host reads"))
+        .with_panel(
+            note(
+                "Graph cuts: what they mean, what to do",
+                "How to read and fix the graph-cut panels of this row.",
+                GRAPH_CUT_TEXT,
+                height=10,
+            )
+        )
+        .with_panel(
+            merged_table(
+                "Graph cuts by site",
+                "Where the graphs are cut, per run: each site and cause (the host read: item, "
                 "bool for an if on a tensor, print, ...; cpu_fallback; unattributed when neither was seen) with its "
                 "graph cuts per training step in the selected time range (summed over the run's selected ranks and "
                 "divided by their steps, so the sites add up to the run's cuts per step) and how many ranks cut "
                 "there. " + SITES,
-                "suffix:cuts/step", CAUSE_SITE_COLUMNS,
+                "suffix:cuts/step",
+                CAUSE_SITE_COLUMNS,
                 (q.per_run_step("xla_graph_cuts_total", "cause, location"), "Cuts per step", None),
-                (q.ranks_with("xla_graph_cuts_total", "cause, location"), "Ranks", "short")))
-            .with_panel(merged_table(
-                "Host reads by site", "Every read of device data by the host from Python, per run, site and cause, "
+                (q.ranks_with("xla_graph_cuts_total", "cause, location"), "Ranks", "short"),
+            )
+        )
+        .with_panel(
+            merged_table(
+                "Host reads by site",
+                "Every read of device data by the host from Python, per run, site and cause, "
                 "whether or not it cut the graph (a read after the step marker does not): reads per training step "
-                "in the selected time range (over the run's selected ranks) and how many ranks read there. "
-                + SITES,
-                "suffix:reads/step", CAUSE_SITE_COLUMNS,
+                "in the selected time range (over the run's selected ranks) and how many ranks read there. " + SITES,
+                "suffix:reads/step",
+                CAUSE_SITE_COLUMNS,
                 (q.per_run_step("xla_host_reads_total", "cause, location"), "Reads per step", None),
-                (q.ranks_with("xla_host_reads_total", "cause, location"), "Ranks", "short")))
-            .with_panel(graph(
-                "Graph cuts per training step by rank", "Graphs run before the step marker (cut off by .item(), "
+                (q.ranks_with("xla_host_reads_total", "cause, location"), "Ranks", "short"),
+            )
+        )
+        .with_panel(
+            graph(
+                "Graph cuts per training step by rank",
+                "Graphs run before the step marker (cut off by .item(), "
                 "print, an if on a tensor or a CPU fallback) per training step, per rank. The dashed line is the "
                 "fragmentation alert threshold.",
-                "suffix:cuts/step", (q.ratio("xla_graph_cuts_total", "xla_steps_total"), RANK_LEGEND),
-                width=8, threshold=c.graph_cuts_per_step))
-            .with_panel(graph(
-                "Step markers per training step by rank", "Step markers that ran a graph per training step, per "
+                "suffix:cuts/step",
+                (q.ratio("xla_graph_cuts_total", "xla_steps_total"), RANK_LEGEND),
+                width=8,
+                threshold=c.graph_cuts_per_step,
+            )
+        )
+        .with_panel(
+            graph(
+                "Step markers per training step by rank",
+                "Step markers that ran a graph per training step, per "
                 "rank: 1 for one mark_step/sync per step, more with gradient accumulation or a marker after "
                 "backward. Markers are not cuts.",
-                "suffix:markers/step", (q.ratio("xla_step_markers_total", "xla_steps_total"), RANK_LEGEND),
-                width=8))
-            .with_panel(graph(
-                "Graphs per step by rank", "Average number of XLA graphs run per training step, per rank: the "
+                "suffix:markers/step",
+                (q.ratio("xla_step_markers_total", "xla_steps_total"), RANK_LEGEND),
+                width=8,
+            )
+        )
+        .with_panel(
+            graph(
+                "Graphs per step by rank",
+                "Average number of XLA graphs run per training step, per rank: the "
                 "graphs at step markers plus the graph cuts.",
-                "suffix:graphs/step", (q.ratio("xla_graphs_per_step_sum", "xla_graphs_per_step_count"),
-                                       RANK_LEGEND),
-                width=8))
-            .with_panel(graph(
-                "Fragmented steps", "Share of training steps with at least one graph cut, per rank.",
-                "percentunit", (q.ratio("xla_fragmented_steps_total", "xla_steps_total"), RANK_LEGEND),
-                width=8))
-            .with_panel(graph(
-                "Host reads per step", "Device-to-host transfers per training step (all reads, CPU fallbacks "
+                "suffix:graphs/step",
+                (q.ratio("xla_graphs_per_step_sum", "xla_graphs_per_step_count"), RANK_LEGEND),
+                width=8,
+            )
+        )
+        .with_panel(
+            graph(
+                "Fragmented steps",
+                "Share of training steps with at least one graph cut, per rank.",
+                "percentunit",
+                (q.ratio("xla_fragmented_steps_total", "xla_steps_total"), RANK_LEGEND),
+                width=8,
+            )
+        )
+        .with_panel(
+            graph(
+                "Host reads per step",
+                "Device-to-host transfers per training step (all reads, CPU fallbacks "
                 "included) and .item() calls per step, per rank.",
                 "suffix:reads/step",
                 (q.ratio("xla_device_to_host_transfers_total", "xla_steps_total"), "all reads, " + RANK_LEGEND),
                 (q.ratio("xla_host_scalar_reads_total", "xla_steps_total"), ".item(), " + RANK_LEGEND),
-                width=8, threshold=c.host_reads_per_step))
-            .with_panel(graph(
-                "Time reading from the device", "Share of the step wall time spent in device-to-host transfers "
-                "(TransferFromDeviceTime), per rank.",
-                "percentunit", (q.ratio("xla_transfer_from_device_seconds_total", "xla_step_duration_seconds_sum"),
-                                RANK_LEGEND),
-                width=8))
-            .with_panel(graph(
-                "Host-to-device transfers per step", "Uploads per training step, per rank: input batches, and the "
+                width=8,
+                threshold=c.host_reads_per_step,
+            )
+        )
+        .with_panel(
+            graph(
+                "Time reading from the device",
+                "Share of the step wall time spent in device-to-host transfers (TransferFromDeviceTime), per rank.",
+                "percentunit",
+                (q.ratio("xla_transfer_from_device_seconds_total", "xla_step_duration_seconds_sum"), RANK_LEGEND),
+                width=8,
+            )
+        )
+        .with_panel(
+            graph(
+                "Host-to-device transfers per step",
+                "Uploads per training step, per rank: input batches, and the "
                 "results of CPU-fallback operators going back to the device.",
                 "suffix:transfers/step",
-                (q.ratio("xla_host_to_device_transfers_total", "xla_steps_total"), RANK_LEGEND), width=24)))
+                (q.ratio("xla_host_to_device_transfers_total", "xla_steps_total"), RANK_LEGEND),
+                width=24,
+            )
+        )
+    )
 
 
 def recompile_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
-    return (board.with_row(Row("Recompilations"))
-            .with_panel(note("Recompilations: what they mean, what to do",
-                             "How to read and fix the recompilation panels of this row.", RECOMPILE_TEXT,
-                             height=9))
-            .with_panel(merged_table(
-                "Recompilations by site", "Compilations of a computation that compiled before, per run and "
+    return (
+        board.with_row(Row("Recompilations"))
+        .with_panel(
+            note(
+                "Recompilations: what they mean, what to do",
+                "How to read and fix the recompilation panels of this row.",
+                RECOMPILE_TEXT,
+                height=9,
+            )
+        )
+        .with_panel(
+            merged_table(
+                "Recompilations by site",
+                "Compilations of a computation that compiled before, per run and "
                 "site (the line that ran the graph: a step marker, or the host read that cut it): how many in the "
                 "selected time range, per training step (over the run's selected ranks) and on how many ranks. The "
                 "upload whose shape changed, old -> new: neuron-exporter diagnose URL or the endpoint's /diagnosis "
                 "page. " + SITES,
-                "short", SITE_COLUMNS,
-                (f"{q.increase('xla_recompilations_total', 'run_id, location')} > 0", "Recompilations in range",
-                 None),
+                "short",
+                SITE_COLUMNS,
+                (f"{q.increase('xla_recompilations_total', 'run_id, location')} > 0", "Recompilations in range", None),
                 (q.per_run_step("xla_recompilations_total", "location"), "Per step", "suffix:/step"),
-                (q.ranks_with("xla_recompilations_total", "location"), "Ranks", None)))
-            .with_panel(graph(
-                "Recompilations per minute by site", "Recompilations per minute of the 10 busiest sites, per run "
-                "(summed over the selected ranks).",
+                (q.ranks_with("xla_recompilations_total", "location"), "Ranks", None),
+            )
+        )
+        .with_panel(
+            graph(
+                "Recompilations per minute by site",
+                "Recompilations per minute of the 10 busiest sites, per run (summed over the selected ranks).",
                 "suffix:compiles/min",
-                (f"topk(10, 60 * {q.rate('xla_recompilations_total', by='run_id, location')})", SITE_LEGEND)))
-            .with_panel(graph(
-                "Recompilations per step", "Recompilations (compilations of a computation that compiled "
-                "before, for other shapes or values) per training step, per rank. The dashed line is the recompilation-storm alert threshold.",
-                "suffix:compiles/step", (q.ratio("xla_recompilations_total", "xla_steps_total"), RANK_LEGEND),
-                width=8, threshold=c.recompilations_per_step))
-            .with_panel(graph(
-                "Compile share of step time", "Share of the step wall time spent compiling, per rank. The dashed "
+                (f"topk(10, 60 * {q.rate('xla_recompilations_total', by='run_id, location')})", SITE_LEGEND),
+            )
+        )
+        .with_panel(
+            graph(
+                "Recompilations per step",
+                "Recompilations (compilations of a computation that compiled "
+                "before, for other shapes or values) per training step, per rank. The dashed line is the "
+                "recompilation-storm alert threshold.",
+                "suffix:compiles/step",
+                (q.ratio("xla_recompilations_total", "xla_steps_total"), RANK_LEGEND),
+                width=8,
+                threshold=c.recompilations_per_step,
+            )
+        )
+        .with_panel(
+            graph(
+                "Compile share of step time",
+                "Share of the step wall time spent compiling, per rank. The dashed "
                 "line is the compile-time alert threshold.",
-                "percentunit", (q.ratio("xla_compile_seconds_total", "xla_step_duration_seconds_sum"),
-                                RANK_LEGEND),
-                width=8, threshold=c.compile_time_share))
-            .with_panel(graph(
-                "Mean time per compilation", "Compile time of one graph on average since the process started, "
+                "percentunit",
+                (q.ratio("xla_compile_seconds_total", "xla_step_duration_seconds_sum"), RANK_LEGEND),
+                width=8,
+                threshold=c.compile_time_share,
+            )
+        )
+        .with_panel(
+            graph(
+                "Mean time per compilation",
+                "Compile time of one graph on average since the process started, "
                 "per rank: what each recompilation costs.",
-                "s", (f"sum by (run_id, rank) (xla_compile_seconds_total{{{q.rank}}})"
-                      f" / sum by (run_id, rank) (xla_compilations_total{{{q.rank}}})", RANK_LEGEND), width=8))
-            .with_panel(merged_table(
-                "New graphs by site", "First compilations of a graph, per run and site (a new code path: the first "
+                "s",
+                (
+                    f"sum by (run_id, rank) (xla_compile_seconds_total{{{q.rank}}})"
+                    f" / sum by (run_id, rank) (xla_compilations_total{{{q.rank}}})",
+                    RANK_LEGEND,
+                ),
+                width=8,
+            )
+        )
+        .with_panel(
+            merged_table(
+                "New graphs by site",
+                "First compilations of a graph, per run and site (a new code path: the first "
                 "steps, an eval loop, a logging step): per rank since the process started (the mean over the ranks "
                 "that compiled there), in the selected time range (all selected ranks) and on how many ranks. New "
                 "graphs are expected once each and are not recompilations: the recompilation alert does not count "
                 "them.",
-                "short", SITE_COLUMNS,
-                (f"avg by (run_id, location) (sum by (run_id, rank, location) (xla_new_graphs_total{{{q.rank}}}))",
-                 "Per rank", None),
+                "short",
+                SITE_COLUMNS,
+                (
+                    f"avg by (run_id, location) (sum by (run_id, rank, location) (xla_new_graphs_total{{{q.rank}}}))",
+                    "Per rank",
+                    None,
+                ),
                 (q.increase("xla_new_graphs_total", "run_id, location"), "In range", None),
-                (f"count by (run_id, location) (sum by (run_id, rank, location) (xla_new_graphs_total{{{q.rank}}}))",
-                 "Ranks", None)))
-            .with_panel(instant_table(
-                "Recompilations by rank", "Recompilations (compilations of a computation that compiled "
+                (
+                    f"count by (run_id, location) (sum by (run_id, rank, location) (xla_new_graphs_total{{{q.rank}}}))",
+                    "Ranks",
+                    None,
+                ),
+            )
+        )
+        .with_panel(
+            instant_table(
+                "Recompilations by rank",
+                "Recompilations (compilations of a computation that compiled "
                 "before) in the selected time range, per run and rank, summed over their sites.",
-                "short", q.increase("xla_recompilations_total", "run_id, rank"),
-                {"run_id": "Run", "rank": "Rank"}, "Recompilations in range"))
-            .with_panel(graph(
-                "Compile cache", "Graphs served from the compile cache and graphs compiled (new graphs and "
+                "short",
+                q.increase("xla_recompilations_total", "run_id, rank"),
+                {"run_id": "Run", "rank": "Rank"},
+                "Recompilations in range",
+            )
+        )
+        .with_panel(
+            graph(
+                "Compile cache",
+                "Graphs served from the compile cache and graphs compiled (new graphs and "
                 "recompilations), per second, per rank.",
                 "suffix:graphs/s",
                 (q.rate("xla_graph_cache_hits_total"), "cache hits, " + RANK_LEGEND),
-                (q.rate("xla_compilations_total"), "compiled, " + RANK_LEGEND), width=24)))
+                (q.rate("xla_compilations_total"), "compiled, " + RANK_LEGEND),
+                width=24,
+            )
+        )
+    )
 
 
 def build(c: Config = DEFAULTS) -> model.Dashboard:
     """The dashboard for configuration ``c`` (its selector, and the alert thresholds drawn on its panels)."""
     q = Queries(c)
-    board = (Dashboard("neuron-exporter / Fragmentation & recompiles").uid(UID)
-             .description("Why PyTorch/XLA steps run more than one graph or recompile: CPU-fallback operators, "
-                          "host reads such as .item(), and changing graphs, by run, rank and operator.")
-             .tags(["neuron-exporter", "pytorch-xla"]).time("now-1h", "now").refresh("30s")
-             .tooltip(model.DashboardCursorSync.CROSSHAIR).links(dashboard_links()))
+    board = (
+        Dashboard("neuron-exporter / Fragmentation & recompiles")
+        .uid(UID)
+        .description(
+            "Why PyTorch/XLA steps run more than one graph or recompile: CPU-fallback operators, "
+            "host reads such as .item(), and changing graphs, by run, rank and operator."
+        )
+        .tags(["neuron-exporter", "pytorch-xla"])
+        .time("now-1h", "now")
+        .refresh("30s")
+        .tooltip(model.DashboardCursorSync.CROSSHAIR)
+        .links(dashboard_links())
+    )
     board = variables(board, q, with_op=True)
     for row in (fallback_row, graph_cut_row, recompile_row):
         board = row(board, c, q)

@@ -35,9 +35,20 @@ FALLBACK_RATE = f"rank_op:xla_cpu_fallback_ops:rate{WINDOW}"
 SITE_CUTS_PER_STEP = f"run_location:xla_graph_cuts_per_step:ratio{WINDOW}"
 SITE_RECOMPILATIONS_PER_STEP = f"run_location:xla_recompilations_per_step:ratio{WINDOW}"
 
-RECORDING_RULE_NAMES = (STEPS, GRAPHS_PER_STEP, CUTS_PER_STEP, MARKERS_PER_STEP, FRAGMENTED_STEPS,
-                        RECOMPILATIONS_PER_STEP, HOST_READS_PER_STEP, COMPILE_TIME_SHARE, EXECUTE_TIME_SHARE,
-                        FALLBACK_RATE, SITE_CUTS_PER_STEP, SITE_RECOMPILATIONS_PER_STEP)
+RECORDING_RULE_NAMES = (
+    STEPS,
+    GRAPHS_PER_STEP,
+    CUTS_PER_STEP,
+    MARKERS_PER_STEP,
+    FRAGMENTED_STEPS,
+    RECOMPILATIONS_PER_STEP,
+    HOST_READS_PER_STEP,
+    COMPILE_TIME_SHARE,
+    EXECUTE_TIME_SHARE,
+    FALLBACK_RATE,
+    SITE_CUTS_PER_STEP,
+    SITE_RECOMPILATIONS_PER_STEP,
+)
 
 # The rank an alert's description names, from the first sample of a template query.
 RANK_OF_SAMPLE = 'rank {{ label "rank" . }} (local rank {{ label "local_rank" . }}) of {{ label "instance" . }}'
@@ -77,8 +88,10 @@ def recording_rules(c: Config = DEFAULTS) -> dict[str, str]:
     def per_run_step(metric: str, *site: str) -> str:
         # Series without a location (an exporter from before sites) have no site to name.
         sited = select(c, metric, 'location!=""')
-        return (f"sum by ({labels(*c.run_labels, *site)}) (rate({sited}[{WINDOW}]))\n"
-                f"/ on ({run}) group_left\nsum by ({run}) ({STEPS} > 0)")
+        return (
+            f"sum by ({labels(*c.run_labels, *site)}) (rate({sited}[{WINDOW}]))\n"
+            f"/ on ({run}) group_left\nsum by ({run}) ({STEPS} > 0)"
+        )
 
     return {
         STEPS: rate("xla_steps_total"),
@@ -86,20 +99,23 @@ def recording_rules(c: Config = DEFAULTS) -> dict[str, str]:
         CUTS_PER_STEP: per_step("xla_graph_cuts_total"),
         MARKERS_PER_STEP: per_step("xla_step_markers_total"),
         FRAGMENTED_STEPS: per_step("xla_fragmented_steps_total"),
-        RECOMPILATIONS_PER_STEP: (f"{per_step('xla_recompilations_total')}\nand on ({rank})\n"
-                                  f"(sum by ({rank}) (min_over_time({select(c, 'xla_steps_total')}[{WINDOW}]))\n"
-                                  f" >= sum by ({rank}) ({select(c, 'neuron_exporter_warmup_steps')}))"),
+        RECOMPILATIONS_PER_STEP: (
+            f"{per_step('xla_recompilations_total')}\nand on ({rank})\n"
+            f"(sum by ({rank}) (min_over_time({select(c, 'xla_steps_total')}[{WINDOW}]))\n"
+            f" >= sum by ({rank}) ({select(c, 'neuron_exporter_warmup_steps')}))"
+        ),
         HOST_READS_PER_STEP: per_step("xla_device_to_host_transfers_total"),
         COMPILE_TIME_SHARE: f"{rate('xla_compile_seconds_total')}\n/\n({rate('xla_step_duration_seconds_sum')} > 0)",
         EXECUTE_TIME_SHARE: f"{rate('xla_execute_seconds_total')}\n/\n({rate('xla_step_duration_seconds_sum')} > 0)",
         FALLBACK_RATE: f"sum by ({labels(*c.rank_labels, 'op')}) (rate({select(c, 'xla_cpu_fallback_ops_total')}"
-                       f"[{WINDOW}]))",
+        f"[{WINDOW}]))",
         SITE_CUTS_PER_STEP: per_run_step("xla_graph_cuts_total", "cause", "location"),
         SITE_RECOMPILATIONS_PER_STEP: per_run_step("xla_recompilations_total", "location"),
     }
 
 
 # -- annotation templates ------------------------------------------------------------------------------------------
+
 
 def go_string(text: str) -> str:
     """``text`` as a Go template string literal."""
@@ -112,7 +128,9 @@ def run_name(c: Config) -> str:
     parts = ['{{ $sep := "" }}']
     for label in c.aggregation_labels:
         word = "run" if label == "run_id" else label
-        parts.append(f'{{{{ with $labels.{label} }}}}{{{{ $sep }}}}{word} {{{{ . }}}}{{{{ $sep = ", " }}}}{{{{ end }}}}')
+        parts.append(
+            f'{{{{ with $labels.{label} }}}}{{{{ $sep }}}}{word} {{{{ . }}}}{{{{ $sep = ", " }}}}{{{{ end }}}}'
+        )
     return "".join(parts)
 
 
@@ -128,35 +146,46 @@ def rank_lookup(c: Config, query: str, body: str, *extra_labels: str, with_selec
     matchers += [f"{name}=%q" for name in names]
     promql = query.replace("%", "%%").replace("MATCH", ", ".join(matchers))
     arguments = " ".join(f"$labels.{name}" for _ in range(query.count("MATCH")) for name in names)
-    return (f"{{{{ with printf {go_string(promql)} {arguments} | query }}}}{{{{ with first . }}}}{body}"
-            "{{ end }}{{ end }}")
+    return (
+        f"{{{{ with printf {go_string(promql)} {arguments} | query }}}}{{{{ with first . }}}}{body}"
+        "{{ end }}{{ end }}"
+    )
 
 
 def worst_recorded(c: Config, record: str, value_text: str) -> str:
     """The rank with the highest value of a per-rank recording rule in the alert's run."""
-    return rank_lookup(c, f"topk(1, {record}{{MATCH}})", f"{RANK_OF_SAMPLE} with {value_text}",
-                       with_selector=False)
+    return rank_lookup(c, f"topk(1, {record}{{MATCH}})", f"{RANK_OF_SAMPLE} with {value_text}", with_selector=False)
 
 
 def top_site(c: Config, record: str, what: str) -> str:
     """A sentence naming the site (source line, and cause where the record has one) with the highest value of a
     per-run, per-site recording rule in the alert's run; nothing when the run has no site."""
     cause = '{{ with label "cause" . }} ({{ . }}){{ end }}'
-    return rank_lookup(c, f"topk(1, {record}{{MATCH}})",
-                       ' Top site: {{ label "location" . }}' + cause + ', {{ value . | printf "%.2f" }} ' + what
-                       + " per training step over the run's ranks.", with_selector=False)
+    return rank_lookup(
+        c,
+        f"topk(1, {record}{{MATCH}})",
+        ' Top site: {{ label "location" . }}'
+        + cause
+        + ', {{ value . | printf "%.2f" }} '
+        + what
+        + " per training step over the run's ranks.",
+        with_selector=False,
+    )
 
 
 def first_to_stop(c: Config, state: str) -> str:
     """The rank in ``state`` whose last report is the oldest, in the alert's run."""
     return rank_lookup(
-        c, f"bottomk(1, max by ({RANK_ONLY}) (neuron_exporter_rank_last_report_timestamp_seconds{{MATCH}})"
-           f" and on ({RANK_ONLY}) (max by ({RANK_ONLY}) (neuron_exporter_rank_state{{MATCH, state=\"{state}\"}})"
-           " == 1))",
-        RANK_OF_SAMPLE)
+        c,
+        f"bottomk(1, max by ({RANK_ONLY}) (neuron_exporter_rank_last_report_timestamp_seconds{{MATCH}})"
+        f' and on ({RANK_ONLY}) (max by ({RANK_ONLY}) (neuron_exporter_rank_state{{MATCH, state="{state}"}})'
+        " == 1))",
+        RANK_OF_SAMPLE,
+    )
 
 
 # -- alerts --------------------------------------------------------------------------------------------------------
+
 
 def alert(c: Config, name: str, expr: str, for_: str, severity: str, summary: str, description: str) -> dict:
     return {
@@ -188,129 +217,210 @@ def alert_rules(c: Config = DEFAULTS) -> list[dict]:
 
     return [
         alert(
-            c, "XlaCpuFallbackOp",
+            c,
+            "XlaCpuFallbackOp",
             f"count by ({labels(*c.run_labels, 'op')}) (\n"
             f"  sum by ({labels(*c.rank_labels, 'op')}) "
             f"(increase({select(c, 'xla_cpu_fallback_ops_total')}[{c.fallback_window}])) > 0\n)",
-            c.fallback_for, c.fallback_severity,
+            c.fallback_for,
+            c.fallback_severity,
             "Operator {{ $labels.op }} runs on the CPU " + in_run,
-            "{{ $labels.op }} has no XLA lowering: it ran on the CPU in the last " + c.fallback_window + " "
-            + in_run + ". " + affected + "; most calls: "
-            + rank_lookup(c, f"topk(1, sum by ({RANK_ONLY}) (increase(xla_cpu_fallback_ops_total{{MATCH}}"
-                             f"[{c.fallback_window}])))",
-                          RANK_OF_SAMPLE + ' ({{ value . | printf "%.0f" }})', "op")
-            + ". Every call cuts the graph and copies its tensors to the host and back." + see_dashboard,
+            "{{ $labels.op }} has no XLA lowering: it ran on the CPU in the last "
+            + c.fallback_window
+            + " "
+            + in_run
+            + ". "
+            + affected
+            + "; most calls: "
+            + rank_lookup(
+                c,
+                f"topk(1, sum by ({RANK_ONLY}) (increase(xla_cpu_fallback_ops_total{{MATCH}}[{c.fallback_window}])))",
+                RANK_OF_SAMPLE + ' ({{ value . | printf "%.0f" }})',
+                "op",
+            )
+            + ". Every call cuts the graph and copies its tensors to the host and back."
+            + see_dashboard,
         ),
         alert(
-            c, "XlaRecompilationStorm", over(RECOMPILATIONS_PER_STEP, ">", c.recompilations_per_step),
-            c.recompilation_for, c.recompilation_severity,
+            c,
+            "XlaRecompilationStorm",
+            over(RECOMPILATIONS_PER_STEP, ">", c.recompilations_per_step),
+            c.recompilation_for,
+            c.recompilation_severity,
             "The graph keeps recompiling " + in_run,
-            f"More than {c.recompilations_per_step:g} recompilations per training step after warm-up " + in_run
-            + ". " + affected + "; worst: "
-            + worst_recorded(c, RECOMPILATIONS_PER_STEP, '{{ value . | printf "%.2f" }} per step') + "."
+            f"More than {c.recompilations_per_step:g} recompilations per training step after warm-up "
+            + in_run
+            + ". "
+            + affected
+            + "; worst: "
+            + worst_recorded(c, RECOMPILATIONS_PER_STEP, '{{ value . | printf "%.2f" }} per step')
+            + "."
             + top_site(c, SITE_RECOMPILATIONS_PER_STEP, "recompilations")
             + " Input shapes or Python values baked into the graph keep changing; neuron-exporter diagnose on a"
-              " rank's endpoint names the upload whose shape changed." + see_sites,
+            " rank's endpoint names the upload whose shape changed." + see_sites,
         ),
         alert(
-            c, "XlaGraphFragmentation", over(CUTS_PER_STEP, ">=", c.graph_cuts_per_step),
-            c.fragmentation_for, c.fragmentation_severity,
+            c,
+            "XlaGraphFragmentation",
+            over(CUTS_PER_STEP, ">=", c.graph_cuts_per_step),
+            c.fragmentation_for,
+            c.fragmentation_severity,
             "Training steps are cut into several graphs " + in_run,
-            f"At least {c.graph_cuts_per_step:g} graph cuts per training step " + in_run + ". " + affected
-            + "; worst: " + worst_recorded(c, CUTS_PER_STEP, '{{ value . | printf "%.2f" }} cuts per step') + "."
+            f"At least {c.graph_cuts_per_step:g} graph cuts per training step "
+            + in_run
+            + ". "
+            + affected
+            + "; worst: "
+            + worst_recorded(c, CUTS_PER_STEP, '{{ value . | printf "%.2f" }} cuts per step')
+            + "."
             + top_site(c, SITE_CUTS_PER_STEP, "cuts")
             + " Something needs a device value before the step ends: .item(), print, an if on a tensor, "
-              ".cpu() or a CPU-fallback operator." + see_sites,
+            ".cpu() or a CPU-fallback operator." + see_sites,
         ),
         alert(
-            c, "XlaFrequentHostReads", over(HOST_READS_PER_STEP, ">", c.host_reads_per_step),
-            c.host_reads_for, c.host_reads_severity,
+            c,
+            "XlaFrequentHostReads",
+            over(HOST_READS_PER_STEP, ">", c.host_reads_per_step),
+            c.host_reads_for,
+            c.host_reads_severity,
             "Device data is read on the host every step " + in_run,
-            f"More than {c.host_reads_per_step:g} device-to-host transfers per training step " + in_run + ". "
-            + affected + "; worst: "
+            f"More than {c.host_reads_per_step:g} device-to-host transfers per training step "
+            + in_run
+            + ". "
+            + affected
+            + "; worst: "
             + worst_recorded(c, HOST_READS_PER_STEP, '{{ value . | printf "%.2f" }} per step')
-            + ". Each read waits for the device and may cut the graph." + see_dashboard,
+            + ". Each read waits for the device and may cut the graph."
+            + see_dashboard,
         ),
         alert(
-            c, "XlaCompileTimeDominates", over(COMPILE_TIME_SHARE, ">", c.compile_time_share),
-            c.compile_time_for, c.compile_time_severity,
+            c,
+            "XlaCompileTimeDominates",
+            over(COMPILE_TIME_SHARE, ">", c.compile_time_share),
+            c.compile_time_for,
+            c.compile_time_severity,
             "Compiling takes most of the step time " + in_run,
-            f"Compilation takes more than {c.compile_time_share:.0%} of the step wall time " + in_run + ". "
-            + affected + "; worst: "
-            + worst_recorded(c, COMPILE_TIME_SHARE, "{{ value . | humanizePercentage }}") + "." + see_dashboard,
+            f"Compilation takes more than {c.compile_time_share:.0%} of the step wall time "
+            + in_run
+            + ". "
+            + affected
+            + "; worst: "
+            + worst_recorded(c, COMPILE_TIME_SHARE, "{{ value . | humanizePercentage }}")
+            + "."
+            + see_dashboard,
         ),
         alert(
-            c, "XlaTrainingStalled",
+            c,
+            "XlaTrainingStalled",
             f"count by ({run}) (\n"
             f"  sum by ({rank}) (increase({select(c, 'xla_steps_total')}[{c.stall_window}])) == 0\n"
             f"  unless on ({rank})\n"
             f"  (max by ({rank}) ({hung_or_dead}) == 1)\n)",
-            c.stall_for, c.stall_severity,
+            c.stall_for,
+            c.stall_severity,
             "Training has stalled " + in_run,
-            f"No training step ended in the last {c.stall_window} " + in_run
-            + ", while the metrics endpoints still answer. " + affected + ", for example "
-            + rank_lookup(c, f"topk(1, sum by ({RANK_ONLY}) (increase(xla_steps_total{{MATCH}}"
-                             f"[{c.stall_window}])) == 0)", RANK_OF_SAMPLE) + ".",
+            f"No training step ended in the last {c.stall_window} "
+            + in_run
+            + ", while the metrics endpoints still answer. "
+            + affected
+            + ", for example "
+            + rank_lookup(
+                c,
+                f"topk(1, sum by ({RANK_ONLY}) (increase(xla_steps_total{{MATCH}}[{c.stall_window}])) == 0)",
+                RANK_OF_SAMPLE,
+            )
+            + ".",
         ),
         *torch_compile_alerts(c),
         alert(
-            c, "NeuronExporterRankHung",
-            f"count by ({run}) (\n"
-            f"  max by ({rank}) ({hung}) == 1\n)",
-            c.rank_hung_for, c.rank_hung_severity,
+            c,
+            "NeuronExporterRankHung",
+            f"count by ({run}) (\n  max by ({rank}) ({hung}) == 1\n)",
+            c.rank_hung_for,
+            c.rank_hung_severity,
             "Ranks have stopped reporting " + in_run,
             "The node endpoints mark ranks " + in_run + " as hung: their processes are alive but have reported no "
-            "step within hung_after_seconds. " + affected + "; the first to stop: " + first_to_stop(c, "hung")
-            + ".",
+            "step within hung_after_seconds. " + affected + "; the first to stop: " + first_to_stop(c, "hung") + ".",
         ),
         alert(
-            c, "NeuronExporterRankDead",
-            f"count by ({run}) (\n"
-            f"  max by ({rank}) ({dead}) == 1\n)",
-            c.rank_dead_for, c.rank_dead_severity,
+            c,
+            "NeuronExporterRankDead",
+            f"count by ({run}) (\n  max by ({rank}) ({dead}) == 1\n)",
+            c.rank_dead_for,
+            c.rank_dead_severity,
             "Rank processes are gone " + in_run,
-            "The node endpoints mark ranks " + in_run + " as dead: their processes exited without finishing. "
-            + affected + "; the first to stop: " + first_to_stop(c, "dead")
+            "The node endpoints mark ranks "
+            + in_run
+            + " as dead: their processes exited without finishing. "
+            + affected
+            + "; the first to stop: "
+            + first_to_stop(c, "dead")
             + ". Their last counters stay visible until they expire.",
         ),
         alert(
-            c, "NeuronExporterDown", f"{select(c, 'up')} == 0",
-            c.exporter_down_for, c.exporter_down_severity,
+            c,
+            "NeuronExporterDown",
+            f"{select(c, 'up')} == 0",
+            c.exporter_down_for,
+            c.exporter_down_severity,
             "neuron-exporter endpoint {{ $labels.instance }} is down",
             "Prometheus cannot scrape {{ $labels.instance }} (job {{ $labels.job }}): the training process or the "
             "node daemon is not serving /metrics.",
         ),
         alert(
-            c, "NeuronExporterCollectionErrors",
+            c,
+            "NeuronExporterCollectionErrors",
             f"count by ({labels(*c.run_labels, 'stage')}) (\n"
             f"  sum by ({labels(*c.rank_labels, 'stage')}) (increase("
             f"{select(c, 'neuron_exporter_collection_errors_total')}[{c.collection_errors_window}])) > 0\n)",
-            c.collection_errors_for, c.collection_errors_severity,
+            c.collection_errors_for,
+            c.collection_errors_severity,
             "neuron-exporter fails to collect ({{ $labels.stage }}) " + in_run,
-            "Collection errors at stage {{ $labels.stage }} in the last " + c.collection_errors_window + " "
-            + in_run + ". " + affected + "; most errors: "
-            + rank_lookup(c, f"topk(1, sum by ({RANK_ONLY}) (increase(neuron_exporter_collection_errors_total"
-                             f"{{MATCH}}[{c.collection_errors_window}])))",
-                          RANK_OF_SAMPLE + ' ({{ value . | printf "%.0f" }})', "stage")
+            "Collection errors at stage {{ $labels.stage }} in the last "
+            + c.collection_errors_window
+            + " "
+            + in_run
+            + ". "
+            + affected
+            + "; most errors: "
+            + rank_lookup(
+                c,
+                f"topk(1, sum by ({RANK_ONLY}) (increase(neuron_exporter_collection_errors_total"
+                f"{{MATCH}}[{c.collection_errors_window}])))",
+                RANK_OF_SAMPLE + ' ({{ value . | printf "%.0f" }})',
+                "stage",
+            )
             + ". The metrics of these ranks may be incomplete.",
         ),
         alert(
-            c, "NeuronExporterCollectorFailing",
+            c,
+            "NeuronExporterCollectorFailing",
             f"count by ({labels(*c.run_labels, 'collector')}) (\n"
             f"  min by ({labels(*c.rank_labels, 'collector')}) "
             f"({select(c, 'neuron_exporter_collector_success')}) == 0\n)",
-            c.collector_failing_for, c.collector_failing_severity,
+            c.collector_failing_for,
+            c.collector_failing_severity,
             "neuron-exporter collector {{ $labels.collector }} fails " + in_run,
-            "The last run of collector {{ $labels.collector }} failed " + in_run
-            + "; its series are missing or stale. " + affected + ", for example "
-            + rank_lookup(c, f"topk(1, min by ({RANK_ONLY}) (neuron_exporter_collector_success{{MATCH}}) == 0)",
-                          RANK_OF_SAMPLE, "collector") + ".",
+            "The last run of collector {{ $labels.collector }} failed "
+            + in_run
+            + "; its series are missing or stale. "
+            + affected
+            + ", for example "
+            + rank_lookup(
+                c,
+                f"topk(1, min by ({RANK_ONLY}) (neuron_exporter_collector_success{{MATCH}}) == 0)",
+                RANK_OF_SAMPLE,
+                "collector",
+            )
+            + ".",
         ),
         alert(
-            c, "NeuronExporterSpoolFileRejected",
+            c,
+            "NeuronExporterSpoolFileRejected",
             f"max by ({labels(*c.aggregation_labels, 'instance', 'reason')}) "
             f"({select(c, 'neuron_exporter_spool_rejected_files')}) > 0",
-            c.spool_rejected_for, c.spool_rejected_severity,
+            c.spool_rejected_for,
+            c.spool_rejected_severity,
             "The node endpoint {{ $labels.instance }} refuses files in its spool directory ({{ $labels.reason }})",
             "Files in the spool directory of {{ $labels.instance }} that the node endpoint does not serve (reason "
             "{{ $labels.reason }}): {{ $value }}. Something wrote a file the endpoint does not trust, or the "
@@ -318,10 +428,12 @@ def alert_rules(c: Config = DEFAULTS) -> list[dict]:
             "each file once.",
         ),
         alert(
-            c, "NeuronExporterSpoolDirectoryNotOk",
+            c,
+            "NeuronExporterSpoolDirectoryNotOk",
             f"min by ({labels(*c.aggregation_labels, 'instance')}) "
             f"({select(c, 'neuron_exporter_spool_directory_ok')}) == 0",
-            c.spool_directory_for, c.spool_directory_severity,
+            c.spool_directory_for,
+            c.spool_directory_severity,
             "The node endpoint {{ $labels.instance }} does not read its spool directory",
             "The spool directory of {{ $labels.instance }} is missing, or more open than spool_mode allows, or "
             "another user's: the node endpoint serves no rank from it. The endpoint logs the reason once.",
@@ -340,8 +452,10 @@ def torch_compile_alerts(c: Config) -> list[dict]:
     affected = "Ranks affected: {{ $value }}"
     window, warmup = c.torch_compile_window, c.torch_compile_warmup_window
     cpu = select(c, "xla_process_cpu_seconds_total")
-    warmed_up = (f"(\n    max by ({rank}) ({cpu} offset {warmup})\n    unless on ({rank})\n"
-                 f"    max by ({rank}) (resets({cpu}[{warmup}])) > 0\n  )")
+    warmed_up = (
+        f"(\n    max by ({rank}) ({cpu} offset {warmup})\n    unless on ({rank})\n"
+        f"    max by ({rank}) (resets({cpu}[{warmup}])) > 0\n  )"
+    )
     see = " Every rank, function and line: the torch.compile dashboard; neuron-exporter diagnose on a rank's endpoint"
 
     def new(selected: str, by: str, separator: str = " ") -> str:
@@ -351,53 +465,91 @@ def torch_compile_alerts(c: Config) -> list[dict]:
         return f"{now}{separator}- (sum by ({by}) ({selected} offset {window}) or 0 * {now})"
 
     def after_warmup(metric: str) -> str:
-        return (f"count by ({run}) (\n"
-                f"  (\n    {new(select(c, metric), rank, chr(10) + '    ')}\n  ) > 0\n"
-                f"  and on ({rank})\n  {warmed_up}\n)")
+        return (
+            f"count by ({run}) (\n"
+            f"  (\n    {new(select(c, metric), rank, chr(10) + '    ')}\n  ) > 0\n"
+            f"  and on ({rank})\n  {warmed_up}\n)"
+        )
 
     def most(metric: str, what: str) -> str:
-        return rank_lookup(c, f"topk(1, {new(metric + '{MATCH}', RANK_ONLY)})",
-                           RANK_OF_SAMPLE + ' ({{ value . | printf "%.0f" }} ' + what + ")")
+        return rank_lookup(
+            c,
+            f"topk(1, {new(metric + '{MATCH}', RANK_ONLY)})",
+            RANK_OF_SAMPLE + ' ({{ value . | printf "%.0f" }} ' + what + ")",
+        )
 
     def top(metric: str, what: str) -> str:
-        return rank_lookup(c, f"topk(1, {new(metric + '{MATCH}', 'location, reason')})",
-                           ' Top line: {{ label "location" . }} ({{ label "reason" . }}), '
-                           '{{ value . | printf "%.0f" }} ' + what + f" in the last {window} over the run's ranks.")
+        return rank_lookup(
+            c,
+            f"topk(1, {new(metric + '{MATCH}', 'location, reason')})",
+            ' Top line: {{ label "location" . }} ({{ label "reason" . }}), '
+            '{{ value . | printf "%.0f" }} ' + what + f" in the last {window} over the run's ranks.",
+        )
 
     return [
         alert(
-            c, "TorchCompileRecompiling", after_warmup("torch_compile_recompilations_total"),
-            c.torch_compile_recompile_for, c.torch_compile_recompile_severity,
+            c,
+            "TorchCompileRecompiling",
+            after_warmup("torch_compile_recompilations_total"),
+            c.torch_compile_recompile_for,
+            c.torch_compile_recompile_severity,
             "torch.compile keeps recompiling after warm-up " + in_run,
             f"torch.compile recompiled functions after a guard failed, in every {window} for "
-            f"{c.torch_compile_recompile_for}, on ranks that have run for more than {warmup} " + in_run + ". "
-            + affected + "; most recompilations: " + most("torch_compile_recompilations_total", "recompilations")
-            + "." + top("torch_compile_recompilations_total", "recompilations")
-            + " Each recompilation stops the step while dynamo and the backend compile." + see
+            f"{c.torch_compile_recompile_for}, on ranks that have run for more than {warmup} "
+            + in_run
+            + ". "
+            + affected
+            + "; most recompilations: "
+            + most("torch_compile_recompilations_total", "recompilations")
+            + "."
+            + top("torch_compile_recompilations_total", "recompilations")
+            + " Each recompilation stops the step while dynamo and the backend compile."
+            + see
             + " shows the guards that failed.",
         ),
         alert(
-            c, "TorchCompileRecompileLimit",
+            c,
+            "TorchCompileRecompileLimit",
             f"count by ({labels(*c.run_labels, 'location')}) (\n"
             f"  sum by ({labels(*c.rank_labels, 'location')}) "
             f"({select(c, 'torch_compile_recompile_limit_hits_total')}) > 0\n)",
-            c.torch_compile_limit_for, c.torch_compile_limit_severity,
+            c.torch_compile_limit_for,
+            c.torch_compile_limit_severity,
             "A function at {{ $labels.location }} hit torch.compile's recompile limit " + in_run,
             "The function at {{ $labels.location }} recompiled torch._dynamo.config.recompile_limit times and runs "
-            "without compiling from then on " + in_run + ". " + affected + ", for example "
-            + rank_lookup(c, f"topk(1, sum by ({RANK_ONLY}) (torch_compile_recompile_limit_hits_total{{MATCH}}))",
-                          RANK_OF_SAMPLE, "location")
-            + "." + see + " shows the guards that failed.",
+            "without compiling from then on "
+            + in_run
+            + ". "
+            + affected
+            + ", for example "
+            + rank_lookup(
+                c,
+                f"topk(1, sum by ({RANK_ONLY}) (torch_compile_recompile_limit_hits_total{{MATCH}}))",
+                RANK_OF_SAMPLE,
+                "location",
+            )
+            + "."
+            + see
+            + " shows the guards that failed.",
         ),
         alert(
-            c, "TorchCompileGraphBreaks", after_warmup("torch_compile_graph_breaks_total"),
-            c.torch_compile_graph_break_for, c.torch_compile_graph_break_severity,
+            c,
+            "TorchCompileGraphBreaks",
+            after_warmup("torch_compile_graph_breaks_total"),
+            c.torch_compile_graph_break_for,
+            c.torch_compile_graph_break_severity,
             "torch.compile found new graph breaks after warm-up " + in_run,
             f"torch.compile broke graphs in the last {window} on ranks that have run for more than {warmup} "
-            + in_run + ": a code path compiled late, or a recompilation that breaks. " + affected
-            + "; most graph breaks: " + most("torch_compile_graph_breaks_total", "graph breaks") + "."
+            + in_run
+            + ": a code path compiled late, or a recompilation that breaks. "
+            + affected
+            + "; most graph breaks: "
+            + most("torch_compile_graph_breaks_total", "graph breaks")
+            + "."
             + top("torch_compile_graph_breaks_total", "graph breaks")
-            + " The code between two graphs runs eagerly at every call." + see + " shows dynamo's reason.",
+            + " The code between two graphs runs eagerly at every call."
+            + see
+            + " shows dynamo's reason.",
         ),
     ]
 

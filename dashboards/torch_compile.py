@@ -7,16 +7,28 @@ from grafana_foundation_sdk.builders.dashboard import Dashboard, Row
 from grafana_foundation_sdk.models import dashboard as model
 
 from .config import DEFAULTS, Config
-from .panels import (BY_RANK, RANK_LEGEND, Queries, dashboard_links, finish, graph, merged_table, note, single_stat,
-                     variables)
+from .panels import (
+    BY_RANK,
+    RANK_LEGEND,
+    Queries,
+    dashboard_links,
+    finish,
+    graph,
+    merged_table,
+    note,
+    single_stat,
+    variables,
+)
 
 UID = "neuron-exporter-torch-compile"
 
 SITE_REASON_COLUMNS = {"run_id": "Run", "location": "Site", "reason": "Reason"}
 SITE_COLUMNS = {"run_id": "Run", "location": "Site"}
-SITES = ("A function's site is its first line (a compiled module: the line that called it); a graph break's site "
-         "is the user line that broke the graph; other when the exporter's label budget is full. neuron-exporter "
-         "diagnose URL (or the endpoint's /diagnosis page) shows the guard that failed and dynamo's full reason.")
+SITES = (
+    "A function's site is its first line (a compiled module: the line that called it); a graph break's site "
+    "is the user line that broke the graph; other when the exporter's label budget is full. neuron-exporter "
+    "diagnose URL (or the endpoint's /diagnosis page) shows the guard that failed and dynamo's full reason."
+)
 
 COMPILE_TEXT = """
 **What it means.** `torch.compile` (dynamo) turns each Python function it compiles into graphs, guarded by
@@ -52,68 +64,157 @@ def summary_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
     def in_range(metric: str) -> str:
         return f"sum(increase({metric}{{{q.rank}}}[$__range])) or vector(0)"
 
-    return (board.with_row(Row("torch.compile summary"))
-            .with_panel(single_stat(
-                "Compilations in range", "Frames compiled by torch.compile in the selected time range, all "
+    return (
+        board.with_row(Row("torch.compile summary"))
+        .with_panel(
+            single_stat(
+                "Compilations in range",
+                "Frames compiled by torch.compile in the selected time range, all "
                 "selected ranks: first compilations and recompilations.",
-                "short", in_range("torch_compile_compilations_total"), width=6))
-            .with_panel(single_stat(
-                "torch.compile recompilations in range", "Recompilations (a guard of the compiled code failed) in "
+                "short",
+                in_range("torch_compile_compilations_total"),
+                width=6,
+            )
+        )
+        .with_panel(
+            single_stat(
+                "torch.compile recompilations in range",
+                "Recompilations (a guard of the compiled code failed) in "
                 "the selected time range, all selected ranks. A stable training loop has none after warm-up.",
-                "short", in_range("torch_compile_recompilations_total"),
-                steps=((None, "green"), (1, "orange"), (10, "red")), width=6))
-            .with_panel(single_stat(
-                "Graph breaks in range", "Graph breaks found while compiling in the selected time range, all "
+                "short",
+                in_range("torch_compile_recompilations_total"),
+                steps=((None, "green"), (1, "orange"), (10, "red")),
+                width=6,
+            )
+        )
+        .with_panel(
+            single_stat(
+                "Graph breaks in range",
+                "Graph breaks found while compiling in the selected time range, all "
                 "selected ranks. Each one splits a compiled function at every call.",
-                "short", in_range("torch_compile_graph_breaks_total"), steps=((None, "green"), (1, "orange")),
-                width=6))
-            .with_panel(single_stat(
-                "Functions at the recompile limit", "Compiled functions that hit the recompile limit on the "
+                "short",
+                in_range("torch_compile_graph_breaks_total"),
+                steps=((None, "green"), (1, "orange")),
+                width=6,
+            )
+        )
+        .with_panel(
+            single_stat(
+                "Functions at the recompile limit",
+                "Compiled functions that hit the recompile limit on the "
                 "selected ranks and run without compiling from then on (counted once per function and process).",
-                "short", f"sum(torch_compile_recompile_limit_hits_total{{{q.rank}}}) or vector(0)",
-                steps=((None, "green"), (1, "red")), width=6)))
+                "short",
+                f"sum(torch_compile_recompile_limit_hits_total{{{q.rank}}}) or vector(0)",
+                steps=((None, "green"), (1, "red")),
+                width=6,
+            )
+        )
+    )
 
 
 def where_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
-    return (board.with_row(Row("Where: functions and lines"))
-            .with_panel(note("torch.compile: what it means, what to do",
-                             "How to read and fix the torch.compile panels of this dashboard.", COMPILE_TEXT,
-                             height=11))
-            .with_panel(merged_table(
-                "Recompilations by function", "Recompilations in the selected time range per run, compiled function "
+    return (
+        board.with_row(Row("Where: functions and lines"))
+        .with_panel(
+            note(
+                "torch.compile: what it means, what to do",
+                "How to read and fix the torch.compile panels of this dashboard.",
+                COMPILE_TEXT,
+                height=11,
+            )
+        )
+        .with_panel(
+            merged_table(
+                "Recompilations by function",
+                "Recompilations in the selected time range per run, compiled function "
                 "(its first line) and kind of failed guard (size_mismatch, value_changed, dtype_mismatch, ...), "
                 "and how many ranks recompiled there. " + SITES,
-                "short", SITE_REASON_COLUMNS,
-                (or_none_found(q, f"{q.increase('torch_compile_recompilations_total', 'run_id, location, reason')}"
-                                  " > 0"), "Recompilations in range", None),
-                (or_none_found(q, q.ranks_with("torch_compile_recompilations_total", "location, reason")), "Ranks",
-                 None)))
-            .with_panel(merged_table(
-                "Graph breaks by line", "Graph breaks found while compiling in the selected time range, per run, "
+                "short",
+                SITE_REASON_COLUMNS,
+                (
+                    or_none_found(
+                        q, f"{q.increase('torch_compile_recompilations_total', 'run_id, location, reason')} > 0"
+                    ),
+                    "Recompilations in range",
+                    None,
+                ),
+                (
+                    or_none_found(q, q.ranks_with("torch_compile_recompilations_total", "location, reason")),
+                    "Ranks",
+                    None,
+                ),
+            )
+        )
+        .with_panel(
+            merged_table(
+                "Graph breaks by line",
+                "Graph breaks found while compiling in the selected time range, per run, "
                 "user line and kind of reason (print, data_dependent_branch, tensor_value, unsupported_call, ...), "
                 "and how many ranks broke there. " + SITES,
-                "short", SITE_REASON_COLUMNS,
-                (or_none_found(q, f"{q.increase('torch_compile_graph_breaks_total', 'run_id, location, reason')}"
-                                  " > 0"), "Graph breaks in range", None),
-                (or_none_found(q, q.ranks_with("torch_compile_graph_breaks_total", "location, reason")), "Ranks",
-                 None)))
-            .with_panel(merged_table(
-                "Functions at the recompile limit by site", "Compiled functions that hit the recompile limit and run "
+                "short",
+                SITE_REASON_COLUMNS,
+                (
+                    or_none_found(
+                        q, f"{q.increase('torch_compile_graph_breaks_total', 'run_id, location, reason')} > 0"
+                    ),
+                    "Graph breaks in range",
+                    None,
+                ),
+                (or_none_found(q, q.ranks_with("torch_compile_graph_breaks_total", "location, reason")), "Ranks", None),
+            )
+        )
+        .with_panel(
+            merged_table(
+                "Functions at the recompile limit by site",
+                "Compiled functions that hit the recompile limit and run "
                 "without compiling, per run and function (its first line): on how many ranks. " + SITES,
-                "short", SITE_COLUMNS,
-                (or_none_found(q, f"count by (run_id, location) (sum by (run_id, rank, location) "
-                                  f"(torch_compile_recompile_limit_hits_total{{{q.rank}}}) > 0)"), "Ranks", None)))
-            .with_panel(merged_table(
-                "Compilations by function", "Frames compiled per run and function (its first line; a compiled "
+                "short",
+                SITE_COLUMNS,
+                (
+                    or_none_found(
+                        q,
+                        f"count by (run_id, location) (sum by (run_id, rank, location) "
+                        f"(torch_compile_recompile_limit_hits_total{{{q.rank}}}) > 0)",
+                    ),
+                    "Ranks",
+                    None,
+                ),
+            )
+        )
+        .with_panel(
+            merged_table(
+                "Compilations by function",
+                "Frames compiled per run and function (its first line; a compiled "
                 "module: the line that called it): per rank since the process started (the mean over the ranks "
                 "that compiled it), in the selected time range (all selected ranks), and on how many ranks.",
-                "short", SITE_COLUMNS,
-                (or_none_found(q, f"avg by (run_id, location) (sum by (run_id, rank, location) "
-                                  f"(torch_compile_compilations_total{{{q.rank}}}))"), "Per rank", None),
-                (or_none_found(q, q.increase("torch_compile_compilations_total", "run_id, location")), "In range",
-                 None),
-                (or_none_found(q, f"count by (run_id, location) (sum by (run_id, rank, location) "
-                                  f"(torch_compile_compilations_total{{{q.rank}}}))"), "Ranks", None))))
+                "short",
+                SITE_COLUMNS,
+                (
+                    or_none_found(
+                        q,
+                        f"avg by (run_id, location) (sum by (run_id, rank, location) "
+                        f"(torch_compile_compilations_total{{{q.rank}}}))",
+                    ),
+                    "Per rank",
+                    None,
+                ),
+                (
+                    or_none_found(q, q.increase("torch_compile_compilations_total", "run_id, location")),
+                    "In range",
+                    None,
+                ),
+                (
+                    or_none_found(
+                        q,
+                        f"count by (run_id, location) (sum by (run_id, rank, location) "
+                        f"(torch_compile_compilations_total{{{q.rank}}}))",
+                    ),
+                    "Ranks",
+                    None,
+                ),
+            )
+        )
+    )
 
 
 def steps_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
@@ -123,71 +224,130 @@ def steps_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
     def per_step(metric: str) -> str:
         return f"{q.rate(metric)} / ({q.rate('training_steps_total')} > 0)"
 
-    return (board.with_row(Row("Per training step"))
-            .with_panel(graph(
-                "Training steps per second by rank", "Training steps (rounds of torch.optim optimizer steps) per "
+    return (
+        board.with_row(Row("Per training step"))
+        .with_panel(
+            graph(
+                "Training steps per second by rank",
+                "Training steps (rounds of torch.optim optimizer steps) per "
                 "second on each rank, whatever runs the model.",
-                "suffix:steps/s", (q.rate("training_steps_total"), RANK_LEGEND), width=8))
-            .with_panel(graph(
-                "Step time by rank", "Average wall time of a training step on each rank.",
-                "s", (q.ratio("training_step_duration_seconds_sum", "training_step_duration_seconds_count"),
-                      RANK_LEGEND), width=8))
-            .with_panel(graph(
-                "Compile time per training step by rank", "Seconds spent compiling (dynamo and the backend) per "
+                "suffix:steps/s",
+                (q.rate("training_steps_total"), RANK_LEGEND),
+                width=8,
+            )
+        )
+        .with_panel(
+            graph(
+                "Step time by rank",
+                "Average wall time of a training step on each rank.",
+                "s",
+                (q.ratio("training_step_duration_seconds_sum", "training_step_duration_seconds_count"), RANK_LEGEND),
+                width=8,
+            )
+        )
+        .with_panel(
+            graph(
+                "Compile time per training step by rank",
+                "Seconds spent compiling (dynamo and the backend) per "
                 "training step on each rank: what recompiling costs each step.",
-                "s", (per_step("torch_compile_compile_seconds_total"), RANK_LEGEND), width=8))
-            .with_panel(graph(
-                "torch.compile recompilations per training step by rank", "Recompilations per training step on each "
-                "rank. After warm-up the line should stay at 0.",
+                "s",
+                (per_step("torch_compile_compile_seconds_total"), RANK_LEGEND),
+                width=8,
+            )
+        )
+        .with_panel(
+            graph(
+                "torch.compile recompilations per training step by rank",
+                "Recompilations per training step on each rank. After warm-up the line should stay at 0.",
                 "suffix:compiles/step",
-                (per_step("torch_compile_recompilations_total"), RANK_LEGEND), width=12))
-            .with_panel(graph(
-                "Graph breaks per training step by rank", "Graph breaks found per training step on each rank (only "
+                (per_step("torch_compile_recompilations_total"), RANK_LEGEND),
+                width=12,
+            )
+        )
+        .with_panel(
+            graph(
+                "Graph breaks per training step by rank",
+                "Graph breaks found per training step on each rank (only "
                 "while dynamo compiles: a new shape or function).",
-                "suffix:breaks/step", (per_step("torch_compile_graph_breaks_total"), RANK_LEGEND),
-                width=12)))
+                "suffix:breaks/step",
+                (per_step("torch_compile_graph_breaks_total"), RANK_LEGEND),
+                width=12,
+            )
+        )
+    )
 
 
 def rank_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
-    return (board.with_row(Row("By rank"))
-            .with_panel(graph(
-                "torch.compile recompilations per minute by rank", "Recompilations per minute on each rank. After "
+    return (
+        board.with_row(Row("By rank"))
+        .with_panel(
+            graph(
+                "torch.compile recompilations per minute by rank",
+                "Recompilations per minute on each rank. After "
                 "warm-up the line should stay at 0; the recompilation alert fires when it does not for "
                 f"{c.torch_compile_recompile_for}.",
                 "suffix:compiles/min",
                 (or_none_found(q, f"60 * {q.rate('torch_compile_recompilations_total')}", BY_RANK), RANK_LEGEND),
-                width=8))
-            .with_panel(graph(
-                "Graph breaks per minute by rank", "Graph breaks found per minute on each rank (at compile time, "
-                "so only while dynamo compiles).",
+                width=8,
+            )
+        )
+        .with_panel(
+            graph(
+                "Graph breaks per minute by rank",
+                "Graph breaks found per minute on each rank (at compile time, so only while dynamo compiles).",
                 "suffix:breaks/min",
                 (or_none_found(q, f"60 * {q.rate('torch_compile_graph_breaks_total')}", BY_RANK), RANK_LEGEND),
-                width=8))
-            .with_panel(graph(
-                "torch.compile compilations per minute by rank", "Frames compiled per minute on each rank: first "
-                "compilations and recompilations.",
+                width=8,
+            )
+        )
+        .with_panel(
+            graph(
+                "torch.compile compilations per minute by rank",
+                "Frames compiled per minute on each rank: first compilations and recompilations.",
                 "suffix:compiles/min",
                 (or_none_found(q, f"60 * {q.rate('torch_compile_compilations_total')}", BY_RANK), RANK_LEGEND),
-                width=8))
-            .with_panel(graph(
-                "Share of time compiling by rank", "Seconds spent compiling (dynamo and the backend, forward and "
+                width=8,
+            )
+        )
+        .with_panel(
+            graph(
+                "Share of time compiling by rank",
+                "Seconds spent compiling (dynamo and the backend, forward and "
                 "backward graphs) per second of wall time, on each rank.",
-                "percentunit", (q.rate("torch_compile_compile_seconds_total"), RANK_LEGEND), width=12))
-            .with_panel(graph(
-                "Time compiling since the start by rank", "Seconds spent compiling since the process started, on "
+                "percentunit",
+                (q.rate("torch_compile_compile_seconds_total"), RANK_LEGEND),
+                width=12,
+            )
+        )
+        .with_panel(
+            graph(
+                "Time compiling since the start by rank",
+                "Seconds spent compiling since the process started, on "
                 "each rank (dynamo and the backend); divided by Compilations by function, what a compilation costs.",
-                "s", (f"sum by (run_id, rank) (torch_compile_compile_seconds_total{{{q.rank}}})", RANK_LEGEND),
-                width=12)))
+                "s",
+                (f"sum by (run_id, rank) (torch_compile_compile_seconds_total{{{q.rank}}})", RANK_LEGEND),
+                width=12,
+            )
+        )
+    )
 
 
 def build(c: Config = DEFAULTS) -> model.Dashboard:
     """The dashboard for configuration ``c`` (its selector)."""
     q = Queries(c)
-    board = (Dashboard("neuron-exporter / torch.compile").uid(UID)
-             .description("What torch.compile (dynamo) compiles, recompiles and breaks, by function and line, per "
-                          "run and rank, whatever the backend.")
-             .tags(["neuron-exporter", "torch-compile"]).time("now-1h", "now").refresh("30s")
-             .tooltip(model.DashboardCursorSync.CROSSHAIR).links(dashboard_links()))
+    board = (
+        Dashboard("neuron-exporter / torch.compile")
+        .uid(UID)
+        .description(
+            "What torch.compile (dynamo) compiles, recompiles and breaks, by function and line, per "
+            "run and rank, whatever the backend."
+        )
+        .tags(["neuron-exporter", "torch-compile"])
+        .time("now-1h", "now")
+        .refresh("30s")
+        .tooltip(model.DashboardCursorSync.CROSSHAIR)
+        .links(dashboard_links())
+    )
     board = variables(board, q)
     for row in (summary_row, steps_row, where_row, rank_row):
         board = row(board, c, q)

@@ -7,212 +7,389 @@ from grafana_foundation_sdk.builders.dashboard import Dashboard, Row
 from grafana_foundation_sdk.models import dashboard as model
 
 from .config import DEFAULTS, Config
-from .panels import (BY_RUN, RANK_LEGEND, RUN_LEGEND, Queries, dashboard_links, finish, graph, instant_table,
-                     merged_table, single_stat, variables)
+from .panels import (
+    BY_RUN,
+    RANK_LEGEND,
+    RUN_LEGEND,
+    Queries,
+    dashboard_links,
+    finish,
+    graph,
+    instant_table,
+    merged_table,
+    single_stat,
+    variables,
+)
 
 UID = "neuron-exporter-training"
 
 
 def percentile(q: Queries, quantile: float) -> str:
-    return (f"histogram_quantile({quantile}, sum by (le) "
-            f"(rate(xla_step_duration_seconds_bucket{{{q.rank}}}[$__rate_interval])))")
+    return (
+        f"histogram_quantile({quantile}, sum by (le) "
+        f"(rate(xla_step_duration_seconds_bucket{{{q.rank}}}[$__rate_interval])))"
+    )
 
 
 def summary_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
-    return (board.with_row(Row("Summary"))
-            .with_panel(single_stat(
-                "Steps per second", "Training steps (optimizer steps) ended per second, averaged over the selected "
-                "ranks.",
-                "suffix:steps/s", f"avg({q.rate('xla_steps_total', by='run_id, instance, rank')})"))
-            .with_panel(single_stat(
-                "Graph cuts per step", "Graphs cut off before the step marker per training step, over the selected "
+    return (
+        board.with_row(Row("Summary"))
+        .with_panel(
+            single_stat(
+                "Steps per second",
+                "Training steps (optimizer steps) ended per second, averaged over the selected ranks.",
+                "suffix:steps/s",
+                f"avg({q.rate('xla_steps_total', by='run_id, instance, rank')})",
+            )
+        )
+        .with_panel(
+            single_stat(
+                "Graph cuts per step",
+                "Graphs cut off before the step marker per training step, over the selected "
                 "ranks: an .item(), print, if on a tensor or CPU-fallback operator needed a value before the step "
                 "ended. 0 is ideal; red at the fragmentation alert threshold.",
-                "suffix:cuts/step", q.ratio("xla_graph_cuts_total", "xla_steps_total", by=""),
-                steps=((None, "green"), (0.05, "orange"), (c.graph_cuts_per_step, "red"))))
-            .with_panel(single_stat(
-                "CPU-fallback calls", "Calls of operators without an XLA lowering (run on the CPU) in the "
+                "suffix:cuts/step",
+                q.ratio("xla_graph_cuts_total", "xla_steps_total", by=""),
+                steps=((None, "green"), (0.05, "orange"), (c.graph_cuts_per_step, "red")),
+            )
+        )
+        .with_panel(
+            single_stat(
+                "CPU-fallback calls",
+                "Calls of operators without an XLA lowering (run on the CPU) in the "
                 "selected time range, all ranks. Anything above 0 fragments the graph.",
-                "short", f"sum(increase(xla_cpu_fallback_ops_total{{{q.rank}}}[$__range])) or vector(0)",
-                steps=((None, "green"), (1, "red"))))
-            .with_panel(single_stat(
-                "Recompilations after warm-up", "Compiler runs after the warm-up steps in the selected time "
+                "short",
+                f"sum(increase(xla_cpu_fallback_ops_total{{{q.rank}}}[$__range])) or vector(0)",
+                steps=((None, "green"), (1, "red")),
+            )
+        )
+        .with_panel(
+            single_stat(
+                "Recompilations after warm-up",
+                "Compiler runs after the warm-up steps in the selected time "
                 "range, all ranks. A stable training loop has 0.",
-                "short", f"sum(increase(xla_recompilations_total{{{q.rank}}}[$__range])) or vector(0)",
-                steps=((None, "green"), (1, "orange"), (10, "red"))))
-            .with_panel(single_stat(
-                "Host reads per step", "Device-to-host transfers (.item(), print, .cpu(), CPU fallbacks) per "
+                "short",
+                f"sum(increase(xla_recompilations_total{{{q.rank}}}[$__range])) or vector(0)",
+                steps=((None, "green"), (1, "orange"), (10, "red")),
+            )
+        )
+        .with_panel(
+            single_stat(
+                "Host reads per step",
+                "Device-to-host transfers (.item(), print, .cpu(), CPU fallbacks) per "
                 "training step over the selected ranks. Each one makes the host wait for the device.",
-                "suffix:reads/step", q.ratio("xla_device_to_host_transfers_total", "xla_steps_total", by=""),
-                steps=((None, "green"), (c.host_reads_per_step, "red"))))
-            .with_panel(single_stat(
-                "Ranks not running", "Ranks the node endpoint reports as hung or dead.",
-                "short", f'count(neuron_exporter_rank_state{{{q.rank}, state!="running"}} == 1) or vector(0)',
-                steps=((None, "green"), (1, "red")))))
+                "suffix:reads/step",
+                q.ratio("xla_device_to_host_transfers_total", "xla_steps_total", by=""),
+                steps=((None, "green"), (c.host_reads_per_step, "red")),
+            )
+        )
+        .with_panel(
+            single_stat(
+                "Ranks not running",
+                "Ranks the node endpoint reports as hung or dead.",
+                "short",
+                f'count(neuron_exporter_rank_state{{{q.rank}, state!="running"}} == 1) or vector(0)',
+                steps=((None, "green"), (1, "red")),
+            )
+        )
+    )
 
 
 def runs_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
-    return (board.with_row(Row("Runs"))
-            .with_panel(graph(
-                "Ranks by run", "Ranks reporting training steps in each run of the selected job.",
-                "short", (f"count by ({BY_RUN}) (sum by ({BY_RUN}, instance, rank) (xla_steps_total{{{q.rank}}}))",
-                          RUN_LEGEND),
-                width=6))
-            .with_panel(graph(
-                "Steps per second by run", "Training steps ended per second in each run, averaged over its ranks "
+    return (
+        board.with_row(Row("Runs"))
+        .with_panel(
+            graph(
+                "Ranks by run",
+                "Ranks reporting training steps in each run of the selected job.",
+                "short",
+                (f"count by ({BY_RUN}) (sum by ({BY_RUN}, instance, rank) (xla_steps_total{{{q.rank}}}))", RUN_LEGEND),
+                width=6,
+            )
+        )
+        .with_panel(
+            graph(
+                "Steps per second by run",
+                "Training steps ended per second in each run, averaged over its ranks "
                 "(the ranks of a run step together).",
                 "suffix:steps/s",
                 (f"avg by ({BY_RUN}) ({q.rate('xla_steps_total', by=f'{BY_RUN}, instance, rank')})", RUN_LEGEND),
-                width=6))
-            .with_panel(graph(
-                "Graph cuts per training step by run", "Graphs cut off before the step marker (.item(), print, "
+                width=6,
+            )
+        )
+        .with_panel(
+            graph(
+                "Graph cuts per training step by run",
+                "Graphs cut off before the step marker (.item(), print, "
                 "an if on a tensor, a CPU fallback) per training step in each run, over its ranks. The dashed line "
                 "is the fragmentation alert threshold, which fires when any one rank reaches it.",
-                "suffix:cuts/step", (q.ratio("xla_graph_cuts_total", "xla_steps_total", by=BY_RUN), RUN_LEGEND),
-                width=6, threshold=c.graph_cuts_per_step))
-            .with_panel(graph(
-                "Step markers per training step by run", "Step markers that ran a graph (mark_step, sync, the "
+                "suffix:cuts/step",
+                (q.ratio("xla_graph_cuts_total", "xla_steps_total", by=BY_RUN), RUN_LEGEND),
+                width=6,
+                threshold=c.graph_cuts_per_step,
+            )
+        )
+        .with_panel(
+            graph(
+                "Step markers per training step by run",
+                "Step markers that ran a graph (mark_step, sync, the "
                 "loaders) per training step in each run. 1 is a marker per step; gradient accumulation with a "
                 "marker per micro-batch shows one per micro-batch, which is not fragmentation.",
-                "suffix:markers/step", (q.ratio("xla_step_markers_total", "xla_steps_total", by=BY_RUN), RUN_LEGEND),
-                width=6)))
+                "suffix:markers/step",
+                (q.ratio("xla_step_markers_total", "xla_steps_total", by=BY_RUN), RUN_LEGEND),
+                width=6,
+            )
+        )
+    )
 
 
 def where_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
-    return (board.with_row(Row("Where: top sites"))
-            .with_panel(merged_table(
-                "Top graph-cut sites", "The 5 sites (source lines) and causes with the most graph cuts per training "
+    return (
+        board.with_row(Row("Where: top sites"))
+        .with_panel(
+            merged_table(
+                "Top graph-cut sites",
+                "The 5 sites (source lines) and causes with the most graph cuts per training "
                 "step in the selected time range, per run (summed over its selected ranks and divided by their "
                 "steps), and how many ranks cut there. Every site, host reads and CPU-fallback operators: the "
                 "Fragmentation & recompiles dashboard.",
-                "suffix:cuts/step", {"run_id": "Run", "cause": "Cause", "location": "Site"},
+                "suffix:cuts/step",
+                {"run_id": "Run", "cause": "Cause", "location": "Site"},
                 (q.per_run_step("xla_graph_cuts_total", "cause, location"), "Cuts per step", None),
                 (q.ranks_with("xla_graph_cuts_total", "cause, location"), "Ranks", "short"),
-                height=7, limit=5))
-            .with_panel(merged_table(
-                "Top recompilation sites", "The 5 sites (the lines that ran the recompiled graphs) with the most "
+                height=7,
+                limit=5,
+            )
+        )
+        .with_panel(
+            merged_table(
+                "Top recompilation sites",
+                "The 5 sites (the lines that ran the recompiled graphs) with the most "
                 "recompilations after warm-up in the selected time range, per run, and how many ranks recompiled "
                 "there. Which upload changed shape: neuron-exporter diagnose URL.",
-                "short", {"run_id": "Run", "location": "Site"},
-                (f"{q.increase('xla_recompilations_total', 'run_id, location')} > 0", "Recompilations in range",
-                 None),
+                "short",
+                {"run_id": "Run", "location": "Site"},
+                (f"{q.increase('xla_recompilations_total', 'run_id, location')} > 0", "Recompilations in range", None),
                 (q.ranks_with("xla_recompilations_total", "location"), "Ranks", None),
-                height=7, limit=5)))
+                height=7,
+                limit=5,
+            )
+        )
+    )
 
 
 def throughput_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
-    return (board.with_row(Row("Throughput and step time"))
-            .with_panel(graph(
-                "Steps per second by rank", "Training steps ended per second on each rank. A rank that falls "
+    return (
+        board.with_row(Row("Throughput and step time"))
+        .with_panel(
+            graph(
+                "Steps per second by rank",
+                "Training steps ended per second on each rank. A rank that falls "
                 "behind the others slows every collective operation.",
-                "suffix:steps/s", (q.rate("xla_steps_total"), RANK_LEGEND)))
-            .with_panel(graph(
-                "Step time percentiles", "Wall time from one training step end to the next "
+                "suffix:steps/s",
+                (q.rate("xla_steps_total"), RANK_LEGEND),
+            )
+        )
+        .with_panel(
+            graph(
+                "Step time percentiles",
+                "Wall time from one training step end to the next "
                 "(xla_step_duration_seconds), over the selected ranks: median, 90th and 99th percentile, and mean.",
-                "s", (percentile(q, 0.5), "p50"), (percentile(q, 0.9), "p90"), (percentile(q, 0.99), "p99"),
-                (q.ratio("xla_step_duration_seconds_sum", "xla_step_duration_seconds_count", by=""), "mean"))))
+                "s",
+                (percentile(q, 0.5), "p50"),
+                (percentile(q, 0.9), "p90"),
+                (percentile(q, 0.99), "p99"),
+                (q.ratio("xla_step_duration_seconds_sum", "xla_step_duration_seconds_count", by=""), "mean"),
+            )
+        )
+    )
 
 
 def compile_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
-    return (board.with_row(Row("Compile and execute"))
-            .with_panel(graph(
-                "Compile vs execute share of step time", "Share of each rank's step wall time spent compiling "
+    return (
+        board.with_row(Row("Compile and execute"))
+        .with_panel(
+            graph(
+                "Compile vs execute share of step time",
+                "Share of each rank's step wall time spent compiling "
                 "graphs (CompileTime) and executing them (ExecuteTime). Compilation should vanish after warm-up.",
                 "percentunit",
                 (q.ratio("xla_compile_seconds_total", "xla_step_duration_seconds_sum"), "compile, " + RANK_LEGEND),
                 (q.ratio("xla_execute_seconds_total", "xla_step_duration_seconds_sum"), "execute, " + RANK_LEGEND),
-                width=8))
-            .with_panel(graph(
-                "Graphs per step by rank", "Average number of XLA graphs run per training step on each rank: the "
+                width=8,
+            )
+        )
+        .with_panel(
+            graph(
+                "Graphs per step by rank",
+                "Average number of XLA graphs run per training step on each rank: the "
                 "graphs at step markers (several with gradient accumulation) plus the graph cuts.",
-                "suffix:graphs/step", (q.ratio("xla_graphs_per_step_sum", "xla_graphs_per_step_count"),
-                                       RANK_LEGEND),
-                width=8))
-            .with_panel(graph(
-                "Compilations per minute", "Compiler runs per minute on each rank: all of them, the first "
+                "suffix:graphs/step",
+                (q.ratio("xla_graphs_per_step_sum", "xla_graphs_per_step_count"), RANK_LEGEND),
+                width=8,
+            )
+        )
+        .with_panel(
+            graph(
+                "Compilations per minute",
+                "Compiler runs per minute on each rank: all of them, the first "
                 "compilations of new graphs (a new code path: an eval loop, a logging step), and recompilations "
                 "after warm-up of graphs that compiled before, which mean the graph keeps changing.",
                 "suffix:compiles/min",
                 (f"60 * {q.rate('xla_recompilations_total')}", "recompilations, " + RANK_LEGEND),
                 (f"60 * {q.rate('xla_new_graphs_total')}", "new graphs, " + RANK_LEGEND),
                 (f"60 * {q.rate('xla_compilations_total')}", "all, " + RANK_LEGEND),
-                width=8)))
+                width=8,
+            )
+        )
+    )
 
 
 def host_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
-    return (board.with_row(Row("Host reads and CPU fallback"))
-            .with_panel(graph(
-                "Host reads per step by rank", "Device-to-host transfers per training step (every read of device "
+    return (
+        board.with_row(Row("Host reads and CPU fallback"))
+        .with_panel(
+            graph(
+                "Host reads per step by rank",
+                "Device-to-host transfers per training step (every read of device "
                 "data by the host, CPU fallbacks included) and .item() calls per step, on each rank.",
                 "suffix:reads/step",
                 (q.ratio("xla_device_to_host_transfers_total", "xla_steps_total"), "all reads, " + RANK_LEGEND),
                 (q.ratio("xla_host_scalar_reads_total", "xla_steps_total"), ".item(), " + RANK_LEGEND),
-                threshold=c.host_reads_per_step))
-            .with_panel(instant_table(
-                "Top CPU-fallback operators", "Operators without an XLA lowering, by calls per second over the "
+                threshold=c.host_reads_per_step,
+            )
+        )
+        .with_panel(
+            instant_table(
+                "Top CPU-fallback operators",
+                "Operators without an XLA lowering, by calls per second over the "
                 "selected time range, all selected ranks. Drill down in the Fragmentation & recompiles dashboard.",
                 "suffix:calls/s",
                 f"topk(10, sum by (op) (rate(xla_cpu_fallback_ops_total{{{q.rank}}}[$__range])))",
-                {"op": "Operator"}, "Calls per second")))
+                {"op": "Operator"},
+                "Calls per second",
+            )
+        )
+    )
 
 
 def health_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
-    ok = model.ValueMap(options={"0": model.ValueMappingResult(text="failing", color="red", index=0),
-                                 "1": model.ValueMappingResult(text="ok", color="green", index=1)})
-    return (board.with_row(Row("Exporter health"))
-            .with_panel(single_stat(
-                "Endpoints up", "Scrape targets of the selected job and instances that answered the last scrape.",
-                "short", f"sum(up{{{q.target}}})", width=4, height=8))
-            .with_panel(single_stat(
-                "Collector success", "Whether each collector of the exporter succeeded on its last run.",
-                "none", f"min by (collector) (neuron_exporter_collector_success{{{q.target}}})",
-                steps=((None, "red"), (1, "green")), legend="{{collector}}", width=8, height=8, mappings=[ok]))
-            .with_panel(graph(
-                "Collection errors", "Errors inside the exporter's collection code per interval, by stage "
+    ok = model.ValueMap(
+        options={
+            "0": model.ValueMappingResult(text="failing", color="red", index=0),
+            "1": model.ValueMappingResult(text="ok", color="green", index=1),
+        }
+    )
+    return (
+        board.with_row(Row("Exporter health"))
+        .with_panel(
+            single_stat(
+                "Endpoints up",
+                "Scrape targets of the selected job and instances that answered the last scrape.",
+                "short",
+                f"sum(up{{{q.target}}})",
+                width=4,
+                height=8,
+            )
+        )
+        .with_panel(
+            single_stat(
+                "Collector success",
+                "Whether each collector of the exporter succeeded on its last run.",
+                "none",
+                f"min by (collector) (neuron_exporter_collector_success{{{q.target}}})",
+                steps=((None, "red"), (1, "green")),
+                legend="{{collector}}",
+                width=8,
+                height=8,
+                mappings=[ok],
+            )
+        )
+        .with_panel(
+            graph(
+                "Collection errors",
+                "Errors inside the exporter's collection code per interval, by stage "
                 "(step, scrape, spool). The training loop is never interrupted by them.",
                 "short",
-                (f"sum by (stage) (increase(neuron_exporter_collection_errors_total{{{q.target}}}"
-                 f"[$__rate_interval]))", "{{stage}}")))
-            .with_panel(instant_table(
-                "Rank state", "State of every rank the node endpoint knows (running, hung or dead), its run, and "
+                (
+                    f"sum by (stage) (increase(neuron_exporter_collection_errors_total{{{q.target}}}"
+                    f"[$__rate_interval]))",
+                    "{{stage}}",
+                ),
+            )
+        )
+        .with_panel(
+            instant_table(
+                "Rank state",
+                "State of every rank the node endpoint knows (running, hung or dead), its run, and "
                 "the time since it last reported.",
                 "s",
                 f"(time() - max by (run_id, rank, local_rank) "
                 f"(neuron_exporter_rank_last_report_timestamp_seconds{{{q.rank}}}))"
                 f" * on (run_id, rank, local_rank) group_left (state)"
                 f" (max by (run_id, rank, local_rank, state) (neuron_exporter_rank_state{{{q.rank}}}) == 1)",
-                {"run_id": "Run", "rank": "Rank", "local_rank": "Local rank", "state": "State"}, "Since last report",
-                width=24, height=6))
-            .with_panel(graph(
-                "Exporter share of step time", "Time the exporter spends in its step hook, as a share of each "
+                {"run_id": "Run", "rank": "Rank", "local_rank": "Local rank", "state": "State"},
+                "Since last report",
+                width=24,
+                height=6,
+            )
+        )
+        .with_panel(
+            graph(
+                "Exporter share of step time",
+                "Time the exporter spends in its step hook, as a share of each "
                 "rank's step wall time: the monitoring overhead.",
-                "percentunit", (q.ratio("neuron_exporter_step_hook_seconds_total", "xla_step_duration_seconds_sum"),
-                                RANK_LEGEND),
-                width=8))
-            .with_panel(graph(
-                "Resident memory by rank", "Resident set size of each training process.",
-                "bytes", (f"sum by (run_id, rank) (xla_process_resident_memory_bytes{{{q.rank}}})", RANK_LEGEND),
-                width=8))
-            .with_panel(graph(
-                "Spool problems", "Rank files in the spool directory that the node endpoint refuses, by reason "
+                "percentunit",
+                (q.ratio("neuron_exporter_step_hook_seconds_total", "xla_step_duration_seconds_sum"), RANK_LEGEND),
+                width=8,
+            )
+        )
+        .with_panel(
+            graph(
+                "Resident memory by rank",
+                "Resident set size of each training process.",
+                "bytes",
+                (f"sum by (run_id, rank) (xla_process_resident_memory_bytes{{{q.rank}}})", RANK_LEGEND),
+                width=8,
+            )
+        )
+        .with_panel(
+            graph(
+                "Spool problems",
+                "Rank files in the spool directory that the node endpoint refuses, by reason "
                 "(see its log), and node endpoints that cannot read their spool directory (1). Both should be 0.",
                 "short",
-                (f"max by (instance, reason) (neuron_exporter_spool_rejected_files{{{q.target}}})",
-                 "rejected files: {{reason}}, {{instance}}"),
-                (f"max by (instance) (1 - neuron_exporter_spool_directory_ok{{{q.target}}})",
-                 "directory not read, {{instance}}"),
-                width=8)))
+                (
+                    f"max by (instance, reason) (neuron_exporter_spool_rejected_files{{{q.target}}})",
+                    "rejected files: {{reason}}, {{instance}}",
+                ),
+                (
+                    f"max by (instance) (1 - neuron_exporter_spool_directory_ok{{{q.target}}})",
+                    "directory not read, {{instance}}",
+                ),
+                width=8,
+            )
+        )
+    )
 
 
 def build(c: Config = DEFAULTS) -> model.Dashboard:
     """The dashboard for configuration ``c`` (its selector, and the alert thresholds drawn on its panels)."""
     q = Queries(c)
-    board = (Dashboard("neuron-exporter / Training overview").uid(UID)
-             .description("PyTorch/XLA training seen through neuron-exporter, per run: throughput, step time, "
-                          "graph cuts and recompilations with their top sites, compile vs execute, host reads, "
-                          "CPU-fallback operators and exporter health.")
-             .tags(["neuron-exporter", "pytorch-xla"]).time("now-1h", "now").refresh("30s")
-             .tooltip(model.DashboardCursorSync.CROSSHAIR).links(dashboard_links()))
+    board = (
+        Dashboard("neuron-exporter / Training overview")
+        .uid(UID)
+        .description(
+            "PyTorch/XLA training seen through neuron-exporter, per run: throughput, step time, "
+            "graph cuts and recompilations with their top sites, compile vs execute, host reads, "
+            "CPU-fallback operators and exporter health."
+        )
+        .tags(["neuron-exporter", "pytorch-xla"])
+        .time("now-1h", "now")
+        .refresh("30s")
+        .tooltip(model.DashboardCursorSync.CROSSHAIR)
+        .links(dashboard_links())
+    )
     board = variables(board, q)
     for row in (summary_row, runs_row, where_row, throughput_row, compile_row, host_row, health_row):
         board = row(board, c, q)

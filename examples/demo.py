@@ -31,8 +31,13 @@ from dashboards.config import DEFAULTS  # noqa: E402
 from dashboards.rules import rule_files  # noqa: E402
 
 DEMO_THRESHOLDS = dataclasses.replace(
-    DEFAULTS, fallback_for="0s", recompilation_for="0s", fragmentation_for="0s", host_reads_for="0s",
-    compile_time_for="0s")
+    DEFAULTS,
+    fallback_for="0s",
+    recompilation_for="0s",
+    fragmentation_for="0s",
+    host_reads_for="0s",
+    compile_time_for="0s",
+)
 
 
 def free_port() -> int:
@@ -73,9 +78,12 @@ def ui_prefix(prometheus: str) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--keep", action=argparse.BooleanOptionalAction, default=None,
-                        help="keep Prometheus and the training run going until Ctrl-C (default: when standard input "
-                             "is a terminal)")
+    parser.add_argument(
+        "--keep",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="keep Prometheus and the training run going until Ctrl-C (default: when standard input is a terminal)",
+    )
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for the alerts")
     args = parser.parse_args()
     keep = sys.stdin.isatty() if args.keep is None else args.keep
@@ -95,16 +103,32 @@ def main() -> int:
         f"rule_files: ['{work}/rules/*.yml']\n"
         "scrape_configs:\n"
         "  - job_name: neuron-exporter\n"
-        f"    static_configs: [{{targets: ['127.0.0.1:{exporter_port}']}}]\n")
+        f"    static_configs: [{{targets: ['127.0.0.1:{exporter_port}']}}]\n"
+    )
     prometheus_url = f"http://127.0.0.1:{prometheus_port}"
     prometheus = subprocess.Popen(
-        ["prometheus", f"--config.file={work / 'prometheus.yml'}", f"--storage.tsdb.path={work / 'data'}",
-         f"--web.listen-address=127.0.0.1:{prometheus_port}"],
-        stdout=subprocess.DEVNULL, stderr=open(work / "prometheus.log", "w"), start_new_session=True)
+        [
+            "prometheus",
+            f"--config.file={work / 'prometheus.yml'}",
+            f"--storage.tsdb.path={work / 'data'}",
+            f"--web.listen-address=127.0.0.1:{prometheus_port}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=open(work / "prometheus.log", "w"),
+        start_new_session=True,
+    )
     # Sessions of their own: Ctrl-C reaches only this script, which stops them in order.
     training = subprocess.Popen(
-        [sys.executable, str(ROOT / "examples" / "train.py"), "--port", str(exporter_port),
-         "--continue-for", "inf" if keep else "3600"], start_new_session=True)
+        [
+            sys.executable,
+            str(ROOT / "examples" / "train.py"),
+            "--port",
+            str(exporter_port),
+            "--continue-for",
+            "inf" if keep else "3600",
+        ],
+        start_new_session=True,
+    )
     try:
         print(f"demo: Prometheus at {prometheus_url} (log: {work / 'prometheus.log'})", flush=True)
         deadline = time.monotonic() + args.timeout
@@ -122,23 +146,31 @@ def main() -> int:
             print(f"  {alert['labels']['alertname']} {{{labels}}}\n      {alert['annotations'].get('summary', '')}")
         if not firing:
             print("  none yet (see the Prometheus log)")
-        print("\ndemo: Prometheus and the training run keep going until Ctrl-C:" if keep else
-              "\ndemo: these answer until the demo ends, which is now (from a terminal, or with --keep, "
-              "they stay until Ctrl-C):")
+        print(
+            "\ndemo: Prometheus and the training run keep going until Ctrl-C:"
+            if keep
+            else "\ndemo: these answer until the demo ends, which is now (from a terminal, or with --keep, "
+            "they stay until Ctrl-C):"
+        )
         pages = prometheus_url + ui_prefix(prometheus_url)
-        print(f"  exporter metrics:  http://127.0.0.1:{exporter_port}/metrics\n"
-              f"  Prometheus alerts: {pages}/alerts\n"
-              f"  a query:           {pages}/graph?g0.expr="
-              f"{urllib.parse.quote('topk(5, rate(xla_cpu_fallback_ops_total[1m]))')}\n"
-              f"  dashboards:        import dashboards/*.json into Grafana (see dashboards/README.md)")
+        print(
+            f"  exporter metrics:  http://127.0.0.1:{exporter_port}/metrics\n"
+            f"  Prometheus alerts: {pages}/alerts\n"
+            f"  a query:           {pages}/graph?g0.expr="
+            f"{urllib.parse.quote('topk(5, rate(xla_cpu_fallback_ops_total[1m]))')}\n"
+            f"  dashboards:        import dashboards/*.json into Grafana (see dashboards/README.md)"
+        )
         sys.stdout.flush()
         if not keep:
             return 0 if firing else 1
         while training.poll() is None and prometheus.poll() is None:
             time.sleep(1)
         ended = "the training run" if training.poll() is not None else "Prometheus"
-        print(f"demo: {ended} ended by itself, so the URLs above no longer answer (Prometheus log: "
-              f"{work / 'prometheus.log'})", file=sys.stderr)
+        print(
+            f"demo: {ended} ended by itself, so the URLs above no longer answer (Prometheus log: "
+            f"{work / 'prometheus.log'})",
+            file=sys.stderr,
+        )
         return 1
     except KeyboardInterrupt:
         print("\ndemo: stopped", flush=True)

@@ -41,9 +41,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, default=19478)
     parser.add_argument("--addr", default="127.0.0.1")
-    parser.add_argument("--continue-for", type=float, default=0.0, metavar="SECONDS",
-                        help="after the four phases, keep training with the CPU fallback for this long, so that a "
-                             "scraper sees the counters move")
+    parser.add_argument(
+        "--continue-for",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="after the four phases, keep training with the CPU fallback for this long, so that a "
+        "scraper sees the counters move",
+    )
     args = parser.parse_args()
 
     handle = neuron_exporter.attach(port=args.port, addr=args.addr)
@@ -75,13 +80,16 @@ def main() -> None:
         delta = {key: after.get(key, 0) - before.get(key, 0) for key in after}
         ran = delta.get("xla_steps_total", 0) or 1
         fallbacks = ", ".join(f"{op} x{n:.0f}" for op, n in sorted(delta.items()) if op.startswith("aten::") and n)
-        print(f"phase {phase:9s} steps {delta.get('xla_steps_total', 0):3.0f}"
-              f" | graphs/step {delta.get('xla_graphs_per_step_sum', 0) / ran:4.1f}"
-              f" | fragmented {delta.get('xla_fragmented_steps_total', 0):3.0f}"
-              f" | compiles {delta.get('xla_compilations_total', 0):3.0f}"
-              f" (recompiles {delta.get('xla_recompilations_total', 0):.0f})"
-              f" | host reads {delta.get('xla_device_to_host_transfers_total', 0):3.0f}"
-              f" | CPU fallback: {fallbacks or 'none'}", flush=True)
+        print(
+            f"phase {phase:9s} steps {delta.get('xla_steps_total', 0):3.0f}"
+            f" | graphs/step {delta.get('xla_graphs_per_step_sum', 0) / ran:4.1f}"
+            f" | fragmented {delta.get('xla_fragmented_steps_total', 0):3.0f}"
+            f" | compiles {delta.get('xla_compilations_total', 0):3.0f}"
+            f" (recompiles {delta.get('xla_recompilations_total', 0):.0f})"
+            f" | host reads {delta.get('xla_device_to_host_transfers_total', 0):3.0f}"
+            f" | CPU fallback: {fallbacks or 'none'}",
+            flush=True,
+        )
         before = after
     deadline = time.monotonic() + args.continue_for
     while time.monotonic() < deadline:

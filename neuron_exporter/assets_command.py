@@ -28,14 +28,22 @@ from . import __version__
 PACKAGE = Path(__file__).resolve().parent
 FORMATS = ("plain", "prometheus-operator", "grafana-configmaps", "mixin")
 # What the package ships of deploy/ (pyproject.toml lists the same files as package data).
-DEPLOY_FILES = ("prometheus/prometheus.yml", "prometheus/rules/*.yml", "prometheus/runbook.md", "systemd/*",
-                "kubernetes/*/*.yaml", "web-config.example.yml")
+DEPLOY_FILES = (
+    "prometheus/prometheus.yml",
+    "prometheus/rules/*.yml",
+    "prometheus/runbook.md",
+    "systemd/*",
+    "kubernetes/*/*.yaml",
+    "web-config.example.yml",
+)
 DASHBOARDS_DIR = "dashboards"
 RULES_DIR = "prometheus/rules"
 NAME = "neuron-exporter"
 EXIT_USAGE = 2
-EXTRA_MISSING = ("--config needs the dashboards extra: pip install 'neuron-exporter[dashboards]' "
-                 "(grafana-foundation-sdk, Python 3.11 or later)")
+EXTRA_MISSING = (
+    "--config needs the dashboards extra: pip install 'neuron-exporter[dashboards]' "
+    "(grafana-foundation-sdk, Python 3.11 or later)"
+)
 
 
 class AssetsError(Exception):
@@ -48,20 +56,36 @@ class AssetsError(Exception):
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
-        "assets", help="write out the Grafana dashboards, Prometheus rules and deployment files",
+        "assets",
+        help="write out the Grafana dashboards, Prometheus rules and deployment files",
         description="Write the Grafana dashboards, the Prometheus rules and their runbook, the systemd unit and the "
-                    "Kubernetes manifests that come with neuron-exporter into DIR, as plain files or as Kubernetes "
-                    "objects for the Prometheus Operator and Grafana's dashboard sidecar.")
-    parser.add_argument("--output", "-o", metavar="DIR", required=True, type=Path,
-                        help="directory to write to (made if missing; files of the same name are replaced)")
-    parser.add_argument("--format", choices=FORMATS, default="plain",
-                        help="plain files (default); a PrometheusRule; ConfigMaps labelled grafana_dashboard=1; or "
-                             "the layout of a monitoring mixin (prometheus_alerts.yaml, prometheus_rules.yaml, "
-                             "dashboards_out/)")
-    parser.add_argument("--config", metavar="FILE", type=Path,
-                        help="rebuild the dashboards and rules with this mixin configuration (YAML: selector, "
-                             "aggregation_labels, severities, thresholds; see dashboards/config.py); needs the "
-                             "dashboards extra")
+        "Kubernetes manifests that come with neuron-exporter into DIR, as plain files or as Kubernetes "
+        "objects for the Prometheus Operator and Grafana's dashboard sidecar.",
+    )
+    parser.add_argument(
+        "--output",
+        "-o",
+        metavar="DIR",
+        required=True,
+        type=Path,
+        help="directory to write to (made if missing; files of the same name are replaced)",
+    )
+    parser.add_argument(
+        "--format",
+        choices=FORMATS,
+        default="plain",
+        help="plain files (default); a PrometheusRule; ConfigMaps labelled grafana_dashboard=1; or "
+        "the layout of a monitoring mixin (prometheus_alerts.yaml, prometheus_rules.yaml, "
+        "dashboards_out/)",
+    )
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        type=Path,
+        help="rebuild the dashboards and rules with this mixin configuration (YAML: selector, "
+        "aggregation_labels, severities, thresholds; see dashboards/config.py); needs the "
+        "dashboards extra",
+    )
     parser.set_defaults(run=run)
 
 
@@ -90,7 +114,8 @@ def shipped_files() -> dict[str, str]:
     for pattern in DEPLOY_FILES:
         paths.update((path.relative_to(deploy).as_posix(), path) for path in sorted(deploy.glob(pattern)))
     if not any(name.startswith(f"{DASHBOARDS_DIR}/") for name in paths) or not any(
-            name.startswith(f"{RULES_DIR}/") for name in paths):
+        name.startswith(f"{RULES_DIR}/") for name in paths
+    ):
         raise AssetsError(f"the dashboards or rules are missing from {PACKAGE}: reinstall neuron-exporter", code=1)
     return {name: path.read_text(encoding="utf-8") for name, path in paths.items()}
 
@@ -136,46 +161,64 @@ def render(format_: str, config_path: Path | None = None) -> dict[str, str]:
             generated = generated_files(config)
         except ValueError as error:  # the generator's one-line errors about keys and values
             raise AssetsError(f"{config_path}: {error}") from None
-        files = {name: text for name, text in files.items()
-                 if not name.startswith((f"{DASHBOARDS_DIR}/", f"{RULES_DIR}/"))}
+        files = {
+            name: text for name, text in files.items() if not name.startswith((f"{DASHBOARDS_DIR}/", f"{RULES_DIR}/"))
+        }
         files.update(generated)
     if format_ == "plain":
         return files
-    dashboards = {name.rpartition("/")[2]: text for name, text in files.items()
-                  if name.startswith(f"{DASHBOARDS_DIR}/") and name.endswith(".json")}
-    groups = [group for name, text in sorted(files.items()) if name.startswith(f"{RULES_DIR}/")
-              for group in _yaml_load(text).get("groups", [])]
+    dashboards = {
+        name.rpartition("/")[2]: text
+        for name, text in files.items()
+        if name.startswith(f"{DASHBOARDS_DIR}/") and name.endswith(".json")
+    }
+    groups = [
+        group
+        for name, text in sorted(files.items())
+        if name.startswith(f"{RULES_DIR}/")
+        for group in _yaml_load(text).get("groups", [])
+    ]
     if format_ == "prometheus-operator":
         return {"prometheus-rule.yaml": prometheus_rule(groups)}
     if format_ == "grafana-configmaps":
-        return {f"grafana-dashboard-{Path(name).stem}.yaml": dashboard_configmap(name, text)
-                for name, text in dashboards.items()}
+        return {
+            f"grafana-dashboard-{Path(name).stem}.yaml": dashboard_configmap(name, text)
+            for name, text in dashboards.items()
+        }
     if format_ == "mixin":
         alerts = [g for g in groups if any("alert" in rule for rule in g.get("rules", []))]
         recording = [g for g in groups if g not in alerts]
-        return {"prometheus_alerts.yaml": _yaml_dump({"groups": alerts}),
-                "prometheus_rules.yaml": _yaml_dump({"groups": recording}),
-                **{f"dashboards_out/{name}": text for name, text in dashboards.items()}}
+        return {
+            "prometheus_alerts.yaml": _yaml_dump({"groups": alerts}),
+            "prometheus_rules.yaml": _yaml_dump({"groups": recording}),
+            **{f"dashboards_out/{name}": text for name, text in dashboards.items()},
+        }
     raise AssetsError(f"unknown format {format_!r} (known: {', '.join(FORMATS)})")
 
 
 def prometheus_rule(groups: list) -> str:
-    return _yaml_dump({
-        "apiVersion": "monitoring.coreos.com/v1",
-        "kind": "PrometheusRule",
-        "metadata": {"name": NAME, "labels": {"app.kubernetes.io/name": NAME}},
-        "spec": {"groups": groups},
-    })
+    return _yaml_dump(
+        {
+            "apiVersion": "monitoring.coreos.com/v1",
+            "kind": "PrometheusRule",
+            "metadata": {"name": NAME, "labels": {"app.kubernetes.io/name": NAME}},
+            "spec": {"groups": groups},
+        }
+    )
 
 
 def dashboard_configmap(name: str, text: str) -> str:
-    return _yaml_dump({
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {"name": f"{NAME}-dashboard-{Path(name).stem}",
-                     "labels": {"grafana_dashboard": "1", "app.kubernetes.io/name": NAME}},
-        "data": {name: text},
-    })
+    return _yaml_dump(
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {
+                "name": f"{NAME}-dashboard-{Path(name).stem}",
+                "labels": {"grafana_dashboard": "1", "app.kubernetes.io/name": NAME},
+            },
+            "data": {name: text},
+        }
+    )
 
 
 def write(directory: Path, files: Mapping[str, str]) -> list[Path]:
@@ -203,7 +246,11 @@ def _yaml_dump(content: dict) -> str:
     class Dumper(yaml.SafeDumper):
         """Multi-line strings (rule expressions, dashboard JSON) as literal blocks."""
 
-    Dumper.add_representer(str, lambda dumper, data: dumper.represent_scalar(
-        "tag:yaml.org,2002:str", data, style="|" if "\n" in data else None))
+    Dumper.add_representer(
+        str,
+        lambda dumper, data: dumper.represent_scalar(
+            "tag:yaml.org,2002:str", data, style="|" if "\n" in data else None
+        ),
+    )
     header = f"# Written by `neuron-exporter assets` {__version__}; regenerate it rather than edit it.\n"
     return header + yaml.dump(content, Dumper=Dumper, sort_keys=False, width=120, allow_unicode=True)

@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # the reader of the output is gone (| head): say nothing more
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit flush does not fail too
         return 1
-    except Exception as error:  # a bug: every bad input has its own one-line error, and this must stay one line
+    except Exception as error:  # noqa: BLE001 (a bug: bad input has its own one-line error; this must stay one line)
         print(f"neuron-exporter: internal error: {error!r:.300}; please report it", file=sys.stderr)
         return 1
 

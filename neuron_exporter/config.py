@@ -49,7 +49,7 @@ def _shown(value) -> str:
         return "null"
     if isinstance(value, str):
         return f'"{_printable(value, SHOWN_CHARACTERS)}"'
-    if isinstance(value, int) and abs(value) >= 10 ** SHOWN_CHARACTERS:  # str() refuses more than 4300 digits
+    if isinstance(value, int) and abs(value) >= 10**SHOWN_CHARACTERS:  # str() refuses more than 4300 digits
         return f"an integer of more than {SHOWN_CHARACTERS} digits"
     return _printable(str(value), SHOWN_CHARACTERS)
 
@@ -75,48 +75,73 @@ class Options:
     spool_dir: str = _option(
         doc="Directory where every rank writes its metrics for the node endpoint (use a tmpfs).",
         factory=default_spool_dir,
-        shown="`/dev/shm/neuron-exporter` if /dev/shm is writable, else `$TMPDIR/neuron-exporter`")
+        shown="`/dev/shm/neuron-exporter` if /dev/shm is writable, else `$TMPDIR/neuron-exporter`",
+    )
     spool_mode: str = _option(
-        "private", "Who may read and write the spool directory: `private` (mode 0700), `group` (0750), `readable` "
-                   "(0755), `group-shared` (1770), `shared` (1777). A rank refuses a directory more open than this, "
-                   "or another user's; see deploy/PROTOCOL.md.")
+        "private",
+        "Who may read and write the spool directory: `private` (mode 0700), `group` (0750), `readable` "
+        "(0755), `group-shared` (1770), `shared` (1777). A rank refuses a directory more open than this, "
+        "or another user's; see deploy/PROTOCOL.md.",
+    )
     spool_trusted_users: str | None = _option(
-        None, "Users (names or uids, comma-separated) the node endpoint trusts to own the spool directory and its "
-              "files, beyond root and its own user; in the `group-shared` and `shared` modes, files of any user are "
-              "served (the directory still must be a trusted user's).")
+        None,
+        "Users (names or uids, comma-separated) the node endpoint trusts to own the spool directory and its "
+        "files, beyond root and its own user; in the `group-shared` and `shared` modes, files of any user are "
+        "served (the directory still must be a trusted user's).",
+    )
     spool_max_file_bytes: int = _option(
-        4 * 1024 * 1024, "The node endpoint ignores a rank file larger than this (and counts it).")
+        4 * 1024 * 1024, "The node endpoint ignores a rank file larger than this (and counts it)."
+    )
     spool_max_total_bytes: int = _option(
-        64 * 1024 * 1024, "The node endpoint reads at most this much of the spool directory in all, in the order of "
-                          "runs and ranks; the rest is not served (and counted).")
+        64 * 1024 * 1024,
+        "The node endpoint reads at most this much of the spool directory in all, in the order of "
+        "runs and ranks; the rest is not served (and counted).",
+    )
     spool_max_files: int = _option(
-        1024, "The node endpoint reads at most this many rank files, in the order of runs and ranks; the rest are "
-              "not served (and counted).")
+        1024,
+        "The node endpoint reads at most this many rank files, in the order of runs and ranks; the rest are "
+        "not served (and counted).",
+    )
     spool_interval_seconds: float = _option(2.0, "How often a rank rewrites its spool file.")
     hung_after_seconds: float = _option(
-        60.0, "A live rank that has ended no step for this long (before its first step: sent no report) is hung.")
+        60.0, "A live rank that has ended no step for this long (before its first step: sent no report) is hung."
+    )
     expire_after_seconds: float = _option(
-        3600.0, "A rank that stopped reporting (hung, dead or finished) is served with its last values until its "
-                "last report is this old; then a dead rank's files are deleted.")
-    warmup_steps: int = _option(2, "Steps after which recompilations alert (`XlaRecompilationStorm` counts a rank "
-                                   "once it had made this many steps at the first sample of its 5-minute window); it changes "
-                                   "no count.")
+        3600.0,
+        "A rank that stopped reporting (hung, dead or finished) is served with its last values until its "
+        "last report is this old; then a dead rank's files are deleted.",
+    )
+    warmup_steps: int = _option(
+        2,
+        "Steps after which recompilations alert (`XlaRecompilationStorm` counts a rank "
+        "once it had made this many steps at the first sample of its 5-minute window); it "
+        "changes no count.",
+    )
     max_op_series: int = _option(
-        100, "At most this many `op` label values per operator family; the rest are counted as `op=\"other\"`.")
+        100, 'At most this many `op` label values per operator family; the rest are counted as `op="other"`.'
+    )
     max_site_series: int = _option(
-        50, "At most this many `location` label values per family; the rest are counted as `location=\"other\"`.")
+        50, 'At most this many `location` label values per family; the rest are counted as `location="other"`.'
+    )
     fallback_sites: bool = _option(
-        False, "Name the source line of each CPU-fallback operator: the step after one first falls back runs under a "
-               "dispatch mode that sees every operator call. Costs microseconds per operator for that one step, and "
-               "may compile it once more (not counted as a recompilation).")
+        False,
+        "Name the source line of each CPU-fallback operator: the step after one first falls back runs under a "
+        "dispatch mode that sees every operator call. Costs microseconds per operator for that one step, and "
+        "may compile it once more (not counted as a recompilation).",
+    )
     run_id: str | None = _option(
-        None, "The run's identity, the `run_id` label of every series (default: torchrun's or Slurm's job id, else "
-              "the launching process); every process of a run must have the same.")
+        None,
+        "The run's identity, the `run_id` label of every series (default: torchrun's or Slurm's job id, else "
+        "the launching process); every process of a run must have the same.",
+    )
     web_config_file: str | None = _option(
-        None, "Web config file for TLS and basic auth (format of Prometheus exporters' `--web.config.file`).")
+        None, "Web config file for TLS and basic auth (format of Prometheus exporters' `--web.config.file`)."
+    )
     node_view: bool = _option(
-        True, "The training job serves every rank of the machine on its port, from a process of its own that reads the "
-              "spool (no rank merges files on its training thread); false: a rank serves only its own metrics.")
+        True,
+        "The training job serves every rank of the machine on its port, from a process of its own that reads the "
+        "spool (no rank merges files on its training thread); false: a rank serves only its own metrics.",
+    )
     log_level: str = _option("warning", "Log level: " + ", ".join(LOG_LEVELS) + ".")
 
 
@@ -155,7 +180,7 @@ SPOOL_MODE_NAMES = ("private", "group", "readable", "group-shared", "shared")
 
 def _check_spool_mode(value):
     if value not in SPOOL_MODE_NAMES:
-        return f'{_shown(value)} is not a spool mode ({", ".join(SPOOL_MODE_NAMES)})'
+        return f"{_shown(value)} is not a spool mode ({', '.join(SPOOL_MODE_NAMES)})"
 
 
 def user_ids(users: str | None) -> set[int]:
@@ -184,7 +209,7 @@ def _check_users(value):
 
 def _check_log_level(value):
     if value not in LOG_LEVELS:
-        return f'{_shown(value)} is not a log level ({", ".join(LOG_LEVELS)})'
+        return f"{_shown(value)} is not a log level ({', '.join(LOG_LEVELS)})"
 
 
 _CHECKS: dict[str, Callable] = {
@@ -310,8 +335,9 @@ def _from_file(path) -> dict:
         loader = yaml.SafeLoader(text)  # refuses control characters here, before reading anything
     except yaml.reader.ReaderError as exc:
         line = text.count("\n", 0, exc.position) + 1
-        raise ConfigError(f"{path_text}:{line}: invalid YAML: the character {_shown(chr(exc.character))} is not "
-                          f"allowed") from None
+        raise ConfigError(
+            f"{path_text}:{line}: invalid YAML: the character {_shown(chr(exc.character))} is not allowed"
+        ) from None
     try:
         return _options_in(loader, path_text)
     except yaml.YAMLError as exc:
@@ -331,9 +357,12 @@ def _options_in(loader: yaml.SafeLoader, path_text: str) -> dict:
     if root is None:
         return {}
     if not isinstance(root, yaml.MappingNode):
-        raise ConfigError(f"{path_text}:{root.start_mark.line + 1}: the config file must be a mapping "
-                          f"of option names to values (known: {_known()})")
-    values, seen = {}, {}
+        raise ConfigError(
+            f"{path_text}:{root.start_mark.line + 1}: the config file must be a mapping "
+            f"of option names to values (known: {_known()})"
+        )
+    values = {}
+    seen: dict[str, int] = {}
     for key_node, value_node in root.value:
         line = key_node.start_mark.line + 1
         key = key_node.value if isinstance(key_node, yaml.ScalarNode) else None
@@ -348,8 +377,9 @@ def _options_in(loader: yaml.SafeLoader, path_text: str) -> dict:
         try:
             raw = loader.construct_object(value_node, deep=True)
         except (ValueError, OverflowError) as exc:  # a tagged value such as !!int 1x, or an integer of 5000 digits
-            raise ConfigError(f"{path_text}:{line}: {key}: cannot read the value: "
-                              f"{_printable(str(exc), SHOWN_CHARACTERS * 2)}") from None
+            raise ConfigError(
+                f"{path_text}:{line}: {key}: cannot read the value: {_printable(str(exc), SHOWN_CHARACTERS * 2)}"
+            ) from None
         try:
             values[key] = _convert(key, raw, from_text=False)
         except ValueError as exc:
@@ -362,7 +392,7 @@ def _from_env(env: Mapping[str, str]) -> dict:
     for name, text in env.items():
         if not name.startswith(ENV_PREFIX) or name in (CONFIG_FILE_ENV, AUTO_ENV):
             continue
-        key = name[len(ENV_PREFIX):].lower()
+        key = name[len(ENV_PREFIX) :].lower()
         values[key] = _checked(key, text, name)
     return values
 
@@ -377,8 +407,13 @@ def _checked(key: str, value, name: str):
         raise ConfigError(f"{name}: {exc}") from None
 
 
-def resolve_options(config_file=None, env: Mapping[str, str] = os.environ, overrides: Mapping | None = None,
-                    *, override_name: Callable[[str], str] | None = None) -> Options:
+def resolve_options(
+    config_file=None,
+    env: Mapping[str, str] = os.environ,
+    overrides: Mapping | None = None,
+    *,
+    override_name: Callable[[str], str] | None = None,
+) -> Options:
     """Options from ``config_file`` < ``env`` < ``overrides``; overrides whose value is None are not given.
 
     ``override_name(key)`` says how an override is named in errors (default ``option <key>``; the CLI
@@ -402,7 +437,8 @@ def options_table() -> str:
         shown = f.metadata["shown"]
         if shown is None:
             default = f.default
-            shown = "none" if default is None else (str(default).lower() if isinstance(default, bool)
-                                                     else f"`{default}`")
+            shown = (
+                "none" if default is None else (str(default).lower() if isinstance(default, bool) else f"`{default}`")
+            )
         rows.append(f"| `{f.name}` | {shown} | `{ENV_PREFIX}{f.name.upper()}` | {f.metadata['doc']} |")
     return "\n".join(rows) + "\n"

@@ -45,7 +45,7 @@ MAX_BYTES = 1024 * 1024  # a rank's document on disk; more is not a rank's
 WIDTH = 100
 RECOMPILATION_WEIGHT = 10  # in the ranking, a compilation costs as much as this many graph cuts
 # Bounds of a document, checked field by field by ``loads`` and kept by ``fit``, the writer's side.
-MAX_COUNT = 2.0 ** 63  # a count or a number of seconds: finite, at least 0 and at most this
+MAX_COUNT = 2.0**63  # a count or a number of seconds: finite, at least 0 and at most this
 MAX_TEXT = 4096  # characters of a string (a path, a message, a shape)
 MAX_ITEMS = 10_000  # entries of a list or a mapping
 MAX_FRAMES = 32  # of a site
@@ -59,21 +59,60 @@ class DiagnosisError(ValueError):
 # required; others are optional, and fields not named are left out), [schema] a list, {"*": schema} a mapping of
 # text keys. Only what is named here reaches the pages, so what they print is bounded and strict JSON.
 FRAMES = ["text"]
-_SITE = {"location!": "text", "host_reads": {"*": "count"}, "graph_cuts": {"*": "count"}, "new_graphs": "count",
-         "recompilations": "count", "frames": FRAMES,
-         "recompilation_causes": [{"uploads": {"*": {"before": "text?", "now": "text?"}}, "cause": "text"}]}
+_SITE = {
+    "location!": "text",
+    "host_reads": {"*": "count"},
+    "graph_cuts": {"*": "count"},
+    "new_graphs": "count",
+    "recompilations": "count",
+    "frames": FRAMES,
+    "recompilation_causes": [{"uploads": {"*": {"before": "text?", "now": "text?"}}, "cause": "text"}],
+}
 _FALLBACK_SITE = {"op!": "text", "location!": "text", "pass": "text", "frames": FRAMES}
-_FUNCTION = {"location!": "text", "function": "text", "compilations": "count", "recompilations": {"*": "count"},
-             "recompile_limit_hits": "count", "compile_seconds": "count",
-             "failed_guards": [{"reason": "text", "compile_id": "text", "guard": "text"}]}
-_BREAK_SITE = {"location!": "text", "reason": "text", "count": "count", "message": "text", "frames": FRAMES,
-               "compiling": "text"}
-_TORCH_COMPILE = {"mode": "text", "torch_version": "text", "compilations": "count", "recompilations": "count",
-                  "graph_breaks": "count", "recompile_limit_hits": "count", "compile_seconds": "count",
-                  "functions": [_FUNCTION], "graph_break_sites": [_BREAK_SITE], "records_missed": "count"}
-_RANK = {"run_id": "text", "rank": "text", "local_rank": "text", "pid": "count", "steps": "count",
-         "graph_cuts": "count", "new_graphs": "count", "recompilations": "count", "cpu_fallback_ops": {"*": "count"},
-         "cpu_fallback_sites": [_FALLBACK_SITE], "sites": [_SITE], "torch_compile": _TORCH_COMPILE, "trimmed": "text"}
+_FUNCTION = {
+    "location!": "text",
+    "function": "text",
+    "compilations": "count",
+    "recompilations": {"*": "count"},
+    "recompile_limit_hits": "count",
+    "compile_seconds": "count",
+    "failed_guards": [{"reason": "text", "compile_id": "text", "guard": "text"}],
+}
+_BREAK_SITE = {
+    "location!": "text",
+    "reason": "text",
+    "count": "count",
+    "message": "text",
+    "frames": FRAMES,
+    "compiling": "text",
+}
+_TORCH_COMPILE = {
+    "mode": "text",
+    "torch_version": "text",
+    "compilations": "count",
+    "recompilations": "count",
+    "graph_breaks": "count",
+    "recompile_limit_hits": "count",
+    "compile_seconds": "count",
+    "functions": [_FUNCTION],
+    "graph_break_sites": [_BREAK_SITE],
+    "records_missed": "count",
+}
+_RANK = {
+    "run_id": "text",
+    "rank": "text",
+    "local_rank": "text",
+    "pid": "count",
+    "steps": "count",
+    "graph_cuts": "count",
+    "new_graphs": "count",
+    "recompilations": "count",
+    "cpu_fallback_ops": {"*": "count"},
+    "cpu_fallback_sites": [_FALLBACK_SITE],
+    "sites": [_SITE],
+    "torch_compile": _TORCH_COMPILE,
+    "trimmed": "text",
+}
 _DOCUMENT = {"format!": "count", "ranks!": [_RANK]}
 
 
@@ -105,14 +144,14 @@ def _checked(value, schema, clip: bool):
         bound = MAX_FRAMES if schema is FRAMES else MAX_ITEMS
         if len(value) > bound and not clip:
             raise _Invalid(f"more than {bound} entries")
-        result = []
+        items = []
         for n, item in enumerate(value[:bound]):
             try:
-                result.append(_checked(item, schema[0], clip))
+                items.append(_checked(item, schema[0], clip))
             except _Invalid as error:
                 error.path.append(f"[{n}]")
                 raise
-        return result
+        return items
     if not isinstance(value, dict):
         raise _Invalid("not an object")
     if "*" in schema:
@@ -148,7 +187,7 @@ def _text(value, clip: bool) -> str:
     if clip:
         if not printable:
             value = "".join(c if c.isprintable() or c in "\n\t" else "?" for c in value)
-        return value if len(value) <= MAX_TEXT else value[:MAX_TEXT - 3] + "..."
+        return value if len(value) <= MAX_TEXT else value[: MAX_TEXT - 3] + "..."
     if len(value) > MAX_TEXT:
         raise _Invalid(f"a string of more than {MAX_TEXT} characters")
     if not printable:  # lone surrogates are not printable either
@@ -202,8 +241,12 @@ def fit(document: dict, max_bytes: int = MAX_BYTES) -> dict:
     if size <= max_bytes:
         return document
     # Leave out sites, the least costly first, until the rest fits (the note added below takes a little room).
-    entries = [(_cost(entry, rank), id(entry), len(json.dumps(entry)) + 2)
-               for rank in ranks for entries in _site_lists(rank) for entry in entries]
+    entries = [
+        (_cost(entry, rank), id(entry), len(json.dumps(entry)) + 2)
+        for rank in ranks
+        for entries in _site_lists(rank)
+        for entry in entries
+    ]
     dropped: set[int] = set()
     excess = size + 200 * len(ranks) - max_bytes
     for _, key, length in sorted(entries, key=lambda item: item[0]):
@@ -218,12 +261,18 @@ def fit(document: dict, max_bytes: int = MAX_BYTES) -> dict:
             entries[:] = [entry for entry in entries if id(entry) not in dropped]
         left_out = total - sum(len(entries) for entries in lists)
         if left_out:
-            rank["trimmed"] = (f"frames cut to one per site and {left_out} of {total} sites left out (the least "
-                               f"costly) to keep the document under {max_bytes} bytes")
+            rank["trimmed"] = (
+                f"frames cut to one per site and {left_out} of {total} sites left out (the least "
+                f"costly) to keep the document under {max_bytes} bytes"
+            )
     if _size(document) > max_bytes:  # the counts by operator or cause alone are too long: only totals are left
-        document["ranks"] = [{**{key: value for key, value in rank.items() if not isinstance(value, (dict, list))},
-                              "trimmed": f"only totals kept to keep the document under {max_bytes} bytes"}
-                             for rank in ranks]
+        document["ranks"] = [
+            {
+                **{key: value for key, value in rank.items() if not isinstance(value, (dict, list))},
+                "trimmed": f"only totals kept to keep the document under {max_bytes} bytes",
+            }
+            for rank in ranks
+        ]
     return document
 
 
@@ -234,8 +283,12 @@ def _size(document: dict) -> int:
 def _site_lists(rank: dict) -> list[list]:
     """The lists of sites of a rank: graph cuts and recompilations, CPU-fallback calls, torch.compile's."""
     part = rank.get("torch_compile", {})
-    return [rank.get("sites", []), rank.get("cpu_fallback_sites", []), part.get("functions", []),
-            part.get("graph_break_sites", [])]
+    return [
+        rank.get("sites", []),
+        rank.get("cpu_fallback_sites", []),
+        part.get("functions", []),
+        part.get("graph_break_sites", []),
+    ]
 
 
 def _cost(entry: dict, rank: dict) -> float:
@@ -317,16 +370,22 @@ def findings(document: dict) -> list[tuple[float | None, str, list[str]]]:
         count = int(entry["count"])
         if kind == "recompile":
             title = f"{where}: {count} recompilations ({ranks})"
-            advice = ["The same graph compiled again with other shapes or Python values: pad or bucket the inputs "
-                      "named below to a few fixed shapes, or mark the dimension dynamic."]
+            advice = [
+                "The same graph compiled again with other shapes or Python values: pad or bucket the inputs "
+                "named below to a few fixed shapes, or mark the dimension dynamic."
+            ]
         elif kind == "fallback":
             title = f"{where}: runs on the CPU, {count} calls ({ranks})"
-            advice = ["No XLA lowering: every call cuts the graph and copies tensors to the host and back. Replace "
-                      "the operator, or ask for a lowering (aten:: ops: torch_xla; others: register an XLA "
-                      "implementation with torch.library)."]
+            advice = [
+                "No XLA lowering: every call cuts the graph and copies tensors to the host and back. Replace "
+                "the operator, or ask for a lowering (aten:: ops: torch_xla; others: register an XLA "
+                "implementation with torch.library)."
+            ]
             if not entry["detail"]:
-                advice.append("To name the line that calls it, run with NEURON_EXPORTER_FALLBACK_SITES=1 (one step "
-                              "is watched when an operator first falls back).")
+                advice.append(
+                    "To name the line that calls it, run with NEURON_EXPORTER_FALLBACK_SITES=1 (one step "
+                    "is watched when an operator first falls back)."
+                )
         else:
             cause = kind.split(":", 1)[1]
             title = f"{where}: {count} graph cuts by {_cause_text(cause)} ({ranks})"
@@ -343,8 +402,11 @@ def _fallback_calls(sites) -> dict[str, list[str]]:
     for site in sites if isinstance(sites, list) else []:
         if not isinstance(site, dict) or not all(isinstance(site.get(key), str) for key in ("op", "location")):
             continue
-        where = (f"called from the backward pass of {site['location']}" if site.get("pass") == "backward"
-                 else f"called at {site['location']}")
+        where = (
+            f"called from the backward pass of {site['location']}"
+            if site.get("pass") == "backward"
+            else f"called at {site['location']}"
+        )
         frames = _frames(site, 5)
         calls.setdefault(site["op"], []).extend([where] + [f"  {frame}" for frame in frames])
     return calls
@@ -358,8 +420,10 @@ def _compile_problems(part, steps: float, rank: str, problem: Callable[[str, str
         if not isinstance(function, dict) or not isinstance(function.get("location"), str):
             continue
         guards = [g for g in function.get("failed_guards", []) if isinstance(g, dict)]
-        for kind, count in (("compile_recompile", sum(_counts(function.get("recompilations")).values())),
-                            ("compile_limit", _number(function.get("recompile_limit_hits")))):
+        for kind, count in (
+            ("compile_recompile", sum(_counts(function.get("recompilations")).values())),
+            ("compile_limit", _number(function.get("recompile_limit_hits"))),
+        ):
             if not count:
                 continue
             entry = problem(kind, function["location"])
@@ -381,26 +445,30 @@ def _compile_problems(part, steps: float, rank: str, problem: Callable[[str, str
         if entry["detail"] is None:
             message = str(site.get("message") or "").splitlines()
             frames = _frames(site, 4)
-            compiling = [f"while compiling {site['compiling']}"] if isinstance(site.get("compiling"), str) and \
-                site.get("compiling") else []
+            compiling = (
+                [f"while compiling {site['compiling']}"]
+                if isinstance(site.get("compiling"), str) and site.get("compiling")
+                else []
+            )
             entry["detail"] = [line.strip() for line in message[:2] if line.strip()] + frames + compiling
 
 
 COMPILE_RECOMPILE_ADVICE = {
     "size_mismatch": "A tensor's shape changed: mark the dimension dynamic (torch._dynamo.mark_dynamic(x, 0) before "
-                     "the call, or torch.compile(..., dynamic=True)), or pad or bucket the inputs to a few fixed "
-                     "shapes (drop_last=True for the last batch).",
+    "the call, or torch.compile(..., dynamic=True)), or pad or bucket the inputs to a few fixed "
+    "shapes (drop_last=True for the last batch).",
     "value_changed": "A Python value the graph was specialized on changed (an int or float argument, a global, a "
-                     "step counter): pass it as a tensor, or keep it constant.",
+    "step counter): pass it as a tensor, or keep it constant.",
     "dtype_mismatch": "A tensor came with another dtype: cast the inputs to one dtype before the call.",
     "device_mismatch": "A tensor came on another device: move the inputs to one device before the call.",
     "requires_grad_mismatch": "requires_grad of an input changed between calls: keep it the same, or compile the "
-                              "training and evaluation steps as separate functions.",
+    "training and evaluation steps as separate functions.",
     "global_state": "Global state changed between calls (grad mode, autocast): compile the training and evaluation "
-                    "steps as separate functions.",
+    "steps as separate functions.",
 }
-COMPILE_RECOMPILE_DEFAULT = ("A guard of the compiled code failed (shown below): make what it checks the same at "
-                             "every call, or mark it dynamic.")
+COMPILE_RECOMPILE_DEFAULT = (
+    "A guard of the compiled code failed (shown below): make what it checks the same at every call, or mark it dynamic."
+)
 
 
 def _compile_finding(kind: str, where: str, entry: dict) -> tuple[float, float | None, str, list[str]]:
@@ -411,21 +479,25 @@ def _compile_finding(kind: str, where: str, entry: dict) -> tuple[float, float |
     guards = [f"failed guard ({g.get('reason', 'other')}): {g['guard']}" for g in entry.get("guards", [])]
     if kind == "compile_break":
         location, reason = where.split("\t", 1)
-        title = (f"{location}: {count} torch.compile graph break{'s' if count != 1 else ''} "
-                 f"({_break_text(reason)}) ({ranks})")
+        title = (
+            f"{location}: {count} torch.compile graph break{'s' if count != 1 else ''} "
+            f"({_break_text(reason)}) ({ranks})"
+        )
         advice = [_break_advice(reason)]
         return len(names), None, title, advice + (entry["detail"] or [])
     if kind == "compile_limit":
-        title = (f"{where}: {function} hit torch.compile's recompile limit and runs without compiling from then "
-                 f"on ({ranks})")
-        advice = ["It recompiled torch._dynamo.config.recompile_limit times (8 by default). Remove the cause of the "
-                  "recompilations below rather than raising the limit."]
+        title = (
+            f"{where}: {function} hit torch.compile's recompile limit and runs without compiling from then on ({ranks})"
+        )
+        advice = [
+            "It recompiled torch._dynamo.config.recompile_limit times (8 by default). Remove the cause of the "
+            "recompilations below rather than raising the limit."
+        ]
         return len(names) * RECOMPILATION_WEIGHT, None, title, advice + guards[-2:]
     reasons = entry.get("reasons", {})
     top = max(reasons, key=reasons.get) if reasons else "other"
     shown = ", ".join(f"{name} {int(n)}" for name, n in sorted(reasons.items(), key=lambda item: -item[1]))
-    title = (f"{where}: {count} torch.compile recompilation{'s' if count != 1 else ''} of {function}: {shown} "
-             f"({ranks})")
+    title = f"{where}: {count} torch.compile recompilation{'s' if count != 1 else ''} of {function}: {shown} ({ranks})"
     rate = entry["count"] / entry["steps"] if entry["steps"] else None
     weight = (rate if rate is not None else entry["count"]) * len(names) * RECOMPILATION_WEIGHT
     advice = [COMPILE_RECOMPILE_ADVICE.get(top, COMPILE_RECOMPILE_DEFAULT)]
@@ -433,12 +505,18 @@ def _compile_finding(kind: str, where: str, entry: dict) -> tuple[float, float |
 
 
 def _break_text(reason: str) -> str:
-    return {"print": "print or logging", "data_dependent_branch": "an if or while on a tensor's value",
-            "tensor_value": "a tensor's value read in Python (.item(), .tolist(), a data-dependent shape)",
-            "explicit": "torch._dynamo.graph_break()", "disabled_function": "a function torch.compile skips",
-            "autograd": "autograd inside the compiled function", "context_manager": "a context manager",
-            "store_attr": "an attribute assignment", "unsupported_builtin": "an unsupported builtin",
-            "unsupported_call": "an unsupported call"}.get(reason, reason)
+    return {
+        "print": "print or logging",
+        "data_dependent_branch": "an if or while on a tensor's value",
+        "tensor_value": "a tensor's value read in Python (.item(), .tolist(), a data-dependent shape)",
+        "explicit": "torch._dynamo.graph_break()",
+        "disabled_function": "a function torch.compile skips",
+        "autograd": "autograd inside the compiled function",
+        "context_manager": "a context manager",
+        "store_attr": "an attribute assignment",
+        "unsupported_builtin": "an unsupported builtin",
+        "unsupported_call": "an unsupported call",
+    }.get(reason, reason)
 
 
 def _break_advice(reason: str) -> str:
@@ -446,18 +524,22 @@ def _break_advice(reason: str) -> str:
     return {
         "print": "Move the print or log call out of the compiled function, or log every N steps outside it.",
         "data_dependent_branch": "Python control flow on a tensor's value: use torch.where, or torch.cond for "
-                                 "branches; keep the decision out of the compiled function.",
+        "branches; keep the decision out of the compiled function.",
         "tensor_value": "A tensor's value is needed in Python: keep it on the device, or set "
-                        "torch._dynamo.config.capture_scalar_outputs = True for .item().",
+        "torch._dynamo.config.capture_scalar_outputs = True for .item().",
         "autograd": "Call loss.backward() outside the compiled function (compile the model or the loss only).",
-    }.get(reason, "Dynamo could not trace this line: rewrite it with torch operations or move it out of the "
-                  "compiled function.") + common
+    }.get(
+        reason,
+        "Dynamo could not trace this line: rewrite it with torch operations or move it out of the compiled function.",
+    ) + common
 
 
 def _changes(changes: list[dict]) -> list[str]:
     lines = []
     for change in changes:
-        uploads = change.get("uploads") if isinstance(change.get("uploads"), dict) else {}
+        uploads = change.get("uploads")
+        if not isinstance(uploads, dict):
+            uploads = {}
         for upload, shapes in list(uploads.items())[:4]:
             if isinstance(shapes, dict):
                 lines.append(f"upload at {upload}: {shapes.get('before')} -> {shapes.get('now')}")
@@ -467,29 +549,45 @@ def _changes(changes: list[dict]) -> list[str]:
 
 
 def _cause_text(cause: str) -> str:
-    return {"item": ".item()", "bool": "a tensor used as a Python bool (if t:)", "int": "int(t)",
-            "float": "float(t)", "index": "a tensor used as an index", "tolist": ".tolist()",
-            "numpy": ".numpy()", "cpu": ".cpu() or .to('cpu')", "print": "printing or formatting a tensor",
-            "cpu_fallback": "operators that run on the CPU", "unattributed": "an unseen host read",
-            "sync_tensors": "a sync of chosen tensors (xm.mesh_reduce, xm.save)"}.get(cause, cause)
+    return {
+        "item": ".item()",
+        "bool": "a tensor used as a Python bool (if t:)",
+        "int": "int(t)",
+        "float": "float(t)",
+        "index": "a tensor used as an index",
+        "tolist": ".tolist()",
+        "numpy": ".numpy()",
+        "cpu": ".cpu() or .to('cpu')",
+        "print": "printing or formatting a tensor",
+        "cpu_fallback": "operators that run on the CPU",
+        "unattributed": "an unseen host read",
+        "sync_tensors": "a sync of chosen tensors (xm.mesh_reduce, xm.save)",
+    }.get(cause, cause)
 
 
 def _cut_advice(cause: str) -> str:
     if cause == "cpu_fallback":
         return "An operator with no XLA lowering ran before the step's end; see the CPU-fallback operators."
     if cause == "sync_tensors":
-        return ("torch_xla ran the graph of the tensors it was given before the step's end (to reduce them across "
-                "processes or save them): do it after the step marker, or less often.")
+        return (
+            "torch_xla ran the graph of the tensors it was given before the step's end (to reduce them across "
+            "processes or save them): do it after the step marker, or less often."
+        )
     if cause == "unattributed":
-        return ("A graph ran before the step's end, but no Python host read was seen (torch.equal, allclose, "
-                "nonzero, boolean-mask indexing, or work on another thread).")
-    return ("The host needed a value before the step ended, so the graph ran early and the device waited. Move the "
-            "read after the step marker, keep the value on the device (torch.where instead of if), or read it only "
-            "every N steps (xm.add_step_closure).")
+        return (
+            "A graph ran before the step's end, but no Python host read was seen (torch.equal, allclose, "
+            "nonzero, boolean-mask indexing, or work on another thread)."
+        )
+    return (
+        "The host needed a value before the step ended, so the graph ran early and the device waited. Move the "
+        "read after the step marker, keep the value on the device (torch.where instead of if), or read it only "
+        "every N steps (xm.add_step_closure)."
+    )
 
 
 def page(make_document: Callable[[], dict]) -> Callable[[dict], tuple[bytes, str]]:
     """The ``/diagnosis`` page of an endpoint: JSON with ``?format=json``, the ranked list otherwise."""
+
     def render(query: dict[str, list[str]]) -> tuple[bytes, str]:
         document = make_document()
         if query.get("format") == ["json"]:
@@ -505,8 +603,11 @@ def render_text(document: dict) -> str:
     compiled = _compile_summary(ranks)
     if compiled:
         lines.append(compiled)
-    lines.extend(f"Rank {rank.get('rank')}: {rank['trimmed']}." for rank in ranks
-                 if isinstance(rank, dict) and isinstance(rank.get("trimmed"), str))
+    lines.extend(
+        f"Rank {rank.get('rank')}: {rank['trimmed']}."
+        for rank in ranks
+        if isinstance(rank, dict) and isinstance(rank.get("trimmed"), str)
+    )
     problems = findings(document)
     if not problems:
         lines.append("No graph cuts, recompilations, graph breaks or CPU-fallback operators seen.")
@@ -520,15 +621,20 @@ def render_text(document: dict) -> str:
 
 def _compile_summary(ranks: list) -> str | None:
     """One line of torch.compile totals over the ranks that compiled anything; None if none did."""
-    parts = [rank.get("torch_compile") for rank in ranks if isinstance(rank, dict)]
-    parts = [p for p in parts if isinstance(p, dict) and (_number(p.get("compilations"))
-                                                          or _number(p.get("graph_breaks")))]
+    parts: list = [rank.get("torch_compile") for rank in ranks if isinstance(rank, dict)]
+    parts = [
+        p for p in parts if isinstance(p, dict) and (_number(p.get("compilations")) or _number(p.get("graph_breaks")))
+    ]
     if not parts:
         return None
-    total = {key: sum(_number(p.get(key)) for p in parts)
-             for key in ("compilations", "recompilations", "graph_breaks", "recompile_limit_hits", "compile_seconds")}
+    total = {
+        key: sum(_number(p.get(key)) for p in parts)
+        for key in ("compilations", "recompilations", "graph_breaks", "recompile_limit_hits", "compile_seconds")
+    }
     counting = " (counted without lines on this torch)" if any(p.get("mode") == "counting" for p in parts) else ""
-    return (f"torch.compile on {len(parts)} rank{'s' if len(parts) != 1 else ''}: {int(total['compilations'])} "
-            f"compilations, {int(total['recompilations'])} recompilations, {int(total['graph_breaks'])} graph "
-            f"breaks, {int(total['recompile_limit_hits'])} functions at the recompile limit, "
-            f"{total['compile_seconds']:.1f} s compiling{counting}.")
+    return (
+        f"torch.compile on {len(parts)} rank{'s' if len(parts) != 1 else ''}: {int(total['compilations'])} "
+        f"compilations, {int(total['recompilations'])} recompilations, {int(total['graph_breaks'])} graph "
+        f"breaks, {int(total['recompile_limit_hits'])} functions at the recompile limit, "
+        f"{total['compile_seconds']:.1f} s compiling{counting}."
+    )

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
-from prometheus_client.core import HistogramMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 
-def single_series(family_type: type[Metric], name: str, documentation: str, labels: dict[str, str],
-                  value: float) -> Metric:
+def single_series(
+    family_type: type[CounterMetricFamily | GaugeMetricFamily],
+    name: str,
+    documentation: str,
+    labels: dict[str, str],
+    value: float,
+) -> Metric:
     family = family_type(name, documentation, labels=list(labels))
     family.add_metric(list(labels.values()), value)
     return family

@@ -30,7 +30,7 @@ def label_value(text: str) -> str:
     text = text.strip()
     if text and text.isprintable() and len(text) <= MAX_LENGTH:
         return text
-    kept = "".join(character for character in text if character.isprintable())[:MAX_LENGTH - HASH_LENGTH - 1]
+    kept = "".join(character for character in text if character.isprintable())[: MAX_LENGTH - HASH_LENGTH - 1]
     return f"{kept}~{hashlib.sha256(text.encode('utf-8', 'surrogatepass')).hexdigest()[:HASH_LENGTH]}"
 
 

@@ -16,12 +16,28 @@ NUMBER = "number"
 # say which is which (torch_xla/csrc/runtime/metrics.h: MetricFnTime / MetricFnBytes / MetricFnValue).
 TIME_METRICS = frozenset(
     {
-        "CompileTime", "ExecuteTime", "ExecuteReplicatedTime", "TransferToDeviceTime",
-        "TransferFromDeviceTime", "TransferToDeviceTransformTime", "EagerOpCompileTime",
-        "EagerOpExecuteTime", "ExecuteParallelTime", "ExecuteChainedTime", "DeconstructTupleTime",
-        "ReleaseDataHandlesTime", "ReleaseCompileHandlesTime", "DeviceLockWait", "LazyTracing",
-        "IrValueTensorToXlaData", "TensorToData", "UnwrapXlaData", "WrapXlaData",
-        "RunCachedGraphInputData", "RunCachedGraphOutputData", "PersistentCacheLoad",
+        "CompileTime",
+        "ExecuteTime",
+        "ExecuteReplicatedTime",
+        "TransferToDeviceTime",
+        "TransferFromDeviceTime",
+        "TransferToDeviceTransformTime",
+        "EagerOpCompileTime",
+        "EagerOpExecuteTime",
+        "ExecuteParallelTime",
+        "ExecuteChainedTime",
+        "DeconstructTupleTime",
+        "ReleaseDataHandlesTime",
+        "ReleaseCompileHandlesTime",
+        "DeviceLockWait",
+        "LazyTracing",
+        "IrValueTensorToXlaData",
+        "TensorToData",
+        "UnwrapXlaData",
+        "WrapXlaData",
+        "RunCachedGraphInputData",
+        "RunCachedGraphOutputData",
+        "PersistentCacheLoad",
     }
 )
 BYTE_METRICS = frozenset({"InboundData", "OutboundData"})

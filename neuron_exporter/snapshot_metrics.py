@@ -22,17 +22,27 @@ DEFAULT_MAX_OP_SERIES = 100
 
 # (metric family, HELP, torch_xla metric names whose sample counts / accumulators are summed)
 TIMED_SIGNALS = (
-    ("xla_graph_executions", "xla_execute_seconds",
-     "Graph executions (ExecuteTime samples)", "Device time spent executing graphs (ExecuteTime)",
-     ("ExecuteTime", "ExecuteReplicatedTime")),
-    ("xla_device_to_host_transfers", "xla_transfer_from_device_seconds",
-     "Reads of device data by the host: .item(), print, .cpu(), CPU fallbacks (TransferFromDeviceTime samples)",
-     "Time spent copying device data to the host (TransferFromDeviceTime)",
-     ("TransferFromDeviceTime",)),
-    ("xla_host_to_device_transfers", "xla_transfer_to_device_seconds",
-     "Uploads of host data to the device (TransferToDeviceTime samples)",
-     "Time spent copying host data to the device (TransferToDeviceTime)",
-     ("TransferToDeviceTime",)),
+    (
+        "xla_graph_executions",
+        "xla_execute_seconds",
+        "Graph executions (ExecuteTime samples)",
+        "Device time spent executing graphs (ExecuteTime)",
+        ("ExecuteTime", "ExecuteReplicatedTime"),
+    ),
+    (
+        "xla_device_to_host_transfers",
+        "xla_transfer_from_device_seconds",
+        "Reads of device data by the host: .item(), print, .cpu(), CPU fallbacks (TransferFromDeviceTime samples)",
+        "Time spent copying device data to the host (TransferFromDeviceTime)",
+        ("TransferFromDeviceTime",),
+    ),
+    (
+        "xla_host_to_device_transfers",
+        "xla_transfer_to_device_seconds",
+        "Uploads of host data to the device (TransferToDeviceTime samples)",
+        "Time spent copying host data to the device (TransferToDeviceTime)",
+        ("TransferToDeviceTime",),
+    ),
 )
 
 GENERIC_FAMILIES = {
@@ -74,8 +84,11 @@ def is_cpu_fallback_op(counter_name: str) -> bool:
     ``aten::_local_scalar_dense``, which is what ``.item()`` runs: a host read, not a missing lowering.
     """
     namespace, separator, op = counter_name.partition("::")
-    return (bool(separator and namespace and op) and not counter_name.startswith(LOWERED_OP_PREFIX)
-            and counter_name != HOST_SCALAR_READ_OP)
+    return (
+        bool(separator and namespace and op)
+        and not counter_name.startswith(LOWERED_OP_PREFIX)
+        and counter_name != HOST_SCALAR_READ_OP
+    )
 
 
 def _add_labelled(family: CounterMetricFamily, base: list[str], by_label: dict[str, float]) -> None:
@@ -99,17 +112,24 @@ def snapshot_families(
         return single_series(CounterMetricFamily, name, documentation, labels, value)
 
     yield counter("xla_compilations", "Real compiler runs (UncachedCompile)", snapshot.counter("UncachedCompile"))
-    yield counter("xla_graph_cache_hits", "Graphs served from the compile cache (CachedCompile)",
-                  snapshot.counter("CachedCompile"))
-    yield counter("xla_compile_seconds", "Time spent compiling graphs (CompileTime)",
-                  snapshot.metric("CompileTime").accumulator)
+    yield counter(
+        "xla_graph_cache_hits",
+        "Graphs served from the compile cache (CachedCompile)",
+        snapshot.counter("CachedCompile"),
+    )
+    yield counter(
+        "xla_compile_seconds", "Time spent compiling graphs (CompileTime)", snapshot.metric("CompileTime").accumulator
+    )
     for count_name, seconds_name, count_help, seconds_help, sources in TIMED_SIGNALS:
         metrics = [snapshot.metric(source) for source in sources]
         yield counter(count_name, count_help, sum(m.total_samples for m in metrics))
         yield counter(seconds_name, seconds_help, sum(m.accumulator for m in metrics))
 
-    yield counter("xla_host_scalar_reads", ".item() and other scalar reads by the host (aten::_local_scalar_dense)",
-                  snapshot.counter(HOST_SCALAR_READ_OP))
+    yield counter(
+        "xla_host_scalar_reads",
+        ".item() and other scalar reads by the host (aten::_local_scalar_dense)",
+        snapshot.counter(HOST_SCALAR_READ_OP),
+    )
 
     fallback: dict[str, float] = {}
     lowered: dict[str, float] = {}
@@ -134,19 +154,24 @@ def snapshot_families(
     )
     _add_labelled(family, values, fallback)
     yield family
-    family = CounterMetricFamily("xla_lowered_ops", "Operators lowered to XLA (xla:: counters), by operator",
-                                 labels=names + ["op"])
+    family = CounterMetricFamily(
+        "xla_lowered_ops", "Operators lowered to XLA (xla:: counters), by operator", labels=names + ["op"]
+    )
     _add_labelled(family, values, lowered)
     yield family
-    family = CounterMetricFamily("xla_events", "Every other torch_xla counter, by counter name",
-                                 labels=names + ["counter"])
+    family = CounterMetricFamily(
+        "xla_events", "Every other torch_xla counter, by counter name", labels=names + ["counter"]
+    )
     _add_labelled(family, values, other_counters)
     yield family
 
-    samples = CounterMetricFamily("xla_metric_samples", "Samples recorded by every torch_xla metric, by metric name",
-                                  labels=names + ["metric"])
-    sums = {unit: CounterMetricFamily(name, doc, labels=names + ["metric"])
-            for unit, (name, doc) in GENERIC_FAMILIES.items()}
+    samples = CounterMetricFamily(
+        "xla_metric_samples", "Samples recorded by every torch_xla metric, by metric name", labels=names + ["metric"]
+    )
+    sums = {
+        unit: CounterMetricFamily(name, doc, labels=names + ["metric"])
+        for unit, (name, doc) in GENERIC_FAMILIES.items()
+    }
     number_sums = CounterMetricFamily(*GENERIC_NUMBER_FAMILY, labels=names + ["metric"])
     for name, metric in sorted(snapshot.metrics.items()):
         samples.add_metric(values + [name], metric.total_samples)

@@ -88,8 +88,11 @@ def total(exposition: str, name: str, **labels: str) -> float:
 
 def xla_env(**extra: str) -> dict[str, str]:
     """The environment for a child process that runs torch_xla on the CPU device."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("NEURON_EXPORTER_", "XLA_", "PT_XLA_")) and k not in ("RANK", "LOCAL_RANK")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("NEURON_EXPORTER_", "XLA_", "PT_XLA_")) and k not in ("RANK", "LOCAL_RANK")
+    }
     env.update(PJRT_DEVICE="CPU", PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
     env.update(extra)
     return env
@@ -97,8 +100,9 @@ def xla_env(**extra: str) -> dict[str, str]:
 
 def run_python(script: Path | str, *args: str, env: dict[str, str] | None = None, timeout: float = 300.0):
     """Run a Python script in a fresh interpreter (one torch_xla per process); return the completed process."""
-    return subprocess.run([sys.executable, str(script), *args], env=env or xla_env(), capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, str(script), *args], env=env or xla_env(), capture_output=True, text=True, timeout=timeout
+    )
 
 
 SCRIPTS = ROOT / "tests" / "scripts"
@@ -109,9 +113,14 @@ class TrainingRun:
     its standard input to close: the test scrapes the live endpoint in between."""
 
     def __init__(self, script: str, *args: str, env: dict[str, str] | None = None):
-        self.process = subprocess.Popen([sys.executable, str(SCRIPTS / script), *args], env=env or xla_env(),
-                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                        text=True)
+        self.process = subprocess.Popen(
+            [sys.executable, str(SCRIPTS / script), *args],
+            env=env or xla_env(),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
 
     def result(self, timeout: float = 300.0) -> dict:
         import json

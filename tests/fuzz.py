@@ -14,10 +14,45 @@ FUZZ_CASES = int(os.environ.get("NEURON_EXPORTER_FUZZ_CASES", "600"))
 
 # Values that broke parsers before, or are known to break naive ones.
 NASTY = [
-    b"", b"\x00", b"\xff\xfe", b"\xef\xbb\xbf", b"\x1b[31m", b"\r\n", b"\n" * 3, b"-1", b"-0", b"1e400", b"nan",
-    b"inf", b"-inf", b"9" * 5000, b"18446744073709551616", b"0x10", b"1_000", b"\xe2\x80\xae", b"\t", b"{", b"}",
-    b"[" * 2000, b"]", b'"', b"'", b"\\", b":", b"#", b"&a", b"*a", b"!!python/object:os.system", b"%", b"~",
-    b"null", b"true", b"\xc3\x28", b"\xed\xa0\x80", "\u2028".encode(), b" " * 300,
+    b"",
+    b"\x00",
+    b"\xff\xfe",
+    b"\xef\xbb\xbf",
+    b"\x1b[31m",
+    b"\r\n",
+    b"\n" * 3,
+    b"-1",
+    b"-0",
+    b"1e400",
+    b"nan",
+    b"inf",
+    b"-inf",
+    b"9" * 5000,
+    b"18446744073709551616",
+    b"0x10",
+    b"1_000",
+    b"\xe2\x80\xae",
+    b"\t",
+    b"{",
+    b"}",
+    b"[" * 2000,
+    b"]",
+    b'"',
+    b"'",
+    b"\\",
+    b":",
+    b"#",
+    b"&a",
+    b"*a",
+    b"!!python/object:os.system",
+    b"%",
+    b"~",
+    b"null",
+    b"true",
+    b"\xc3\x28",
+    b"\xed\xa0\x80",
+    "\u2028".encode(),
+    b" " * 300,
 ]
 
 
@@ -37,8 +72,9 @@ def mutate(data: bytes, rng: random.Random, rounds: int | None = None) -> bytes:
         elif kind == 3:
             data[at:end] = rng.choice(NASTY)
         elif kind == 4:  # a number where a number was: the same shape, another size or sign
-            data[at:end] = rng.choice([b"-", b"", b"1" * rng.randint(1, 400), b".", b"e99", b"e-99"]) + \
-                bytes(rng.choice(b"0123456789") for _ in range(rng.randint(1, 30)))
+            data[at:end] = rng.choice([b"-", b"", b"1" * rng.randint(1, 400), b".", b"e99", b"e-99"]) + bytes(
+                rng.choice(b"0123456789") for _ in range(rng.randint(1, 30))
+            )
         elif kind == 5:
             data = data[:at]  # truncated
         elif kind == 6 and data:

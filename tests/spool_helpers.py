@@ -13,9 +13,13 @@ class Writer:
     """A process that wrote rank files and stays alive (holding the ranks' locks) until stopped or killed."""
 
     def __init__(self, spool_dir, ranks: str, *args: str):
-        self.process = subprocess.Popen([sys.executable, str(WRITER), str(spool_dir), ranks, *args],
-                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                        text=True)
+        self.process = subprocess.Popen(
+            [sys.executable, str(WRITER), str(spool_dir), ranks, *args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         line = self.process.stdout.readline()
         if line.strip() != "ready":
             self.process.kill()

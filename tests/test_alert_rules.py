@@ -10,7 +10,6 @@ import sys
 
 import pytest
 import yaml
-
 from conftest import ROOT
 from test_dashboards import CONTRACT_METRICS, metric_names
 
@@ -65,8 +64,12 @@ def test_promtool_unit_tests_fail_when_an_alert_changes(tmp_path):
 
 def unit_test_cases() -> list[tuple[dict, dict]]:
     """(test, alert_rule_test) of every promtool unit test."""
-    return [(test, case) for path in TEST_FILES for test in yaml.safe_load(path.read_text())["tests"]
-            for case in test.get("alert_rule_test", [])]
+    return [
+        (test, case)
+        for path in TEST_FILES
+        for test in yaml.safe_load(path.read_text())["tests"]
+        for case in test.get("alert_rule_test", [])
+    ]
 
 
 def identity(labels: dict) -> frozenset:
@@ -95,8 +98,10 @@ def test_every_alert_has_a_firing_and_a_silent_unit_test(alert):
 
 def has_clean_series(test: dict, case: dict) -> bool:
     alerted = [identity(expected["exp_labels"]) for expected in case["exp_alerts"]]
-    return any(not any(identity(series_labels(series["series"])) >= labels for labels in alerted)
-               for series in test["input_series"])
+    return any(
+        not any(identity(series_labels(series["series"])) >= labels for labels in alerted)
+        for series in test["input_series"]
+    )
 
 
 PER_RUN = {rule["alert"] for rule in committed_alerts() if rule["expr"].startswith("count by (")}
@@ -119,9 +124,18 @@ def test_every_alert_has_severity_summary_description_and_runbook(rule):
 
 
 def test_training_and_rank_alerts_are_per_run():
-    assert PER_RUN >= {"XlaCpuFallbackOp", "XlaRecompilationStorm", "XlaGraphFragmentation", "XlaFrequentHostReads",
-                       "XlaCompileTimeDominates", "XlaTrainingStalled", "NeuronExporterRankHung",
-                       "NeuronExporterRankDead", "NeuronExporterCollectionErrors", "NeuronExporterCollectorFailing"}
+    assert PER_RUN >= {
+        "XlaCpuFallbackOp",
+        "XlaRecompilationStorm",
+        "XlaGraphFragmentation",
+        "XlaFrequentHostReads",
+        "XlaCompileTimeDominates",
+        "XlaTrainingStalled",
+        "NeuronExporterRankHung",
+        "NeuronExporterRankDead",
+        "NeuronExporterCollectionErrors",
+        "NeuronExporterCollectorFailing",
+    }
     by_name = {rule["alert"]: rule for rule in committed_alerts()}
     assert by_name["XlaCpuFallbackOp"]["expr"].startswith("count by (cluster, namespace, job, run_id, op) (")
     for name in ("NeuronExporterRankHung", "NeuronExporterRankDead"):
@@ -130,15 +144,15 @@ def test_training_and_rank_alerts_are_per_run():
 
 def aggregations(expr: str) -> list[list[str]]:
     """The label lists of every `by (...)` and `on (...)` of an expression."""
-    return [[label.strip() for label in match.split(",")]
-            for match in re.findall(r"\b(?:by|on) \(([^)]*)\)", expr)]
+    return [[label.strip() for label in match.split(",")] for match in re.findall(r"\b(?:by|on) \(([^)]*)\)", expr)]
 
 
-@pytest.mark.parametrize("labels", [DEFAULTS.aggregation_labels, ("team", "job"),
-                                    ("cluster", "namespace", "job", "run_id", "pod")], ids=str)
+@pytest.mark.parametrize(
+    "labels", [DEFAULTS.aggregation_labels, ("team", "job"), ("cluster", "namespace", "job", "run_id", "pod")], ids=str
+)
 def test_every_aggregation_keeps_the_configured_labels(labels):
     config = config_from({"aggregation_labels": list(labels)})
-    for name, content in rules.rule_files(config).items():
+    for _name, content in rules.rule_files(config).items():
         for rule in content["groups"][0]["rules"]:
             groupings = aggregations(rule["expr"])
             assert groupings or rule.get("alert") == "NeuronExporterDown", rule  # `up == 0` keeps every label
@@ -170,8 +184,12 @@ def test_rules_use_only_contract_metrics_and_their_own_recordings():
 def test_recording_rules_are_used_by_the_alerts():
     alert_exprs = " ".join(rule["expr"] for rule in committed_alerts())
     used = {name for name in rules.RECORDING_RULES if name in alert_exprs}
-    assert used >= {"rank:xla_recompilations_per_step:ratio5m", "rank:xla_graph_cuts_per_step:ratio5m",
-                    "rank:xla_device_to_host_transfers_per_step:ratio5m", "rank:xla_compile_time_share:ratio5m"}
+    assert used >= {
+        "rank:xla_recompilations_per_step:ratio5m",
+        "rank:xla_graph_cuts_per_step:ratio5m",
+        "rank:xla_device_to_host_transfers_per_step:ratio5m",
+        "rank:xla_compile_time_share:ratio5m",
+    }
 
 
 def test_recompilation_alert_counts_recompilations_of_every_site_and_never_new_graphs():
@@ -195,12 +213,21 @@ def test_site_recording_rules_are_per_run_and_site():
         assert f"/ on ({run}) group_left\nsum by ({run}) (rank:xla_steps:rate5m > 0)" in expr
 
 
-@pytest.mark.parametrize("alert, record, site", [
-    ("XlaGraphFragmentation", "run_location:xla_graph_cuts_per_step:ratio5m",
-     'Top site: {{ label "location" . }}{{ with label "cause" . }} ({{ . }}){{ end }}'),
-    ("XlaRecompilationStorm", "run_location:xla_recompilations_per_step:ratio5m",
-     'Top site: {{ label "location" . }}'),
-])
+@pytest.mark.parametrize(
+    "alert, record, site",
+    [
+        (
+            "XlaGraphFragmentation",
+            "run_location:xla_graph_cuts_per_step:ratio5m",
+            'Top site: {{ label "location" . }}{{ with label "cause" . }} ({{ . }}){{ end }}',
+        ),
+        (
+            "XlaRecompilationStorm",
+            "run_location:xla_recompilations_per_step:ratio5m",
+            'Top site: {{ label "location" . }}',
+        ),
+    ],
+)
 def test_fragmentation_and_recompilation_alerts_name_the_top_site_of_the_run(alert, record, site):
     """The description looks the site up in the alert's run (every aggregation label matched) by a template
     query on the per-run, per-site recording rule; without a site (series without location) the sentence is
@@ -210,7 +237,7 @@ def test_fragmentation_and_recompilation_alerts_name_the_top_site_of_the_run(ale
     matchers = ", ".join(f"{label}=%q" for label in DEFAULTS.aggregation_labels)
     lookup = f'{{{{ with printf "topk(1, {record}{{{matchers}}})"'
     assert lookup in description
-    body = description[description.index(lookup):]
+    body = description[description.index(lookup) :]
     assert site in body and body.index(site) < body.index("{{ end }}{{ end }}")
 
 
@@ -233,14 +260,22 @@ def test_a_threshold_changed_in_one_place_reaches_the_rules():
 
 def selected_metrics(expr: str) -> list[tuple[str, str]]:
     """(metric, matchers) of every metric selector in an expression that is not a recorded series."""
-    return [(m.group(1), m.group(2) or "") for m in re.finditer(r"(?<![\w:])([a-z_]+)(\{[^}]*\})?(?=[\[ )\n]|$)", expr)
-            if m.group(1) in CONTRACT_METRICS]
+    return [
+        (m.group(1), m.group(2) or "")
+        for m in re.finditer(r"(?<![\w:])([a-z_]+)(\{[^}]*\})?(?=[\[ )\n]|$)", expr)
+        if m.group(1) in CONTRACT_METRICS
+    ]
 
 
 def test_changing_a_severity_or_the_selector_changes_the_generated_rules(tmp_path):
-    changed = config_from({"fallback_severity": "critical", "rank_dead_severity": "critical",
-                           "selector": 'job="training", container="trainer"',
-                           "runbook_url": "https://wiki.example.com/neuron-exporter"})
+    changed = config_from(
+        {
+            "fallback_severity": "critical",
+            "rank_dead_severity": "critical",
+            "selector": 'job="training", container="trainer"',
+            "runbook_url": "https://wiki.example.com/neuron-exporter",
+        }
+    )
     default_files = {name: build.rules_yaml(content) for name, content in rules.rule_files().items()}
     changed_files = {name: build.rules_yaml(content) for name, content in rules.rule_files(changed).items()}
     assert all(default_files[name] != changed_files[name] for name in default_files)
@@ -248,15 +283,19 @@ def test_changing_a_severity_or_the_selector_changes_the_generated_rules(tmp_pat
     assert by_name["XlaCpuFallbackOp"]["labels"]["severity"] == "critical"
     assert by_name["NeuronExporterRankDead"]["labels"]["severity"] == "critical"
     assert by_name["NeuronExporterRankHung"]["labels"]["severity"] == "warning"
-    assert by_name["XlaCpuFallbackOp"]["annotations"]["runbook_url"] == \
-        "https://wiki.example.com/neuron-exporter#xlacpufallbackop"
+    assert (
+        by_name["XlaCpuFallbackOp"]["annotations"]["runbook_url"]
+        == "https://wiki.example.com/neuron-exporter#xlacpufallbackop"
+    )
     # Every metric the rules select (recorded series excepted) carries the selector, in the rules and in the
     # description's rank lookups; and the defaults carry theirs.
     for config, selector in ((changed, 'job="training", container="trainer"'), (DEFAULTS, DEFAULTS.selector)):
         for content in rules.rule_files(config).values():
             for rule in content["groups"][0]["rules"]:
                 found = selected_metrics(rule["expr"])
-                for lookup in re.findall(r'printf "((?:[^"\\]|\\.)*)"', rule.get("annotations", {}).get("description", "")):
+                for lookup in re.findall(
+                    r'printf "((?:[^"\\]|\\.)*)"', rule.get("annotations", {}).get("description", "")
+                ):
                     found += selected_metrics(lookup.replace('\\"', '"'))
                 assert found or rule["expr"].startswith("count by (") or rule.get("record")
                 for metric, matchers in found:
@@ -277,28 +316,54 @@ def test_an_empty_selector_selects_by_metric_name():
 def test_configured_labels_survive_into_the_alert(tmp_path):
     """With `pod` added to the aggregation labels, a 4-rank fallback over two pods is one alert per pod naming
     it, and a custom severity reaches it: promtool runs the generated rules."""
-    config = config_from({"aggregation_labels": ["cluster", "namespace", "job", "run_id", "pod"],
-                          "fallback_severity": "critical"})
+    config = config_from(
+        {"aggregation_labels": ["cluster", "namespace", "job", "run_id", "pod"], "fallback_severity": "critical"}
+    )
     for name, content in rules.rule_files(config).items():
         (tmp_path / name).write_text(build.rules_yaml(content))
-    series = [{"series": f'xla_cpu_fallback_ops_total{{cluster="c1", namespace="ml", job="neuron-exporter", '
-                         f'run_id="r1", instance="node{rank // 2}:19478", pod="train-{rank // 2}", rank="{rank}", '
-                         f'local_rank="{rank % 2}", op="aten::lgamma"}}',
-               "values": f"0+{60 * (1 + rank % 2)}x20"} for rank in range(4)]  # odd ranks call it twice as often
+    series = [
+        {
+            "series": f'xla_cpu_fallback_ops_total{{cluster="c1", namespace="ml", job="neuron-exporter", '
+            f'run_id="r1", instance="node{rank // 2}:19478", pod="train-{rank // 2}", rank="{rank}", '
+            f'local_rank="{rank % 2}", op="aten::lgamma"}}',
+            "values": f"0+{60 * (1 + rank % 2)}x20",
+        }
+        for rank in range(4)
+    ]  # odd ranks call it twice as often
     run = "cluster c1, namespace ml, job neuron-exporter, run r1, pod train-{}"
-    expected = [{"exp_labels": {"severity": "critical", "cluster": "c1", "namespace": "ml", "job": "neuron-exporter",
-                                "run_id": "r1", "pod": f"train-{pod}", "op": "aten::lgamma"},
-                 "exp_annotations": {
-                     "summary": f"Operator aten::lgamma runs on the CPU in {run.format(pod)}",
-                     "description": f"aten::lgamma has no XLA lowering: it ran on the CPU in the last 10m in "
-                                    f"{run.format(pod)}. Ranks affected: 2; most calls: rank {2 * pod + 1} (local rank 1) "
-                                    f"of node{pod}:19478 (1200). Every call cuts the graph and copies its tensors to the "
-                                    "host and back. Every rank: the Fragmentation & recompiles dashboard.",
-                     "runbook_url": f"{RUNBOOK_URL}#xlacpufallbackop"}}
-                for pod in range(2)]
-    test = {"rule_files": [rules.RECORDING_FILE, rules.ALERTS_FILE], "evaluation_interval": "1m",
-            "tests": [{"interval": "1m", "input_series": series, "alert_rule_test": [
-                {"eval_time": "15m", "alertname": "XlaCpuFallbackOp", "exp_alerts": expected}]}]}
+    expected = [
+        {
+            "exp_labels": {
+                "severity": "critical",
+                "cluster": "c1",
+                "namespace": "ml",
+                "job": "neuron-exporter",
+                "run_id": "r1",
+                "pod": f"train-{pod}",
+                "op": "aten::lgamma",
+            },
+            "exp_annotations": {
+                "summary": f"Operator aten::lgamma runs on the CPU in {run.format(pod)}",
+                "description": f"aten::lgamma has no XLA lowering: it ran on the CPU in the last 10m in "
+                f"{run.format(pod)}. Ranks affected: 2; most calls: rank {2 * pod + 1} (local rank 1) "
+                f"of node{pod}:19478 (1200). Every call cuts the graph and copies its tensors to the "
+                "host and back. Every rank: the Fragmentation & recompiles dashboard.",
+                "runbook_url": f"{RUNBOOK_URL}#xlacpufallbackop",
+            },
+        }
+        for pod in range(2)
+    ]
+    test = {
+        "rule_files": [rules.RECORDING_FILE, rules.ALERTS_FILE],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": series,
+                "alert_rule_test": [{"eval_time": "15m", "alertname": "XlaCpuFallbackOp", "exp_alerts": expected}],
+            }
+        ],
+    }
     (tmp_path / "test.yml").write_text(yaml.safe_dump(test))
     result = promtool("test", "rules", str(tmp_path / "test.yml"))
     assert result.returncode == 0, result.stdout + result.stderr
@@ -307,8 +372,12 @@ def test_configured_labels_survive_into_the_alert(tmp_path):
 def test_build_entry_point_writes_everything_from_a_config(tmp_path):
     written = build.build({"selector": 'job="training"', "graph_cuts_per_step": 1}, output_dir=tmp_path)
     assert sorted(p.relative_to(tmp_path).as_posix() for p in written) == [
-        "dashboards/fragmentation-recompiles.json", "dashboards/torch-compile.json", "dashboards/training-overview.json",
-        f"rules/{rules.ALERTS_FILE}", f"rules/{rules.RECORDING_FILE}"]
+        "dashboards/fragmentation-recompiles.json",
+        "dashboards/torch-compile.json",
+        "dashboards/training-overview.json",
+        f"rules/{rules.ALERTS_FILE}",
+        f"rules/{rules.RECORDING_FILE}",
+    ]
     alerts = yaml.safe_load((tmp_path / "rules" / rules.ALERTS_FILE).read_text())["groups"][0]["rules"]
     assert next(r for r in alerts if r["alert"] == "NeuronExporterDown")["expr"] == 'up{job="training"} == 0'
     assert 'job=\\"training\\"' in (tmp_path / "dashboards" / "training-overview.json").read_text()
@@ -321,8 +390,10 @@ def test_build_entry_point_writes_everything_from_a_config(tmp_path):
 
 def test_config_file_overrides_defaults(tmp_path):
     path = tmp_path / "config.yml"
-    path.write_text("graph_cuts_per_step: 2\nfallback_for: 30s\naggregation_labels: [cluster, job, pod]\n"
-                    "rank_dead_severity: critical\nselector: ''\n")
+    path.write_text(
+        "graph_cuts_per_step: 2\nfallback_for: 30s\naggregation_labels: [cluster, job, pod]\n"
+        "rank_dead_severity: critical\nselector: ''\n"
+    )
     loaded = load_config(path)
     assert (loaded.graph_cuts_per_step, loaded.fallback_for, loaded.host_reads_per_step) == (2.0, "30s", 0.5)
     assert loaded.aggregation_labels == ("cluster", "job", "pod") and loaded.rank_dead_severity == "critical"
@@ -330,26 +401,43 @@ def test_config_file_overrides_defaults(tmp_path):
     assert load_config(path) == config_from(loaded.as_dict())
 
 
-@pytest.mark.parametrize("content, message", [
-    ("graph_cuts_per_step: 2\ngraph_cut_per_step: 3\n", ":2: unknown configuration key 'graph_cut_per_step'"),
-    ("fallback_for: 5 minutes\n", ":1: fallback_for: '5 minutes' is not a Prometheus duration"),
-    ("host_reads_per_step: lots\n", ":1: host_reads_per_step: 'lots' must be a number"),
-    ("stall_severity: page\n", ":1: stall_severity: 'page' is not one of critical, warning, info"),
-    ("aggregation_labels: job\n", ":1: aggregation_labels: 'job' must be a list of label names"),
-    ("aggregation_labels: [job, rank]\n", ":1: aggregation_labels: 'rank' cannot be an aggregation label"),
-    ("aggregation_labels: [job, 2x]\n", ":1: aggregation_labels: '2x' is not a Prometheus label name"),
-    ("selector: '{job=\"x\"}'\n", ":1: selector: '{job=\"x\"}' is not a list of label matchers"),
-    ("- 1\n", ":1: expected a mapping"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("graph_cuts_per_step: 2\ngraph_cut_per_step: 3\n", ":2: unknown configuration key 'graph_cut_per_step'"),
+        ("fallback_for: 5 minutes\n", ":1: fallback_for: '5 minutes' is not a Prometheus duration"),
+        ("host_reads_per_step: lots\n", ":1: host_reads_per_step: 'lots' must be a number"),
+        ("stall_severity: page\n", ":1: stall_severity: 'page' is not one of critical, warning, info"),
+        ("aggregation_labels: job\n", ":1: aggregation_labels: 'job' must be a list of label names"),
+        ("aggregation_labels: [job, rank]\n", ":1: aggregation_labels: 'rank' cannot be an aggregation label"),
+        ("aggregation_labels: [job, 2x]\n", ":1: aggregation_labels: '2x' is not a Prometheus label name"),
+        ("selector: '{job=\"x\"}'\n", ":1: selector: '{job=\"x\"}' is not a list of label matchers"),
+        ("- 1\n", ":1: expected a mapping"),
+    ],
+)
 def test_bad_config_file_gives_one_line_naming_the_problem(tmp_path, content, message):
     path = tmp_path / "config.yml"
     path.write_text(content)
     with pytest.raises(ConfigError) as error:
         load_config(path)
     assert message in str(error.value) and str(path) in str(error.value) and "\n" not in str(error.value)
-    result = subprocess.run([sys.executable, "-m", "dashboards.build", "--config", str(path),
-                             "--dashboards-dir", str(tmp_path / "d"), "--rules-dir", str(tmp_path / "r")],
-                            cwd=ROOT, capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dashboards.build",
+            "--config",
+            str(path),
+            "--dashboards-dir",
+            str(tmp_path / "d"),
+            "--rules-dir",
+            str(tmp_path / "r"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 2 and result.stderr.count("\n") == 1 and message in result.stderr
     assert not (tmp_path / "r").exists(), "nothing is written when the configuration is bad"
 

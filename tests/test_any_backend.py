@@ -38,8 +38,9 @@ def test_compilations_are_dynamos_own_and_torch_xla_is_never_loaded(compiled_run
     compilations = sum(v for (name, _), v in _samples(exposition) if name == "torch_compile_compilations_total")
     recompilations = sum(v for (name, _), v in _samples(exposition) if name == "torch_compile_recompilations_total")
     assert (compilations, recompilations) == (result["compiled"], result["recompiled"]) == (2, 1)
-    assert not [name for (name, _), _ in _samples(exposition) if name.startswith("xla_") and
-                not name.startswith("xla_process_")]
+    assert not [
+        name for (name, _), _ in _samples(exposition) if name.startswith("xla_") and not name.startswith("xla_process_")
+    ]
 
 
 def test_the_scrape_passes_promtool_check_metrics(compiled_run):
@@ -52,9 +53,25 @@ def test_neuron_exporter_run_attaches_a_compiled_script_with_no_line_of_the_expo
     port = free_port()
     url = f"http://127.0.0.1:{port}/metrics"
     process = subprocess.Popen(
-        CLI + ["run", "--addr", "127.0.0.1", "--port", str(port), "--spool-dir", str(tmp_path / "spool"), "--",
-               sys.executable, str(SCRIPTS / "compiled_train.py"), str(STEPS)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        CLI
+        + [
+            "run",
+            "--addr",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--spool-dir",
+            str(tmp_path / "spool"),
+            "--",
+            sys.executable,
+            str(SCRIPTS / "compiled_train.py"),
+            str(STEPS),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         wait_until(lambda: _steps(url) == STEPS, timeout=300, what="the steps of the compiled script")
         text = scrape(url)

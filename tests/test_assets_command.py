@@ -32,18 +32,33 @@ def test_the_package_ships_what_the_command_reads():
     package_data = pyproject["tool"]["setuptools"]["package-data"]
     assert tuple(package_data["neuron_exporter.deploy"]) == assets_command.DEPLOY_FILES
     assert package_data["neuron_exporter.dashboards"] == ["*.json"]
-    assert pyproject["tool"]["setuptools"]["package-dir"] == {"neuron_exporter.dashboards": "dashboards",
-                                                               "neuron_exporter.deploy": "deploy"}
+    assert pyproject["tool"]["setuptools"]["package-dir"] == {
+        "neuron_exporter.dashboards": "dashboards",
+        "neuron_exporter.deploy": "deploy",
+    }
 
 
-@pytest.mark.parametrize("fmt, names", [
-    ("plain", {"dashboards/training-overview.json", "prometheus/rules/neuron-exporter-alerts.yml",
-               "prometheus/runbook.md", "systemd/neuron-exporter.service", "kubernetes/daemonset/daemonset.yaml"}),
-    ("prometheus-operator", {"prometheus-rule.yaml"}),
-    ("grafana-configmaps", {"grafana-dashboard-training-overview.yaml",
-                            "grafana-dashboard-fragmentation-recompiles.yaml"}),
-    ("mixin", {"prometheus_alerts.yaml", "prometheus_rules.yaml", "dashboards_out/training-overview.json"}),
-])
+@pytest.mark.parametrize(
+    "fmt, names",
+    [
+        (
+            "plain",
+            {
+                "dashboards/training-overview.json",
+                "prometheus/rules/neuron-exporter-alerts.yml",
+                "prometheus/runbook.md",
+                "systemd/neuron-exporter.service",
+                "kubernetes/daemonset/daemonset.yaml",
+            },
+        ),
+        ("prometheus-operator", {"prometheus-rule.yaml"}),
+        (
+            "grafana-configmaps",
+            {"grafana-dashboard-training-overview.yaml", "grafana-dashboard-fragmentation-recompiles.yaml"},
+        ),
+        ("mixin", {"prometheus_alerts.yaml", "prometheus_rules.yaml", "dashboards_out/training-overview.json"}),
+    ],
+)
 def test_each_format_writes_its_files_and_names_them(capsys, tmp_path, fmt, names):
     code, out, err = run_cli(capsys, "--output", tmp_path, "--format", fmt)
     assert code == 0 and err == ""
@@ -70,17 +85,29 @@ def test_config_rebuilds_dashboards_and_rules_with_the_users_keys(capsys, tmp_pa
     assert 'job="training"' in fallback["expr"]
     for dashboard in (tmp_path / "out" / "dashboards_out").glob("*.json"):
         assert 'job=\\"training\\"' in dashboard.read_text()
-    check = subprocess.run(["promtool", "check", "rules", str(tmp_path / "out" / "prometheus_alerts.yaml"),
-                            str(tmp_path / "out" / "prometheus_rules.yaml")], capture_output=True, text=True)
+    check = subprocess.run(
+        [
+            "promtool",
+            "check",
+            "rules",
+            str(tmp_path / "out" / "prometheus_alerts.yaml"),
+            str(tmp_path / "out" / "prometheus_rules.yaml"),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert check.returncode == 0, check.stdout + check.stderr
 
 
-@pytest.mark.parametrize("text, message", [
-    ("no_such_key: 1\n", "unknown configuration key 'no_such_key'"),
-    ("fallback_for: soon\n", "fallback_for: 'soon' is not a Prometheus duration"),
-    ("- a list\n", "expected a mapping of configuration keys to values, got list"),
-    ("key: [unclosed\n", "not a YAML file"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("no_such_key: 1\n", "unknown configuration key 'no_such_key'"),
+        ("fallback_for: soon\n", "fallback_for: 'soon' is not a Prometheus duration"),
+        ("- a list\n", "expected a mapping of configuration keys to values, got list"),
+        ("key: [unclosed\n", "not a YAML file"),
+    ],
+)
 def test_a_bad_config_is_one_line_exit_2_and_writes_nothing(capsys, tmp_path, text, message):
     if "no_such_key" in text or "soon" in text:
         pytest.importorskip("grafana_foundation_sdk", reason="the dashboards extra (Python 3.11 or later)")
@@ -100,13 +127,17 @@ def test_a_missing_config_file_is_one_line(capsys, tmp_path):
 def test_config_without_the_dashboards_extra_names_it(tmp_path):
     config = tmp_path / "config.yml"
     config.write_text("fallback_for: 5m\n")
-    script = ("import sys; sys.modules['grafana_foundation_sdk'] = None\n"  # as if it were not installed
-              "from neuron_exporter.cli import main\n"
-              f"sys.exit(main(['assets', '--output', {str(tmp_path / 'out')!r}, '--config', {str(config)!r}]))")
+    script = (
+        "import sys; sys.modules['grafana_foundation_sdk'] = None\n"  # as if it were not installed
+        "from neuron_exporter.cli import main\n"
+        f"sys.exit(main(['assets', '--output', {str(tmp_path / 'out')!r}, '--config', {str(config)!r}]))"
+    )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert result.returncode == 2
-    assert result.stderr == ("neuron-exporter assets: --config needs the dashboards extra: pip install "
-                             "'neuron-exporter[dashboards]' (grafana-foundation-sdk, Python 3.11 or later)\n")
+    assert result.stderr == (
+        "neuron-exporter assets: --config needs the dashboards extra: pip install "
+        "'neuron-exporter[dashboards]' (grafana-foundation-sdk, Python 3.11 or later)\n"
+    )
     assert not (tmp_path / "out").exists()
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-
 from conftest import TrainingRun, samples, scrape, total, value
 
 STEPS = 6
@@ -22,13 +21,19 @@ def run_scenario(scenario: str, steps: int = STEPS) -> tuple[str, dict]:
 
 
 def fallback_ops(exposition: str) -> dict[str, float]:
-    return {dict(labels)["op"]: v for (name, labels), v in samples(exposition).items()
-            if name == "xla_cpu_fallback_ops_total"}
+    return {
+        dict(labels)["op"]: v
+        for (name, labels), v in samples(exposition).items()
+        if name == "xla_cpu_fallback_ops_total"
+    }
 
 
 def graphs_per_step_buckets(exposition: str) -> dict[str, float]:
-    return {dict(labels)["le"]: v for (name, labels), v in samples(exposition).items()
-            if name == "xla_graphs_per_step_bucket"}
+    return {
+        dict(labels)["le"]: v
+        for (name, labels), v in samples(exposition).items()
+        if name == "xla_graphs_per_step_bucket"
+    }
 
 
 def test_clean_loop_runs_one_graph_per_step_and_never_recompiles():
@@ -69,8 +74,10 @@ def test_changing_input_shape_recompiles_every_step_after_the_first():
     assert value(exposition, "xla_steps_total") == STEPS
 
 
-@pytest.mark.parametrize("scenario", ["mark_step", "sync", "prebound_sync", "step", "compile", "optimizer_step",
-                                      "mp_device_loader", "parallel_loader"])
+@pytest.mark.parametrize(
+    "scenario",
+    ["mark_step", "sync", "prebound_sync", "step", "compile", "optimizer_step", "mp_device_loader", "parallel_loader"],
+)
 def test_every_step_ending_call_counts_one_step_per_call(scenario):
     exposition, xla = run_scenario(scenario, steps=4)
     assert value(exposition, "xla_steps_total") == 4

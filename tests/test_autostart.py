@@ -47,8 +47,9 @@ def through_sitecustomize(value: str | None) -> dict:
 
 def probe(code: str, value: str | None, flags) -> dict:
     environment = {"PATH": os.environ["PATH"], **({AUTO_ENV: value} if value is not None else {})}
-    result = subprocess.run([sys.executable, *flags, "-c", code], env=environment, capture_output=True, text=True,
-                            timeout=60, cwd="/")
+    result = subprocess.run(
+        [sys.executable, *flags, "-c", code], env=environment, capture_output=True, text=True, timeout=60, cwd="/"
+    )
     assert result.returncode == 0 and result.stderr == "", result.stderr
     return json.loads(result.stdout)
 
@@ -72,20 +73,27 @@ def test_python_dash_i_is_left_alone(tmp_path):
 def test_arming_imports_four_small_modules_and_nothing_of_importlib(tmp_path):
     found = through_pth(tmp_path, "1")
     assert found["armed"]
-    assert found["modules"] == ["neuron_exporter", "neuron_exporter.training", "neuron_exporter.training.autostart",
-                                "neuron_exporter.training.import_watch"]
+    assert found["modules"] == [
+        "neuron_exporter",
+        "neuron_exporter.training",
+        "neuron_exporter.training.autostart",
+        "neuron_exporter.training.import_watch",
+    ]
 
 
 def test_the_plain_finder_attaches_after_the_watched_import(tmp_path):
     package = tmp_path / "packages" / "torch"
     package.mkdir(parents=True)
     (package / "__init__.py").write_text("print('torch imported', flush=True)\n")
-    code = (f"import sys; sys.path[:0] = [{str(ROOT)!r}, {str(tmp_path / 'packages')!r}]\n"
-            "from neuron_exporter.training import autostart\n"
-            "autostart._attach = lambda: print('attached', flush=True)\n"
-            "autostart.install(); autostart.install()\n"
-            "import json; import torch\n"
-            "print(sum(type(f).__name__ == '_ImportWatcher' for f in sys.meta_path))\n")
-    result = subprocess.run([sys.executable, "-c", code], env={"PATH": os.environ["PATH"]}, capture_output=True,
-                            text=True, timeout=60)
+    code = (
+        f"import sys; sys.path[:0] = [{str(ROOT)!r}, {str(tmp_path / 'packages')!r}]\n"
+        "from neuron_exporter.training import autostart\n"
+        "autostart._attach = lambda: print('attached', flush=True)\n"
+        "autostart.install(); autostart.install()\n"
+        "import json; import torch\n"
+        "print(sum(type(f).__name__ == '_ImportWatcher' for f in sys.meta_path))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], env={"PATH": os.environ["PATH"]}, capture_output=True, text=True, timeout=60
+    )
     assert result.stdout.split("\n") == ["torch imported", "attached", "0", ""], result.stderr

@@ -31,12 +31,18 @@ def error_of(capsys, *args: str) -> str:
     code, out, err = run(capsys, *args)
     assert (code, out) == (2, "")
     assert err.startswith("neuron-exporter: error: ") and err.endswith("\n") and err.count("\n") == 1, err
-    return err[len("neuron-exporter: error: "):-1]
+    return err[len("neuron-exporter: error: ") : -1]
 
 
 def command_line(*args: str, stdin=None, timeout: float = 30) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "neuron_exporter", *args], stdin=stdin, capture_output=True,
-                          cwd=ROOT, env={"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT)}, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "neuron_exporter", *args],
+        stdin=stdin,
+        capture_output=True,
+        cwd=ROOT,
+        env={"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT)},
+        timeout=timeout,
+    )
 
 
 def one_line_error(result: subprocess.CompletedProcess) -> str:
@@ -62,8 +68,9 @@ def test_other_encodings(capsys, tmp_path, data):
 
 @pytest.mark.parametrize("device", ["/dev/zero", "/dev/null"])
 def test_a_device_is_not_read(capsys, device):
-    assert error_of(capsys, "explain", device) == (f"{device}: not a regular file (a device or a socket); give a "
-                                                   f"report file, or - to read standard input")
+    assert error_of(capsys, "explain", device) == (
+        f"{device}: not a regular file (a device or a socket); give a report file, or - to read standard input"
+    )
 
 
 def test_a_file_larger_than_64_mib(capsys, tmp_path):
@@ -95,9 +102,14 @@ def test_a_fifo_without_a_writer_does_not_wait(tmp_path):
 
 def test_a_pipe_is_read():
     """``parse <(command)``: the shell passes a pipe as /dev/fd/N."""
-    result = subprocess.run(["bash", "-c", '"$0" -m neuron_exporter explain <(cat "$1")', sys.executable, str(REPORT)],
-                            capture_output=True, text=True, cwd=ROOT, timeout=30,
-                            env={"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT)})
+    result = subprocess.run(
+        ["bash", "-c", '"$0" -m neuron_exporter explain <(cat "$1")', sys.executable, str(REPORT)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=30,
+        env={"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT)},
+    )
     assert (result.returncode, result.stderr) == (0, "")
     assert "Nothing wrong found" in result.stdout
 
@@ -109,18 +121,26 @@ def test_endless_standard_input_stops_at_64_mib():
 
 
 def test_closed_standard_input():
-    result = subprocess.run(["sh", "-c", 'exec "$0" -m neuron_exporter parse - <&-', sys.executable],
-                            capture_output=True, cwd=ROOT, timeout=30,
-                            env={"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT)})
+    result = subprocess.run(
+        ["sh", "-c", 'exec "$0" -m neuron_exporter parse - <&-', sys.executable],
+        capture_output=True,
+        cwd=ROOT,
+        timeout=30,
+        env={"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT)},
+    )
     stderr = one_line_error(result)
     assert stderr == "neuron-exporter: error: <stdin>: cannot read the file: standard input is closed\n"
 
 
 def test_a_reader_that_goes_away_is_no_error():
     """``neuron-exporter parse report | head -1``: the pipe closes before the output is written."""
-    process = subprocess.Popen([sys.executable, "-m", "neuron_exporter", "parse", str(FIXTURES / "mix.report.txt")],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT,
-                               env={"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT)})
+    process = subprocess.Popen(
+        [sys.executable, "-m", "neuron_exporter", "parse", str(FIXTURES / "mix.report.txt")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=ROOT,
+        env={"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT)},
+    )
     process.stdout.close()
     stderr = process.stderr.read().decode()
     assert process.wait(timeout=30) == 1

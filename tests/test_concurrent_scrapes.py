@@ -25,8 +25,11 @@ def test_exported_counters_equal_torch_xla_under_concurrent_scrapes(tmp_path):
     assert report["scrapes"] >= SCRAPERS  # the scrapers really ran while the loop trained
     own = {name: count for name, count in report["xla"].items() if count}
     assert own["CreateXlaTensor"] > STEPS
-    exported = {dict(labels)["counter"]: v for (name, labels), v in samples(report["scrape"]).items()
-                if name == "xla_events_total"}
+    exported = {
+        dict(labels)["counter"]: v
+        for (name, labels), v in samples(report["scrape"]).items()
+        if name == "xla_events_total"
+    }
     for name, count in own.items():
         if name.startswith(("aten::", "xla::")):
             continue  # exported as op families, checked below

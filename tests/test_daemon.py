@@ -29,11 +29,16 @@ class Daemon:
     def __init__(self, tmp_path: Path, *args: str, env: dict[str, str] | None = None):
         self.log = tmp_path / f"daemon-{len(list(tmp_path.glob('daemon-*.log')))}.log"
         with open(self.log, "w") as out:
-            self.process = subprocess.Popen([sys.executable, "-m", "neuron_exporter", "serve", *args],
-                                            env={"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT), **(env or {})},
-                                            stderr=out)
-        found = wait_until(lambda: re.search(r"listening on (\S+)", self.log.read_text()) or self.process.poll(),
-                           timeout=60, what="the daemon to listen")
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "neuron_exporter", "serve", *args],
+                env={"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT), **(env or {})},
+                stderr=out,
+            )
+        found = wait_until(
+            lambda: re.search(r"listening on (\S+)", self.log.read_text()) or self.process.poll(),
+            timeout=60,
+            what="the daemon to listen",
+        )
         assert self.process.poll() is None, self.log.read_text()
         self.url = found.group(1)
         self.port = int(urllib.parse.urlsplit(self.url).port)
@@ -83,8 +88,7 @@ def test_ranks_that_start_after_the_daemon_appear(tmp_path, daemons):
 
 def test_in_the_shared_mode_the_daemon_makes_the_directory_like_tmp(tmp_path, daemons):
     spool = tmp_path / "shared"
-    daemons(Daemon(tmp_path, "--addr", "127.0.0.1", "--port", "0", "--spool-dir", str(spool),
-                   "--spool-mode", "shared"))
+    daemons(Daemon(tmp_path, "--addr", "127.0.0.1", "--port", "0", "--spool-dir", str(spool), "--spool-mode", "shared"))
     assert stat.S_IMODE(spool.stat().st_mode) == 0o1777
 
 
@@ -93,9 +97,13 @@ def test_a_directory_others_can_write_is_refused_in_one_line(tmp_path, mode):
     spool = tmp_path / "open"
     spool.mkdir()
     spool.chmod(mode)
-    result = subprocess.run([sys.executable, "-m", "neuron_exporter", "serve", "--port", "0", "--spool-dir",
-                             str(spool)], env={"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT)},
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "neuron_exporter", "serve", "--port", "0", "--spool-dir", str(spool)],
+        env={"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and "is writable by" in result.stderr and str(spool) in result.stderr
 
@@ -134,9 +142,17 @@ def test_a_real_prometheus_scrapes_the_daemon_with_the_shipped_config(tmp_path, 
         config.write_text(yaml.safe_dump(shipped))
         web_port = free_port()
         prometheus = subprocess.Popen(
-            ["prometheus", f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-             f"--web.listen-address=127.0.0.1:{web_port}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            [
+                "prometheus",
+                f"--config.file={config}",
+                f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{web_port}",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         try:
+
             def query(expr: str):
                 url = f"http://127.0.0.1:{web_port}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
                 try:

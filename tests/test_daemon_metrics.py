@@ -17,10 +17,20 @@ from neuron_exporter.config import resolve_options
 from neuron_exporter.node.node_view import NodeView
 from neuron_exporter.node.spool import RankMeta, write_rank_file
 
-RANK_INFO = {"version": __version__, "torch_version": "2.9.0", "torch_xla_version": "2.9.0",
-             "python_version": platform.python_version()}
-PROCESS_FAMILIES = {"process_cpu_seconds", "process_resident_memory_bytes", "process_virtual_memory_bytes",
-                    "process_start_time_seconds", "process_open_fds", "process_max_fds"}
+RANK_INFO = {
+    "version": __version__,
+    "torch_version": "2.9.0",
+    "torch_xla_version": "2.9.0",
+    "python_version": platform.python_version(),
+}
+PROCESS_FAMILIES = {
+    "process_cpu_seconds",
+    "process_resident_memory_bytes",
+    "process_virtual_memory_bytes",
+    "process_start_time_seconds",
+    "process_open_fds",
+    "process_max_fds",
+}
 
 
 def rank_exposition(rank: str) -> bytes:
@@ -28,10 +38,15 @@ def rank_exposition(rank: str) -> bytes:
     registry = CollectorRegistry()
     labels = {"run_id": RUN, "rank": rank, "local_rank": rank}
     Counter("xla_steps", "Steps ended", list(labels), registry=registry).labels(**labels).inc(5)
-    Gauge("xla_process_resident_memory_bytes", "Resident memory", list(labels), registry=registry).labels(
-        **labels).set(1e9)
-    Gauge("neuron_exporter_build_info", "Versions of the exporter and of what it runs with",
-          list(labels) + list(RANK_INFO), registry=registry).labels(**labels, **RANK_INFO).set(1)
+    Gauge("xla_process_resident_memory_bytes", "Resident memory", list(labels), registry=registry).labels(**labels).set(
+        1e9
+    )
+    Gauge(
+        "neuron_exporter_build_info",
+        "Versions of the exporter and of what it runs with",
+        list(labels) + list(RANK_INFO),
+        registry=registry,
+    ).labels(**labels, **RANK_INFO).set(1)
     return generate_latest(registry)
 
 
@@ -53,8 +68,10 @@ def test_serve_shows_its_version_and_process_beside_the_ranks(tmp_path):
     assert not any(name.startswith("process_") for name in found if name not in PROCESS_FAMILIES)
     info = {frozenset(sample.labels.items()): sample.value for sample in found["neuron_exporter_build_info"].samples}
     daemon_info = frozenset({"version": __version__, "python_version": platform.python_version()}.items())
-    assert info == {daemon_info: 1.0,
-                    **{frozenset({"run_id": RUN, "rank": r, "local_rank": r, **RANK_INFO}.items()): 1.0 for r in "01"}}
+    assert info == {
+        daemon_info: 1.0,
+        **{frozenset({"run_id": RUN, "rank": r, "local_rank": r, **RANK_INFO}.items()): 1.0 for r in "01"},
+    }
     # each family once: one HELP and one TYPE line, all its samples together
     for header in ("# HELP ", "# TYPE "):
         names = [line.split()[2] for line in text.splitlines() if line.startswith(header)]

@@ -8,7 +8,6 @@ import json
 import re
 
 import pytest
-
 from conftest import ROOT
 
 from dashboards import build
@@ -17,38 +16,95 @@ from dashboards import build
 # Prometheus' own `up`. Histograms are listed by their base name.
 # TODO(owner): move to neuron_exporter/metric_names.py once it exists, and import it here.
 CONTRACT_COUNTERS_AND_GAUGES = {
-    "training_steps_total", "xla_steps_total", "xla_fragmented_steps_total",
-    "xla_compilations_total", "xla_graph_cache_hits_total", "xla_recompilations_total", "xla_compile_seconds_total",
-    "xla_graph_executions_total", "xla_execute_seconds_total",
-    "xla_device_to_host_transfers_total", "xla_transfer_from_device_seconds_total",
-    "xla_host_to_device_transfers_total", "xla_transfer_to_device_seconds_total",
-    "xla_cpu_fallback_ops_total", "xla_cpu_fallback_site_info", "xla_host_scalar_reads_total",
-    "xla_lowered_ops_total", "xla_events_total", "xla_metric_samples_total", "xla_metric_seconds_total",
-    "xla_metric_bytes_total", "xla_metric_value_total",
-    "xla_process_resident_memory_bytes", "xla_process_cpu_seconds_total", "xla_process_threads",
-    "neuron_exporter_build_info", "neuron_exporter_collection_errors_total", "neuron_exporter_collector_success",
-    "neuron_exporter_collector_duration_seconds", "neuron_exporter_step_hook_seconds_total",
-    "neuron_exporter_syncs_total", "neuron_exporter_warmup_steps",
-    "neuron_exporter_rank_up", "neuron_exporter_rank_state", "neuron_exporter_rank_last_report_timestamp_seconds",
-    "neuron_exporter_ranks", "neuron_exporter_host_cpu_seconds_total", "neuron_exporter_host_memory_total_bytes",
-    "neuron_exporter_host_memory_available_bytes", "neuron_exporter_spool_rejected_files",
-    "neuron_exporter_spool_directory_ok", "neuron_exporter_rank_info", "xla_graph_cuts_total", "xla_step_markers_total",
+    "training_steps_total",
+    "xla_steps_total",
+    "xla_fragmented_steps_total",
+    "xla_compilations_total",
+    "xla_graph_cache_hits_total",
+    "xla_recompilations_total",
+    "xla_compile_seconds_total",
+    "xla_graph_executions_total",
+    "xla_execute_seconds_total",
+    "xla_device_to_host_transfers_total",
+    "xla_transfer_from_device_seconds_total",
+    "xla_host_to_device_transfers_total",
+    "xla_transfer_to_device_seconds_total",
+    "xla_cpu_fallback_ops_total",
+    "xla_cpu_fallback_site_info",
+    "xla_host_scalar_reads_total",
+    "xla_lowered_ops_total",
+    "xla_events_total",
+    "xla_metric_samples_total",
+    "xla_metric_seconds_total",
+    "xla_metric_bytes_total",
+    "xla_metric_value_total",
+    "xla_process_resident_memory_bytes",
+    "xla_process_cpu_seconds_total",
+    "xla_process_threads",
+    "neuron_exporter_build_info",
+    "neuron_exporter_collection_errors_total",
+    "neuron_exporter_collector_success",
+    "neuron_exporter_collector_duration_seconds",
+    "neuron_exporter_step_hook_seconds_total",
+    "neuron_exporter_syncs_total",
+    "neuron_exporter_warmup_steps",
+    "neuron_exporter_rank_up",
+    "neuron_exporter_rank_state",
+    "neuron_exporter_rank_last_report_timestamp_seconds",
+    "neuron_exporter_ranks",
+    "neuron_exporter_host_cpu_seconds_total",
+    "neuron_exporter_host_memory_total_bytes",
+    "neuron_exporter_host_memory_available_bytes",
+    "neuron_exporter_spool_rejected_files",
+    "neuron_exporter_spool_directory_ok",
+    "neuron_exporter_rank_info",
+    "xla_graph_cuts_total",
+    "xla_step_markers_total",
     "xla_new_graphs_total",
     "xla_host_reads_total",
-    "torch_compile_compilations_total", "torch_compile_recompilations_total", "torch_compile_graph_breaks_total",
-    "torch_compile_recompile_limit_hits_total", "torch_compile_compile_seconds_total",
+    "torch_compile_compilations_total",
+    "torch_compile_recompilations_total",
+    "torch_compile_graph_breaks_total",
+    "torch_compile_recompile_limit_hits_total",
+    "torch_compile_compile_seconds_total",
     "neuron_exporter_torch_compile_readable",
 }
 CONTRACT_HISTOGRAMS = {"training_step_duration_seconds", "xla_step_duration_seconds", "xla_graphs_per_step"}
 PROMETHEUS_OWN = {"up"}
-CONTRACT_METRICS = (CONTRACT_COUNTERS_AND_GAUGES | PROMETHEUS_OWN
-                    | {f"{h}{suffix}" for h in CONTRACT_HISTOGRAMS for suffix in ("_bucket", "_sum", "_count")})
+CONTRACT_METRICS = (
+    CONTRACT_COUNTERS_AND_GAUGES
+    | PROMETHEUS_OWN
+    | {f"{h}{suffix}" for h in CONTRACT_HISTOGRAMS for suffix in ("_bucket", "_sum", "_count")}
+)
 
-PROMQL_WORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "and", "or", "unless", "bool",
-                "offset", "inf", "nan",
-                # aggregation operators, which may stand before their parenthesis: sum by (x) (...)
-                "sum", "avg", "min", "max", "count", "group", "stddev", "stdvar", "topk", "bottomk", "quantile",
-                "count_values"}
+PROMQL_WORDS = {
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+    "and",
+    "or",
+    "unless",
+    "bool",
+    "offset",
+    "inf",
+    "nan",
+    # aggregation operators, which may stand before their parenthesis: sum by (x) (...)
+    "sum",
+    "avg",
+    "min",
+    "max",
+    "count",
+    "group",
+    "stddev",
+    "stdvar",
+    "topk",
+    "bottomk",
+    "quantile",
+    "count_values",
+}
 
 
 def metric_names(expr: str) -> set[str]:
@@ -81,11 +137,12 @@ DASHBOARD_FILES = sorted(build.DASHBOARDS)
 
 
 def test_metric_name_extraction_finds_names_and_ignores_functions_and_labels():
-    expr = ('histogram_quantile(0.9, sum by (le, rank) (rate(xla_step_duration_seconds_bucket{rank=~"$rank"}'
-            '[$__rate_interval]))) / on (rank) group_left (state) neuron_exporter_rank_state == 1'
-            ' or vector(0) and xla_steps_tota')
-    assert metric_names(expr) == {"xla_step_duration_seconds_bucket", "neuron_exporter_rank_state",
-                                  "xla_steps_tota"}
+    expr = (
+        'histogram_quantile(0.9, sum by (le, rank) (rate(xla_step_duration_seconds_bucket{rank=~"$rank"}'
+        "[$__rate_interval]))) / on (rank) group_left (state) neuron_exporter_rank_state == 1"
+        " or vector(0) and xla_steps_tota"
+    )
+    assert metric_names(expr) == {"xla_step_duration_seconds_bucket", "neuron_exporter_rank_state", "xla_steps_tota"}
     assert not metric_names(expr) <= CONTRACT_METRICS  # a misspelt name is caught
 
 
@@ -134,8 +191,9 @@ def test_every_selector_follows_the_selector_and_the_variables(name):
     for title, expr in all_exprs(load(name)):
         assert metric_names(expr), f"{name}: panel {title!r} selects no metric"
         for metric, matchers in selectors(expr):
-            assert matchers.startswith("{" + DEFAULTS.selector + ","), \
+            assert matchers.startswith("{" + DEFAULTS.selector + ","), (
                 f"{name}: panel {title!r}: {metric} ignores the configured selector"
+            )
             for matcher in SCOPE:
                 assert matcher in matchers, f"{name}: panel {title!r}: {metric} ignores {matcher}"
             if metric.startswith(("xla_", "neuron_exporter_rank_")):
@@ -174,8 +232,9 @@ def test_dashboard_follows_grafana_schema_basics(name):
         grid = panel["gridPos"]
         assert all(isinstance(grid[k], int) for k in "xywh") and grid["w"] > 0 and grid["h"] > 0
         assert grid["x"] + grid["w"] <= 24, f"{name}: panel {panel['title']!r} is wider than the grid"
-        cells = {(x, y) for x in range(grid["x"], grid["x"] + grid["w"])
-                 for y in range(grid["y"], grid["y"] + grid["h"])}
+        cells = {
+            (x, y) for x in range(grid["x"], grid["x"] + grid["w"]) for y in range(grid["y"], grid["y"] + grid["h"])
+        }
         assert not cells & occupied, f"{name}: panel {panel['title']!r} overlaps another"
         occupied |= cells
     variable_ds = {"type": "prometheus", "uid": "${datasource}"}
@@ -194,8 +253,9 @@ def test_dashboard_follows_grafana_schema_basics(name):
     for variable in variables.values():
         if variable["type"] == "query":
             assert variable["datasource"] == variable_ds
-            assert not re.search(rf"\${variable['name']}\b", variable["query"]), \
+            assert not re.search(rf"\${variable['name']}\b", variable["query"]), (
                 f"{name}: variable {variable['name']} depends on itself"
+            )
             selector = re.fullmatch(r"label_values\((.+),\s*\w+\)", variable["query"]).group(1)
             unknown = metric_names(selector) - CONTRACT_METRICS
             assert not unknown, f"{name}: variable {variable['name']} queries {unknown}"
@@ -206,7 +266,10 @@ def test_fragmentation_dashboard_has_one_row_per_problem_each_opening_with_an_ex
     panels = board["panels"]
     rows = [i for i, p in enumerate(panels) if p["type"] == "row"]
     assert [panels[i]["title"] for i in rows] == [
-        "CPU-fallback operators", "Graph cuts: .item(), print and host reads", "Recompilations"]
+        "CPU-fallback operators",
+        "Graph cuts: .item(), print and host reads",
+        "Recompilations",
+    ]
     for i in rows:
         assert panels[i + 1]["type"] == "text", f"row {panels[i]['title']!r} does not open with a text panel"
         content = panels[i + 1]["options"]["content"]
@@ -218,11 +281,24 @@ def test_fragmentation_dashboard_has_one_row_per_problem_each_opening_with_an_ex
 
 def test_training_overview_has_the_promised_panels():
     titles = {panel["title"] for panel in data_panels(load("training-overview.json"))}
-    assert {"Steps per second by rank", "Step time percentiles", "Compile vs execute share of step time",
-            "Graphs per step by rank", "Compilations per minute", "Host reads per step by rank",
-            "Top CPU-fallback operators", "Collector success", "Collection errors", "Rank state",
-            "Graph cuts per step", "Ranks by run", "Steps per second by run", "Graph cuts per training step by run",
-            "Step markers per training step by run", "Spool problems"} <= titles
+    assert {
+        "Steps per second by rank",
+        "Step time percentiles",
+        "Compile vs execute share of step time",
+        "Graphs per step by rank",
+        "Compilations per minute",
+        "Host reads per step by rank",
+        "Top CPU-fallback operators",
+        "Collector success",
+        "Collection errors",
+        "Rank state",
+        "Graph cuts per step",
+        "Ranks by run",
+        "Steps per second by run",
+        "Graph cuts per training step by run",
+        "Step markers per training step by run",
+        "Spool problems",
+    } <= titles
     table = next(p for p in data_panels(load("training-overview.json")) if p["title"] == "Top CPU-fallback operators")
     assert table["type"] == "table" and table["targets"][0]["instant"] and "topk(" in table["targets"][0]["expr"]
 
@@ -231,12 +307,19 @@ def test_cuts_and_markers_per_training_step_panels():
     panels = {p["title"]: p for p in data_panels(load("fragmentation-recompiles.json"))}
     cuts = panels["Graph cuts per training step by rank"]["targets"][0]["expr"]
     markers = panels["Step markers per training step by rank"]["targets"][0]["expr"]
-    assert re.fullmatch(r"sum by \(run_id, rank\) \(rate\(xla_graph_cuts_total\{.*\}\[\$__rate_interval\]\)\) / "
-                        r"sum by \(run_id, rank\) \(rate\(xla_steps_total\{.*\}\[\$__rate_interval\]\)\)", cuts)
+    assert re.fullmatch(
+        r"sum by \(run_id, rank\) \(rate\(xla_graph_cuts_total\{.*\}\[\$__rate_interval\]\)\) / "
+        r"sum by \(run_id, rank\) \(rate\(xla_steps_total\{.*\}\[\$__rate_interval\]\)\)",
+        cuts,
+    )
     assert "rate(xla_step_markers_total{" in markers and "rate(xla_steps_total{" in markers
     overview = {p["title"]: p for p in data_panels(load("training-overview.json"))}
-    for title in ("Graph cuts per training step by run", "Step markers per training step by run",
-                  "Steps per second by run", "Ranks by run"):
+    for title in (
+        "Graph cuts per training step by run",
+        "Step markers per training step by run",
+        "Steps per second by run",
+        "Ranks by run",
+    ):
         expr = overview[title]["targets"][0]["expr"]
         assert "by (job, run_id)" in expr, f"{title} does not aggregate by run"
         assert overview[title]["targets"][0]["legendFormat"] == "{{job}} {{run_id}}"
@@ -292,8 +375,10 @@ def site_table_columns(panel: dict) -> tuple[list[str], list[str]]:
     transformations = {t["id"]: t["options"] for t in panel["transformations"]}
     renamed = transformations["organize"]["renameByName"]
     names = transformations["filterFieldsByName"]["include"]["names"]
-    return ([renamed[n] for n in names if not n.startswith("Value")],
-            [renamed[n] for n in names if n.startswith("Value")])
+    return (
+        [renamed[n] for n in names if not n.startswith("Value")],
+        [renamed[n] for n in names if n.startswith("Value")],
+    )
 
 
 WHERE_TABLES = {
@@ -301,10 +386,12 @@ WHERE_TABLES = {
     "CPU-fallback operators": {"Fallback operators": (["Run", "Operator"], ["Calls per step", "Ranks"])},
     "Graph cuts: .item(), print and host reads": {
         "Graph cuts by site": (["Run", "Cause", "Site"], ["Cuts per step", "Ranks"]),
-        "Host reads by site": (["Run", "Cause", "Site"], ["Reads per step", "Ranks"])},
+        "Host reads by site": (["Run", "Cause", "Site"], ["Reads per step", "Ranks"]),
+    },
     "Recompilations": {
         "Recompilations by site": (["Run", "Site"], ["Recompilations in range", "Per step", "Ranks"]),
-        "New graphs by site": (["Run", "Site"], ["Per rank", "In range", "Ranks"])},
+        "New graphs by site": (["Run", "Site"], ["Per rank", "In range", "Ranks"]),
+    },
 }
 
 
@@ -333,14 +420,16 @@ def test_every_problem_row_says_where_it_happens():
 def test_site_tables_count_cuts_and_recompilations_per_training_step_of_the_run():
     panels = {p["title"]: p for p in data_panels(load("fragmentation-recompiles.json"))}
     cuts = panels["Graph cuts by site"]["targets"][0]["expr"]
-    assert re.fullmatch(r"sum by \(run_id, cause, location\) \(increase\(xla_graph_cuts_total\{.*\}\[\$__range\]\)\)"
-                        r" / on \(run_id\) group_left sum by \(run_id\) \(increase\(xla_steps_total\{.*\}"
-                        r"\[\$__range\]\) > 0\) > 0", cuts)
+    assert re.fullmatch(
+        r"sum by \(run_id, cause, location\) \(increase\(xla_graph_cuts_total\{.*\}\[\$__range\]\)\)"
+        r" / on \(run_id\) group_left sum by \(run_id\) \(increase\(xla_steps_total\{.*\}"
+        r"\[\$__range\]\) > 0\) > 0",
+        cuts,
+    )
     recompilations = panels["Recompilations by site"]["targets"][0]["expr"]
     assert recompilations.startswith("sum by (run_id, location) (increase(xla_recompilations_total{")
     new_graphs = panels["New graphs by site"]["targets"]
-    assert all("xla_new_graphs_total{" in t["expr"] and "xla_recompilations_total" not in t["expr"]
-               for t in new_graphs)
+    assert all("xla_new_graphs_total{" in t["expr"] and "xla_recompilations_total" not in t["expr"] for t in new_graphs)
     # the rank counts and per-step columns keep their own units
     for title, unit in (("Graph cuts by site", "suffix:cuts/step"), ("Recompilations by site", "short")):
         panel = panels[title]
@@ -355,9 +444,12 @@ def test_training_overview_has_a_compact_where_row():
     panels = {panel["title"]: panel for panel in rows["Where: top sites"]}
     assert set(panels) == {"Top graph-cut sites", "Top recompilation sites"}
     assert site_table_columns(panels["Top graph-cut sites"]) == (["Run", "Cause", "Site"], ["Cuts per step", "Ranks"])
-    assert site_table_columns(panels["Top recompilation sites"]) == (["Run", "Site"],
-                                                                     ["Recompilations in range", "Ranks"])
+    assert site_table_columns(panels["Top recompilation sites"]) == (
+        ["Run", "Site"],
+        ["Recompilations in range", "Ranks"],
+    )
     for panel in panels.values():
         transformations = [t["id"] for t in panel["transformations"]]
         assert transformations[-2:] == ["sortBy", "limit"] and panel["transformations"][-1]["options"] == {
-            "limitField": 5}
+            "limitField": 5
+        }

@@ -21,8 +21,8 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 from neuron_exporter import __version__
-from neuron_exporter.node import serve_command
 from neuron_exporter.config import Options, resolve_options
+from neuron_exporter.node import serve_command
 from neuron_exporter.web.web_config import load_web_config
 
 DEPLOY = ROOT / "deploy"
@@ -39,13 +39,16 @@ def serve_options(args: list[str], config_files: dict[str, Path] | None = None) 
     parsed = parser.parse_args(args)
     assert parsed.command == "serve"
     config = (config_files or {}).get(parsed.config, parsed.config)
-    return resolve_options(config, {}, {key: getattr(parsed, key) for key in serve_command.FLAGS},
-                           override_name=serve_command.FLAGS.get)
+    return resolve_options(
+        config, {}, {key: getattr(parsed, key) for key in serve_command.FLAGS}, override_name=serve_command.FLAGS.get
+    )
 
 
 def manifests() -> dict[str, list[dict]]:
-    return {str(path.relative_to(KUBERNETES)): [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
-            for path in sorted(KUBERNETES.rglob("*.yaml"))}
+    return {
+        str(path.relative_to(KUBERNETES)): [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
+        for path in sorted(KUBERNETES.rglob("*.yaml"))
+    }
 
 
 def objects(kind: str) -> list[dict]:
@@ -57,8 +60,11 @@ def pod_spec(workload: dict) -> dict:
 
 
 def exporter_containers(spec: dict) -> list[dict]:
-    return [c for c in spec.get("containers", []) + spec.get("initContainers", []) if c["image"].startswith(
-        IMAGE.split(":")[0])]
+    return [
+        c
+        for c in spec.get("containers", []) + spec.get("initContainers", [])
+        if c["image"].startswith(IMAGE.split(":")[0])
+    ]
 
 
 def workloads() -> list[dict]:
@@ -67,16 +73,24 @@ def workloads() -> list[dict]:
 
 def test_every_manifest_is_a_named_kubernetes_object():
     found = manifests()
-    assert {"daemonset/daemonset.yaml", "daemonset/service.yaml", "daemonset/servicemonitor.yaml",
-            "sidecar/training-job.yaml", "sidecar/podmonitor.yaml"} <= set(found)
+    assert {
+        "daemonset/daemonset.yaml",
+        "daemonset/service.yaml",
+        "daemonset/servicemonitor.yaml",
+        "sidecar/training-job.yaml",
+        "sidecar/podmonitor.yaml",
+    } <= set(found)
     for name, docs in found.items():
         assert docs, name
         for doc in docs:
             assert doc.get("apiVersion") and doc.get("kind") and doc["metadata"].get("name"), name
 
 
-@pytest.mark.parametrize("workload", [w for w in workloads() if exporter_containers(pod_spec(w))],
-                         ids=lambda w: f"{w['kind']}/{w['metadata']['name']}")
+@pytest.mark.parametrize(
+    "workload",
+    [w for w in workloads() if exporter_containers(pod_spec(w))],
+    ids=lambda w: f"{w['kind']}/{w['metadata']['name']}",
+)
 def test_exporter_containers_run_the_cli_non_root_read_only_and_limited(workload):
     spec = pod_spec(workload)
     for container in exporter_containers(spec):
@@ -155,7 +169,9 @@ def test_sidecar_shares_an_in_memory_volume_and_the_podmonitor_selects_the_pod()
     assert options.spool_dir != mount_of(options.spool_dir, sidecar)["mountPath"]
     assert env["NEURON_EXPORTER_SPOOL_MODE"] == options.spool_mode == "readable"
     # every pod of the Job is one run; rank_info names the pod, namespace, node and container
-    assert env["NEURON_EXPORTER_RUN_ID"] == {"fieldRef": {"fieldPath": "metadata.labels['batch.kubernetes.io/job-name']"}}
+    assert env["NEURON_EXPORTER_RUN_ID"] == {
+        "fieldRef": {"fieldPath": "metadata.labels['batch.kubernetes.io/job-name']"}
+    }
     assert {"POD_NAME", "POD_NAMESPACE", "NODE_NAME", "CONTAINER_NAME"} <= set(env)
     assert monitor["spec"]["selector"]["matchLabels"].items() <= job["spec"]["template"]["metadata"]["labels"].items()
     assert [e["port"] for e in monitor["spec"]["podMetricsEndpoints"]] == ["metrics"]
@@ -194,16 +210,36 @@ def test_systemd_unit_has_no_unknown_settings(tmp_path):
     unit = tmp_path / "neuron-exporter.service"
     shutil.copy(DEPLOY / "systemd" / "neuron-exporter.service", unit)
     result = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=120)
-    problems = [line for line in (result.stdout + result.stderr).splitlines()
-                if line.strip() and "/usr/local/bin/neuron-exporter is not executable" not in line]
+    problems = [
+        line
+        for line in (result.stdout + result.stderr).splitlines()
+        if line.strip() and "/usr/local/bin/neuron-exporter is not executable" not in line
+    ]
     assert problems == []
 
 
 def test_web_config_example_loads(tmp_path):
     shutil.copy(DEPLOY / "web-config.example.yml", tmp_path / "web.yml")
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=x",
-                    "-keyout", str(tmp_path / "server.key"), "-out", str(tmp_path / "server.crt")],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=x",
+            "-keyout",
+            str(tmp_path / "server.key"),
+            "-out",
+            str(tmp_path / "server.crt"),
+        ],
+        check=True,
+        capture_output=True,
+    )
     config = load_web_config(tmp_path / "web.yml")
     assert config.tls and list(config.users) == ["prometheus"]
 

@@ -14,35 +14,75 @@ import uuid
 
 import pytest
 from conftest import ROOT, scrape
+from scripts.spool_writer import rank_exposition
 from test_daemon import Daemon, daemons  # noqa: F401 - daemons is a fixture
 
 from neuron_exporter import diagnosis
 from neuron_exporter.node.spool import RankMeta, release_rank_lock, write_rank_file
 from neuron_exporter.training.attribution import Attribution
 
-from scripts.spool_writer import rank_exposition
-
 
 def rank_document(rank: str = "0", run_id: str = "run") -> dict:
-    return {"run_id": run_id, "rank": rank, "local_rank": rank, "pid": 42, "steps": 120, "graph_cuts": 120,
-            "new_graphs": 3, "recompilations": 1, "cpu_fallback_ops": {"aten::lgamma": 120},
-            "cpu_fallback_sites": [{"op": "aten::lgamma", "location": "train.py:38", "pass": "forward",
-                                    "frames": ["forward (train.py:38)"]}],
-            "sites": [{"location": "train.py:42", "host_reads": {"item": 120}, "graph_cuts": {"item": 120},
-                       "new_graphs": 1, "recompilations": 1, "frames": ["step (train.py:42)"],
-                       "recompilation_causes": [{"uploads": {"train.py:30": {"before": "(32, 64)", "now": None}},
-                                                 "cause": "uploads changed shape"}]}],
-            "torch_compile": {"mode": "full", "torch_version": "2.9.0", "compilations": 3, "recompilations": 1,
-                              "graph_breaks": 1, "recompile_limit_hits": 0, "compile_seconds": 1.5,
-                              "functions": [{"location": "train.py:12", "function": "step", "compilations": 2,
-                                             "recompilations": {"size_mismatch": 1}, "recompile_limit_hits": 0,
-                                             "compile_seconds": 1.2,
-                                             "failed_guards": [{"reason": "size_mismatch", "compile_id": "0/1",
-                                                                "guard": "tensor 'x' size mismatch"}]}],
-                              "graph_break_sites": [{"location": "train.py:20", "reason": "print", "count": 1,
-                                                     "message": "Failed to trace\n  print",
-                                                     "frames": ["step (train.py:20)"], "compiling": "step"}],
-                              "records_missed": 0}}
+    return {
+        "run_id": run_id,
+        "rank": rank,
+        "local_rank": rank,
+        "pid": 42,
+        "steps": 120,
+        "graph_cuts": 120,
+        "new_graphs": 3,
+        "recompilations": 1,
+        "cpu_fallback_ops": {"aten::lgamma": 120},
+        "cpu_fallback_sites": [
+            {"op": "aten::lgamma", "location": "train.py:38", "pass": "forward", "frames": ["forward (train.py:38)"]}
+        ],
+        "sites": [
+            {
+                "location": "train.py:42",
+                "host_reads": {"item": 120},
+                "graph_cuts": {"item": 120},
+                "new_graphs": 1,
+                "recompilations": 1,
+                "frames": ["step (train.py:42)"],
+                "recompilation_causes": [
+                    {"uploads": {"train.py:30": {"before": "(32, 64)", "now": None}}, "cause": "uploads changed shape"}
+                ],
+            }
+        ],
+        "torch_compile": {
+            "mode": "full",
+            "torch_version": "2.9.0",
+            "compilations": 3,
+            "recompilations": 1,
+            "graph_breaks": 1,
+            "recompile_limit_hits": 0,
+            "compile_seconds": 1.5,
+            "functions": [
+                {
+                    "location": "train.py:12",
+                    "function": "step",
+                    "compilations": 2,
+                    "recompilations": {"size_mismatch": 1},
+                    "recompile_limit_hits": 0,
+                    "compile_seconds": 1.2,
+                    "failed_guards": [
+                        {"reason": "size_mismatch", "compile_id": "0/1", "guard": "tensor 'x' size mismatch"}
+                    ],
+                }
+            ],
+            "graph_break_sites": [
+                {
+                    "location": "train.py:20",
+                    "reason": "print",
+                    "count": 1,
+                    "message": "Failed to trace\n  print",
+                    "frames": ["step (train.py:20)"],
+                    "compiling": "step",
+                }
+            ],
+            "records_missed": 0,
+        },
+    }
 
 
 def document(**rank_fields) -> dict:
@@ -51,22 +91,36 @@ def document(**rank_fields) -> dict:
 
 # (JSON of a bad document, the line loads gives for it)
 BAD = [
-    (json.dumps(document()).replace('"steps": 120', '"steps": 1e400'),
-     "ranks[0].steps: not a finite number from 0 to 2^63: inf"),
-    (json.dumps(document()).replace('"compile_seconds": 1.5', '"compile_seconds": NaN'),
-     "ranks[0].torch_compile.compile_seconds: not a finite number from 0 to 2^63: nan"),
-    (json.dumps(document()).replace('"graph_cuts": 120', '"graph_cuts": -1'),
-     "ranks[0].graph_cuts: not a finite number from 0 to 2^63: -1"),
+    (
+        json.dumps(document()).replace('"steps": 120', '"steps": 1e400'),
+        "ranks[0].steps: not a finite number from 0 to 2^63: inf",
+    ),
+    (
+        json.dumps(document()).replace('"compile_seconds": 1.5', '"compile_seconds": NaN'),
+        "ranks[0].torch_compile.compile_seconds: not a finite number from 0 to 2^63: nan",
+    ),
+    (
+        json.dumps(document()).replace('"graph_cuts": 120', '"graph_cuts": -1'),
+        "ranks[0].graph_cuts: not a finite number from 0 to 2^63: -1",
+    ),
     (json.dumps(document(new_graphs=True)), "ranks[0].new_graphs: not a finite number from 0 to 2^63: True"),
-    (json.dumps(document(sites=[{**rank_document()["sites"][0], "recompilation_causes": {"a": 1}}])),
-     "ranks[0].sites[0].recompilation_causes: not a list"),
-    (json.dumps(document(cpu_fallback_ops={"aten::x": "7"})),
-     "ranks[0].cpu_fallback_ops['aten::x']: not a finite number from 0 to 2^63: a str"),
-    (json.dumps(document(sites=[{"location": "x" * (diagnosis.MAX_TEXT + 1)}])),
-     f"ranks[0].sites[0].location: a string of more than {diagnosis.MAX_TEXT} characters"),
+    (
+        json.dumps(document(sites=[{**rank_document()["sites"][0], "recompilation_causes": {"a": 1}}])),
+        "ranks[0].sites[0].recompilation_causes: not a list",
+    ),
+    (
+        json.dumps(document(cpu_fallback_ops={"aten::x": "7"})),
+        "ranks[0].cpu_fallback_ops['aten::x']: not a finite number from 0 to 2^63: a str",
+    ),
+    (
+        json.dumps(document(sites=[{"location": "x" * (diagnosis.MAX_TEXT + 1)}])),
+        f"ranks[0].sites[0].location: a string of more than {diagnosis.MAX_TEXT} characters",
+    ),
     (json.dumps(document(rank="\x1b[31m0")), "ranks[0].rank: a string with a character that is not printable"),
-    (json.dumps(document(sites=[{"location": "a", "frames": ["f"] * (diagnosis.MAX_FRAMES + 1)}])),
-     f"ranks[0].sites[0].frames: more than {diagnosis.MAX_FRAMES} entries"),
+    (
+        json.dumps(document(sites=[{"location": "a", "frames": ["f"] * (diagnosis.MAX_FRAMES + 1)}])),
+        f"ranks[0].sites[0].frames: more than {diagnosis.MAX_FRAMES} entries",
+    ),
     (json.dumps(document(sites=[{"graph_cuts": {}}])), "ranks[0].sites[0]: no location"),
     (json.dumps(document(torch_compile={"functions": [7]})), "ranks[0].torch_compile.functions[0]: not an object"),
     ('{"format": 1, "ranks": {}}', "ranks: not a list"),
@@ -97,8 +151,10 @@ def test_a_rank_with_1000_sites_of_4_long_frames_stays_under_the_cap():
     for n in range(1000):
         frames = [f"function_{k} ({long}module_{n}_{k}.py:{n})" for k in range(4)]
         attribution.host_read("item", f"{long}train_{n}.py:{n}", frames, graphs=n, compiles=0)
-    full = {"format": diagnosis.FORMAT,
-            "ranks": [attribution.diagnosis({"run_id": "r", "rank": "0", "local_rank": "0"}, 100, {})]}
+    full = {
+        "format": diagnosis.FORMAT,
+        "ranks": [attribution.diagnosis({"run_id": "r", "rank": "0", "local_rank": "0"}, 100, {})],
+    }
     assert len(json.dumps(full)) > diagnosis.MAX_BYTES  # what a rank wrote before
 
     fitted = diagnosis.fit(full)
@@ -133,8 +189,9 @@ def test_the_daemon_leaves_out_a_bad_rank_document_with_one_log_line_and_serves_
     bad = diagnosis_bytes("1", run_id).replace(b'"steps": 120', b'"steps": 1e400')
     write_bad_diagnosis(spool, "0", run_id, diagnosis_bytes("0", run_id))
     write_bad_diagnosis(spool, "1", run_id, bad)
-    write_bad_diagnosis(spool, "2", run_id, diagnosis_bytes("2", run_id,
-                                                            sites=[{"location": "a", "new_graphs": float("nan")}]))
+    write_bad_diagnosis(
+        spool, "2", run_id, diagnosis_bytes("2", run_id, sites=[{"location": "a", "new_graphs": float("nan")}])
+    )
     try:
         daemon = Daemon(tmp_path, "--addr", "127.0.0.1", "--port", "0", "--spool-dir", str(spool))
         daemons(daemon)
@@ -145,15 +202,21 @@ def test_the_daemon_leaves_out_a_bad_rank_document_with_one_log_line_and_serves_
         assert text.startswith("Diagnosis of 1 rank: what to fix first.\n")
         strict = json.loads(page, parse_constant=lambda name: pytest.fail(f"{name} in the JSON"))
         assert [rank["rank"] for rank in strict["ranks"]] == ["0"]
-        result = subprocess.run([sys.executable, "-m", "neuron_exporter", "diagnose", daemon.url],
-                                capture_output=True, text=True, cwd=ROOT, timeout=60)
+        result = subprocess.run(
+            [sys.executable, "-m", "neuron_exporter", "diagnose", daemon.url],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=60,
+        )
         assert result.returncode == 0 and result.stdout == text, result.stderr
         daemon.stop()
         lines = [line for line in daemon.log.read_text().splitlines() if ": ranks[0]." in line]
         assert len(lines) == 2, lines
         assert any("ranks[0].steps: not a finite number from 0 to 2^63: inf" in line for line in lines), lines
-        assert any("ranks[0].sites[0].new_graphs: not a finite number from 0 to 2^63: nan" in line
-                   for line in lines), lines
+        assert any("ranks[0].sites[0].new_graphs: not a finite number from 0 to 2^63: nan" in line for line in lines), (
+            lines
+        )
     finally:
         for rank in "012":
             release_rank_lock(spool, rank, run_id)
@@ -162,7 +225,7 @@ def test_the_daemon_leaves_out_a_bad_rank_document_with_one_log_line_and_serves_
 class Page(http.server.BaseHTTPRequestHandler):
     body = b""
 
-    def do_GET(self):  # noqa: N802 - the name http.server calls
+    def do_GET(self):
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.end_headers()
@@ -172,12 +235,15 @@ class Page(http.server.BaseHTTPRequestHandler):
         pass
 
 
-@pytest.mark.parametrize("body", [
-    b'{"format": 1, "ranks": [{"rank": "0", "steps": 1e400, "sites": []}]}',
-    b'{"format": 1, "ranks": [{"rank": "0", "sites": [{"location": "a", "recompilations": NaN}]}]}',
-    b'{"format": 1, "ranks": [{"rank": "0", "sites": [{"location": "a", "recompilation_causes": 3}]}]}',
-    b'{"format": 1, "ranks": [{"rank": "\\ud800"}]}',
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"format": 1, "ranks": [{"rank": "0", "steps": 1e400, "sites": []}]}',
+        b'{"format": 1, "ranks": [{"rank": "0", "sites": [{"location": "a", "recompilations": NaN}]}]}',
+        b'{"format": 1, "ranks": [{"rank": "0", "sites": [{"location": "a", "recompilation_causes": 3}]}]}',
+        b'{"format": 1, "ranks": [{"rank": "\\ud800"}]}',
+    ],
+)
 @pytest.mark.parametrize("output", ["text", "json"])
 def test_diagnose_answers_a_bad_page_with_one_line_and_exit_2(body, output):
     handler = type("BadPage", (Page,), {"body": body})
@@ -185,9 +251,14 @@ def test_diagnose_answers_a_bad_page_with_one_line_and_exit_2(body, output):
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}"
-        result = subprocess.run([sys.executable, "-m", "neuron_exporter", "diagnose", url, "--format", output],
-                                capture_output=True, text=True, cwd=ROOT, timeout=60,
-                                env={**os.environ, "PYTHONPATH": str(ROOT)})
+        result = subprocess.run(
+            [sys.executable, "-m", "neuron_exporter", "diagnose", url, "--format", output],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=60,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
     finally:
         server.shutdown()
         server.server_close()
@@ -203,8 +274,10 @@ def test_a_diagnosis_file_over_the_cap_is_left_out_in_one_line(tmp_path, caplog)
     from neuron_exporter.node.node_view import NodeView
     from neuron_exporter.node.spool import RankMeta, release_rank_lock, write_rank_file
 
-    exposition = (b'# HELP xla_steps_total Steps\n# TYPE xla_steps_total counter\n'
-                  b'xla_steps_total{local_rank="0",rank="0",run_id="test-run"} 1.0\n')
+    exposition = (
+        b"# HELP xla_steps_total Steps\n# TYPE xla_steps_total counter\n"
+        b'xla_steps_total{local_rank="0",rank="0",run_id="test-run"} 1.0\n'
+    )
     try:
         write_rank_file(tmp_path, RankMeta.current("0", "0"), exposition, diagnosis=b" " * (diagnosis.MAX_BYTES + 1))
         view = NodeView(resolve_options(env={}, overrides={"spool_dir": str(tmp_path)}))

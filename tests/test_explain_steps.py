@@ -68,8 +68,10 @@ def test_markers_are_not_steps(scenario):
     assert overview(text, "step markers (MarkStep)").startswith(f"{expected['markers']}, every sync")
     extra = expected["markers"] - expected["steps"]
     assert extra > 0
-    assert f"The {expected['markers']} step markers (MarkStep) count every sync, also those that ran no graph" in \
-        " ".join(text.split())
+    assert (
+        f"The {expected['markers']} step markers (MarkStep) count every sync, also those that ran no graph"
+        in " ".join(text.split())
+    )
 
 
 def test_compile_and_loader_loop_is_clean():
@@ -113,6 +115,7 @@ def test_item_after_torch_xla_step_is_no_fragmentation():
 
 # ----- XLA_METRICS_FILE dumps: a report per sync
 
+
 def test_dump_counts_the_syncs_that_ran_a_graph():
     text = explained_dump("metrics_file.step_item.txt")
     flat = " ".join(text.split())
@@ -154,16 +157,20 @@ def test_dump_of_two_runs_counts_the_last():
 
 # ----- the rule, on counts
 
-@pytest.mark.parametrize("markers, graphs, host_reads, steps, alternative", [
-    (8, 8, 0, 8, None),      # a plain loop
-    (8, 16, 8, 8, None),     # .item() before the sync: the bounds agree
-    (41, 13, 0, 13, None),   # torch_xla.compile() over MpDeviceLoader
-    (16, 16, 8, 8, 16),      # .item() inside torch_xla.step(): taken as cuts, one read per step
-    (26, 24, 16, 8, 24),     # fallbacks behind compile() and the loader
-    (16, 8, 8, 8, None),     # .item() after torch_xla.step(): cannot all be cuts
-    (20, 11, 1, 11, 10),     # one read in ten steps: taken as a read after the step's end
-    (8, 10, 0, 8, None),     # more graphs than markers with no host read: 2 ran neither way
-])
+
+@pytest.mark.parametrize(
+    "markers, graphs, host_reads, steps, alternative",
+    [
+        (8, 8, 0, 8, None),  # a plain loop
+        (8, 16, 8, 8, None),  # .item() before the sync: the bounds agree
+        (41, 13, 0, 13, None),  # torch_xla.compile() over MpDeviceLoader
+        (16, 16, 8, 8, 16),  # .item() inside torch_xla.step(): taken as cuts, one read per step
+        (26, 24, 16, 8, 24),  # fallbacks behind compile() and the loader
+        (16, 8, 8, 8, None),  # .item() after torch_xla.step(): cannot all be cuts
+        (20, 11, 1, 11, 10),  # one read in ten steps: taken as a read after the step's end
+        (8, 10, 0, 8, None),  # more graphs than markers with no host read: 2 ran neither way
+    ],
+)
 def test_step_count_rule(markers, graphs, host_reads, steps, alternative):
     count = step_count(markers, graphs, host_reads)
     assert (count.steps, count.alternative) == (steps, alternative)
@@ -176,9 +183,10 @@ def test_step_count_without_markers_or_graphs():
 
 def test_step_count_stays_within_what_the_report_allows():
     rng = random.Random(7)
-    cases = itertools.chain(itertools.product(range(6), repeat=3),
-                            ((rng.randrange(10 ** 6), rng.randrange(10 ** 6), rng.randrange(10 ** 6))
-                             for _ in range(2000)))
+    cases = itertools.chain(
+        itertools.product(range(6), repeat=3),
+        ((rng.randrange(10**6), rng.randrange(10**6), rng.randrange(10**6)) for _ in range(2000)),
+    )
     for markers, graphs, host_reads in cases:
         count = step_count(markers, graphs, host_reads)
         if markers and graphs:

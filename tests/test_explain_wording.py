@@ -12,8 +12,11 @@ from neuron_exporter.reports.report_parser import parse_report_stream
 from neuron_exporter.snapshot import SECONDS, MetricValue, Snapshot
 
 FIXTURES = Path(__file__).parent / "fixtures" / "reports"
-REPORTS = sorted(FIXTURES.glob("*.report.txt")) + sorted(FIXTURES.glob("*.short.txt")) + \
-    sorted(FIXTURES.glob("metrics_file.*.txt"))
+REPORTS = (
+    sorted(FIXTURES.glob("*.report.txt"))
+    + sorted(FIXTURES.glob("*.short.txt"))
+    + sorted(FIXTURES.glob("metrics_file.*.txt"))
+)
 
 
 def explained(path: Path) -> str:
@@ -26,13 +29,15 @@ def explained(path: Path) -> str:
 def sections(text: str) -> list[tuple[str, str]]:
     """(title, body) of each finding."""
     parts = re.split(r"^\d+\. (.+)$", text, flags=re.MULTILINE)
-    return list(zip(parts[1::2], parts[2::2]))
+    return list(zip(parts[1::2], parts[2::2], strict=False))
 
 
 def snapshot(markers: int, cached: int, uncached: int, transfers: int = 0, **counters: int) -> Snapshot:
     names = {name.replace("__", "::"): value for name, value in counters.items()}
-    metrics = {"CompileTime": MetricValue(uncached, 0.5 * uncached, SECONDS),
-               "ExecuteTime": MetricValue(cached + uncached, 0.01 * (cached + uncached), SECONDS)}
+    metrics = {
+        "CompileTime": MetricValue(uncached, 0.5 * uncached, SECONDS),
+        "ExecuteTime": MetricValue(cached + uncached, 0.01 * (cached + uncached), SECONDS),
+    }
     if transfers:
         metrics["TransferFromDeviceTime"] = MetricValue(transfers, 0.001 * transfers, SECONDS)
     return Snapshot({"MarkStep": markers, "CachedCompile": cached, "UncachedCompile": uncached, **names}, metrics)
@@ -64,7 +69,9 @@ def test_item_calls_below_the_host_read_threshold_are_named_without_above():
 
 def test_fragmentation_without_host_reads_does_not_blame_them():
     found = findings(snapshot(markers=8, cached=14, uncached=2))
-    assert [finding.title for finding in found] == ["Graph fragmentation: 2.0 graphs per step marker (16 graphs in 8 step markers)"]
+    assert [finding.title for finding in found] == [
+        "Graph fragmentation: 2.0 graphs per step marker (16 graphs in 8 step markers)"
+    ]
     assert found[0].details[1].startswith("The report has no host read, so no .item(), print or CPU fallback")
 
 
@@ -84,8 +91,11 @@ def test_compilations_after_the_first_steps_name_both_causes():
     text = " ".join(late.details + late.next_steps)
     assert "cannot say why a graph was compiled" in text
     assert "the same code ran with new shapes" in text and "a new graph: an evaluation loop" in text
-    assert [step.split(":")[0] for step in late.next_steps[:3]] == \
-        ["Find out which", "For shapes that change", "For new graphs"]
+    assert [step.split(":")[0] for step in late.next_steps[:3]] == [
+        "Find out which",
+        "For shapes that change",
+        "For new graphs",
+    ]
 
 
 def test_a_few_compilations_after_warm_up_are_no_finding():

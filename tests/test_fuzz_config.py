@@ -16,8 +16,9 @@ from fuzz import FUZZ_CASES, cases
 from neuron_exporter.config import ConfigError, Options, resolve_options
 
 LONGEST_ERROR = 700  # characters: the list of known options, the path and two quoted values at most
-EVERY_OPTION = yaml.safe_dump({**asdict(Options()), "web_config_file": "/etc/neuron-exporter/web.yml"},
-                              sort_keys=False).encode()
+EVERY_OPTION = yaml.safe_dump(
+    {**asdict(Options()), "web_config_file": "/etc/neuron-exporter/web.yml"}, sort_keys=False
+).encode()
 STYLES = b"""# quoted, flow and block styles
 addr: "::"
 port: 0x2505  # hexadecimal
@@ -27,8 +28,12 @@ log_level: >-
   INFO
 hung_after_seconds: 1.5e+1
 """
-SEEDS = [(ROOT / "deploy" / "systemd" / "exporter.yaml").read_bytes(), EVERY_OPTION, STYLES,
-         b"{port: 9100, addr: 127.0.0.1, warmup_steps: 3}\n"]
+SEEDS = [
+    (ROOT / "deploy" / "systemd" / "exporter.yaml").read_bytes(),
+    EVERY_OPTION,
+    STYLES,
+    b"{port: 9100, addr: 127.0.0.1, warmup_steps: 3}\n",
+]
 
 
 def test_the_seeds_are_valid(tmp_path):
@@ -50,6 +55,6 @@ def test_fuzz_config_file(tmp_path):
             message = str(error)
             assert message.isprintable() and len(message) <= LONGEST_ERROR, (case, message[:1000])
             assert message.startswith(f"{path}"), (case, message)
-        except Exception as error:  # any other: fail naming the case, to reproduce it
+        except Exception as error:  # noqa: BLE001 - any other: fail naming the case, to reproduce it
             pytest.fail(f"case {case}: {error!r:.500}")
     assert loaded > 0

@@ -16,13 +16,31 @@ from test_diagnosis import document, rank_document
 from neuron_exporter import diagnosis
 
 SOURCE = "rank-0.diagnosis.json"
-SEEDS = [json.dumps(document()).encode(),
-         json.dumps({"format": 1, "ranks": [rank_document(str(n), "run") for n in range(3)]}, indent=1).encode(),
-         json.dumps({"format": 1, "ranks": [{"rank": "0", "sites": [], "trimmed": "frames cut"}]}).encode()]
+SEEDS = [
+    json.dumps(document()).encode(),
+    json.dumps({"format": 1, "ranks": [rank_document(str(n), "run") for n in range(3)]}, indent=1).encode(),
+    json.dumps({"format": 1, "ranks": [{"rank": "0", "sites": [], "trimmed": "frames cut"}]}).encode(),
+]
 # JSON values put in place of any value of a document: each breaks some field's type or bound.
-NASTY_VALUES = ["NaN", "Infinity", "-Infinity", "1e400", "-1", "-0.0", "9223372036854775809", "true", "null", "[]",
-                "{}", '"7"', '"\\u001b[2J"', '"\\ud800"', '"' + "x" * 5000 + '"', "[" + ", ".join(['"f"'] * 40) + "]",
-                "[" * 200 + "]" * 200]
+NASTY_VALUES = [
+    "NaN",
+    "Infinity",
+    "-Infinity",
+    "1e400",
+    "-1",
+    "-0.0",
+    "9223372036854775809",
+    "true",
+    "null",
+    "[]",
+    "{}",
+    '"7"',
+    '"\\u001b[2J"',
+    '"\\ud800"',
+    '"' + "x" * 5000 + '"',
+    "[" + ", ".join(['"f"'] * 40) + "]",
+    "[" * 200 + "]" * 200,
+]
 
 
 def replace_a_value(data: bytes, rng: random.Random) -> bytes:
@@ -48,7 +66,7 @@ def check(data: bytes, case: str) -> bool:
         line = str(error)
         assert line.startswith(f"{SOURCE}: ") and line.isprintable() and len(line) <= 300, (case, line[:1000])
         return False
-    except Exception as error:  # any other: fail naming the case, to reproduce it
+    except Exception as error:  # noqa: BLE001 - any other: fail naming the case, to reproduce it
         pytest.fail(f"case {case}: {error!r:.500}")
     diagnosis.render_text(loaded).encode()
     strict = diagnosis.dumps(loaded)

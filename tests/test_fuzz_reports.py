@@ -56,7 +56,7 @@ def test_fuzz_parser(report):
             parsed += 1
         except ReportParseError as error:
             check_error_line(str(error), "report.txt", case)
-        except Exception as error:  # any other: fail naming the case, to reproduce it
+        except Exception as error:  # noqa: BLE001 - any other: fail naming the case, to reproduce it
             pytest.fail(f"case {case}: {error!r:.500}")
     assert parsed > 0  # some mutations keep a valid report: the checks above ran
 
@@ -84,7 +84,7 @@ def test_fuzz_commands_in_process(command, tmp_path, capsys, monkeypatch):
         if code == 2:
             assert out == "" and err.endswith("\n") and err.count("\n") == 1, (case, err[:1000])
             assert err.startswith("neuron-exporter: error: "), (case, err)
-            check_error_line(err[len("neuron-exporter: error: "):-1], "<stdin>" if index % 2 else str(path), case)
+            check_error_line(err[len("neuron-exporter: error: ") : -1], "<stdin>" if index % 2 else str(path), case)
         elif json_output:
             assert err == "" and json.loads(out)["counters"] is not None, case
         elif command == "parse":
@@ -103,8 +103,13 @@ def test_fuzz_commands_print_no_traceback(command, tmp_path):
     for index, (case, data) in enumerate(cases(SEEDS, f"subprocess:{command}", SUBPROCESS_CASES)):
         path = tmp_path / f"report-{index}.txt"
         path.write_bytes(data)
-        result = subprocess.run([sys.executable, "-m", "neuron_exporter", command, str(path)], capture_output=True,
-                                cwd=ROOT, env=env, timeout=60)
+        result = subprocess.run(
+            [sys.executable, "-m", "neuron_exporter", command, str(path)],
+            capture_output=True,
+            cwd=ROOT,
+            env=env,
+            timeout=60,
+        )
         stderr = result.stderr.decode(errors="replace")
         assert result.returncode in (0, 2) and "Traceback" not in stderr, (case, stderr[-2000:])
         assert stderr == "" if result.returncode == 0 else stderr.count("\n") == 1, (case, stderr[-2000:])

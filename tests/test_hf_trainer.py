@@ -10,8 +10,7 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from conftest import TrainingRun, marked_line, scrape, series, total, SCRIPTS
+from conftest import SCRIPTS, TrainingRun, marked_line, scrape, series, total
 
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.trainer
@@ -71,16 +70,21 @@ def test_the_cut_in_transformers_masking_code_is_named_at_its_line(trainer_run):
     # the detail goes from transformers' line up to the line of the script that started training
     assert site["frames"][0].endswith(f"({site['location']})"), site["frames"]
     assert site["frames"][-1] == f"<module> ({marked_line(SCRIPTS / 'hf_trainer.py', 'train')})", site["frames"]
-    (finding,) = [block for block in result["text"].split("\n\n")
-                  if f"{site['location']}: {STEPS} graph cuts by a tensor used as a Python bool" in block]
+    (finding,) = [
+        block
+        for block in result["text"].split("\n\n")
+        if f"{site['location']}: {STEPS} graph cuts by a tensor used as a Python bool" in block
+    ]
     assert marked_line(SCRIPTS / "hf_trainer.py", "train") in finding, finding
 
 
 def test_torch_xla_counts_the_same_graphs_as_the_exporter(trainer_run):
     exposition, result = trainer_run
     graphs = (result["xla"].get("CachedCompile") or 0) + (result["xla"].get("UncachedCompile") or 0)
-    assert total(exposition, "xla_recompilations_total") + total(exposition, "xla_new_graphs_total") == \
-        result["xla"]["UncachedCompile"]
+    assert (
+        total(exposition, "xla_recompilations_total") + total(exposition, "xla_new_graphs_total")
+        == result["xla"]["UncachedCompile"]
+    )
     assert total(exposition, "xla_graph_cuts_total") <= graphs
 
 
@@ -102,8 +106,7 @@ def test_dynamic_padding_recompiles_once_for_each_new_batch_length(trainer_run):
     # batch compiles as a new graph for the first length it sees and recompiles for each of the two others.
     fixed, _ = trainer_run
     assert total(exposition, "xla_new_graphs_total") == total(fixed, "xla_new_graphs_total")
-    assert total(exposition, "xla_new_graphs_total") + sum(recompilations.values()) == \
-        result["xla"]["UncachedCompile"]
+    assert total(exposition, "xla_new_graphs_total") + sum(recompilations.values()) == result["xla"]["UncachedCompile"]
     assert sum(recompilations.values()) >= 2 * (len(LENGTHS) - 1), recompilations
     assert sum(recompilations.values()) % (len(LENGTHS) - 1) == 0, recompilations
     assert any(location.startswith("transformers/trainer.py:") for (location,) in recompilations), recompilations

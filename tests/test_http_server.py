@@ -59,14 +59,33 @@ def server():
 def tls_files(tmp_path_factory):
     """A self-signed certificate for 127.0.0.1 and a web config using it with one bcrypt user."""
     directory = tmp_path_factory.mktemp("tls")
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-                    "-keyout", str(directory / "server.key"), "-out", str(directory / "server.crt"),
-                    "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-keyout",
+            str(directory / "server.key"),
+            "-out",
+            str(directory / "server.crt"),
+            "-subj",
+            "/CN=localhost",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1,DNS:localhost",
+        ],
+        check=True,
+        capture_output=True,
+    )
     hashed = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=4)).decode().replace("$2b$", "$2y$")  # htpasswd's form
     (directory / "web.yml").write_text(
         "tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n"
-        f"basic_auth_users:\n  prometheus: {hashed}\n")
+        f"basic_auth_users:\n  prometheus: {hashed}\n"
+    )
     return directory
 
 
@@ -98,8 +117,9 @@ def test_landing_page_links_metrics_and_shows_nothing_else(server, tmp_path, mon
         assert secret not in page
 
 
-@pytest.mark.parametrize("path", ["/etc/passwd", "/metrics/extra", "/../metrics", "/favicon.ico", "/debug/vars",
-                                  "/metrics.txt"])
+@pytest.mark.parametrize(
+    "path", ["/etc/passwd", "/metrics/extra", "/../metrics", "/favicon.ico", "/debug/vars", "/metrics.txt"]
+)
 def test_any_other_path_is_404(server, path, tmp_path):
     s = server()
     status, _, body = get(f"http://127.0.0.1:{s.port}{path}")
@@ -179,6 +199,7 @@ def test_a_wildcard_address_gives_a_reachable_url():
 
 # -- TLS and basic auth ------------------------------------------------------------------------------------
 
+
 def client_context(tls_files: Path) -> ssl.SSLContext:
     return ssl.create_default_context(cafile=str(tls_files / "server.crt"))
 
@@ -206,9 +227,24 @@ def test_plain_http_to_the_tls_port_gets_no_metrics(server, tls_files):
 
 def test_the_daemon_serves_https_with_basic_auth(tmp_path, tls_files):
     daemon = subprocess.Popen(
-        [sys.executable, "-m", "neuron_exporter", "serve", "--addr", "127.0.0.1", "--port", "0",
-         "--spool-dir", str(tmp_path / "spool"), "--web.config.file", str(tls_files / "web.yml")],
-        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}, stderr=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-m",
+            "neuron_exporter",
+            "serve",
+            "--addr",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--spool-dir",
+            str(tmp_path / "spool"),
+            "--web.config.file",
+            str(tls_files / "web.yml"),
+        ],
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)},
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         line = daemon.stderr.readline()
         url = re.search(r"listening on (\S+)", line).group(1)
@@ -222,20 +258,31 @@ def test_the_daemon_serves_https_with_basic_auth(tmp_path, tls_files):
         assert daemon.wait(timeout=30) == 0
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("tls_server_config:\n  cert_file: server.crt\n", "web.yml:1: tls_server_config.key_file is required"),
-    ("tls_server_config:\n  cert_file: server.crt\n  key_file: server.crt\n",
-     "web.yml:2: tls_server_config: cannot load the certificate and key"),
-    ("tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n  ciphers: x\n",
-     'web.yml:4: unsupported key "ciphers" in tls_server_config'),
-    ("tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n  min_version: TLS99\n",
-     'web.yml:4: tls_server_config.min_version: unknown version "TLS99"'),
-    ("basic_auth_users:\n  alice: plaintext\n", "web.yml:2: basic_auth_users.alice: expected a bcrypt hash"),
-    ("basic_auth_users:\n  # a comment\n  alice: $2y$10$tooshort\n",
-     "web.yml:3: basic_auth_users.alice: expected a bcrypt hash"),
-    ("basic_auth_users: [\n", "web.yml:2: invalid YAML"),
-    ("- a\n", "web.yml:1: web config must be a mapping"),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("tls_server_config:\n  cert_file: server.crt\n", "web.yml:1: tls_server_config.key_file is required"),
+        (
+            "tls_server_config:\n  cert_file: server.crt\n  key_file: server.crt\n",
+            "web.yml:2: tls_server_config: cannot load the certificate and key",
+        ),
+        (
+            "tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n  ciphers: x\n",
+            'web.yml:4: unsupported key "ciphers" in tls_server_config',
+        ),
+        (
+            "tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n  min_version: TLS99\n",
+            'web.yml:4: tls_server_config.min_version: unknown version "TLS99"',
+        ),
+        ("basic_auth_users:\n  alice: plaintext\n", "web.yml:2: basic_auth_users.alice: expected a bcrypt hash"),
+        (
+            "basic_auth_users:\n  # a comment\n  alice: $2y$10$tooshort\n",
+            "web.yml:3: basic_auth_users.alice: expected a bcrypt hash",
+        ),
+        ("basic_auth_users: [\n", "web.yml:2: invalid YAML"),
+        ("- a\n", "web.yml:1: web config must be a mapping"),
+    ],
+)
 def test_web_config_errors_are_one_line(tls_files, tmp_path, text, expected):
     web = tls_files / "web.yml"
     bad = tls_files / f"bad-{abs(hash(text))}.yml"  # next to the certificate, so relative names resolve
@@ -244,7 +291,7 @@ def test_web_config_errors_are_one_line(tls_files, tmp_path, text, expected):
         load_web_config(bad)
     message = str(caught.value)
     assert "\n" not in message
-    assert message.startswith(str(bad) + expected[len("web.yml"):]), message
+    assert message.startswith(str(bad) + expected[len("web.yml") :]), message
     assert web.exists()
 
 
@@ -254,9 +301,22 @@ def test_a_port_in_use_is_waited_for_by_the_daemon(tmp_path):
     blocker.listen()
     port = blocker.getsockname()[1]
     daemon = subprocess.Popen(
-        [sys.executable, "-m", "neuron_exporter", "serve", "--addr", "127.0.0.1", "--port", str(port),
-         "--spool-dir", str(tmp_path)], env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)},
-        stderr=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-m",
+            "neuron_exporter",
+            "serve",
+            "--addr",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--spool-dir",
+            str(tmp_path),
+        ],
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)},
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert "in use" in daemon.stderr.readline()
         assert daemon.poll() is None
@@ -270,6 +330,7 @@ def test_a_port_in_use_is_waited_for_by_the_daemon(tmp_path):
 
 
 # -- HTTP dialect: HEAD, health paths, content negotiation, limits -------------------------------------------
+
 
 def test_head_is_get_without_a_body(server):
     s = server()
@@ -296,12 +357,15 @@ def test_health_paths(server, path, text):
     assert headers["Content-Type"] == "text/plain; charset=utf-8"
 
 
-PROMETHEUS_ACCEPT = ("application/openmetrics-text;version=1.0.0;q=0.5,application/openmetrics-text;version=0.0.1;"
-                     "q=0.4,text/plain;version=0.0.4;q=0.3,*/*;q=0.2")  # what Prometheus 2.x sends
+PROMETHEUS_ACCEPT = (
+    "application/openmetrics-text;version=1.0.0;q=0.5,application/openmetrics-text;version=0.0.1;"
+    "q=0.4,text/plain;version=0.0.4;q=0.3,*/*;q=0.2"
+)  # what Prometheus 2.x sends
 
 
 def demo_registry():
     from prometheus_client import CollectorRegistry, Counter, Histogram
+
     registry = CollectorRegistry()
     Counter("demo_steps", "Steps ended", ["rank"], registry=registry).labels("0").inc(3)
     Histogram("demo_step_seconds", "Step time", registry=registry).observe(0.2)
@@ -343,13 +407,16 @@ def raw_exchange(port: int, data: bytes) -> bytes:
     return b"".join(chunks)
 
 
-@pytest.mark.parametrize("request_head, status", [
-    (b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 20000 + b"\r\n\r\n", b"431"),
-    (b"GET /metrics HTTP/1.1\r\n" + b"X-Many: 1\r\n" * 101 + b"\r\n", b"431"),
-    (b"GET /metrics\r\n\r\n", b"400"),
-    (b"GET /metrics HTTP/1.1\r\n bad header\r\n\r\n", b"400"),
-    (b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03\r\n\r\n", b"400"),  # binary junk
-])
+@pytest.mark.parametrize(
+    "request_head, status",
+    [
+        (b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 20000 + b"\r\n\r\n", b"431"),
+        (b"GET /metrics HTTP/1.1\r\n" + b"X-Many: 1\r\n" * 101 + b"\r\n", b"431"),
+        (b"GET /metrics\r\n\r\n", b"400"),
+        (b"GET /metrics HTTP/1.1\r\n bad header\r\n\r\n", b"400"),
+        (b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03\r\n\r\n", b"400"),  # binary junk
+    ],
+)
 def test_malformed_or_oversized_request_heads(server, request_head, status):
     s = server()
     reply = raw_exchange(s.port, request_head)
@@ -360,7 +427,10 @@ def test_malformed_or_oversized_request_heads(server, request_head, status):
 
 def test_pipelined_requests_are_answered_in_order(server):
     s = server()
-    reply = raw_exchange(s.port, b"GET /-/healthy HTTP/1.1\r\nHost: x\r\n\r\nHEAD /metrics HTTP/1.1\r\nHost: x\r\n\r\n"
-                                 b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    reply = raw_exchange(
+        s.port,
+        b"GET /-/healthy HTTP/1.1\r\nHost: x\r\n\r\nHEAD /metrics HTTP/1.1\r\nHost: x\r\n\r\n"
+        b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    )
     assert reply.count(b"HTTP/1.1 200 OK") == 3
     assert reply.index(b"Healthy") < reply.index(b"demo_total") and reply.endswith(BODY)

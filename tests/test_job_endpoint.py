@@ -43,8 +43,11 @@ def test_the_node_view_is_served_by_a_process_of_its_own_that_ends_with_the_trai
         assert "job_endpoint" in " ".join(endpoint.cmdline())
         run.process.kill()  # no detach, no atexit: the endpoint process must notice by itself
         run.process.wait()
-        wait_until(lambda: not endpoint.is_running() or endpoint.status() == psutil.STATUS_ZOMBIE, timeout=30,
-                   what="the endpoint process to end after the training process")
+        wait_until(
+            lambda: not endpoint.is_running() or endpoint.status() == psutil.STATUS_ZOMBIE,
+            timeout=30,
+            what="the endpoint process to end after the training process",
+        )
         wait_until(lambda: port_is_free(port), timeout=30, what="the port to be free")
 
 
@@ -55,13 +58,19 @@ def test_detach_stops_the_endpoint_process(tmp_path):
         "endpoint, port = psutil.Process().children(), handle.port\n"
         "neuron_exporter.detach()\n"
         "print(json.dumps({'children': [p.pid for p in endpoint], 'left': [p.pid for p in psutil.Process().children()],"
-        " 'port': port}))\n")
+        " 'port': port}))\n"
+    )
     import json
     import subprocess
     import sys
 
-    result = subprocess.run([sys.executable, "-c", code, str(tmp_path / "spool")], env=xla_env(), capture_output=True,
-                            text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "spool")],
+        env=xla_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     seen = json.loads(result.stdout.splitlines()[-1])
     assert len(seen["children"]) == 1 and seen["left"] == []
@@ -71,15 +80,19 @@ def test_detach_stops_the_endpoint_process(tmp_path):
 def test_a_spool_over_its_budget_is_served_in_part_and_counted_in_one_line(tmp_path, caplog):
     with Writer(tmp_path, "0-5", "--steps", "4", "--ops", "20"):
         sizes = sorted(path.stat().st_size for path in tmp_path.glob("rank-*.prom"))
-        options = resolve_options(env={}, overrides={"spool_dir": str(tmp_path),
-                                                     "spool_max_total_bytes": 4 * sizes[-1] + sizes[-1] // 2})
+        options = resolve_options(
+            env={}, overrides={"spool_dir": str(tmp_path), "spool_max_total_bytes": 4 * sizes[-1] + sizes[-1] // 2}
+        )
         view = NodeView(options)
         with caplog.at_level(logging.WARNING, logger="neuron_exporter"):
             first = view.render().decode()
             second = view.render().decode()
     for text in (first, second):
-        assert sorted(labels["rank"] for (name, labels) in map(lambda k: (k[0], dict(k[1])), samples(text))
-                      if name == "xla_steps_total") == ["0", "1", "2", "3"]  # in the order of ranks
+        assert sorted(
+            labels["rank"]
+            for (name, labels) in ((k[0], dict(k[1])) for k in samples(text))
+            if name == "xla_steps_total"
+        ) == ["0", "1", "2", "3"]  # in the order of ranks
         assert value(text, "neuron_exporter_spool_rejected_files", reason="over_budget") == 2
         assert value(text, "neuron_exporter_ranks") == 4
     budget_lines = [r for r in caplog.records if "spool_max_total_bytes" in r.getMessage()]
@@ -88,8 +101,11 @@ def test_a_spool_over_its_budget_is_served_in_part_and_counted_in_one_line(tmp_p
 
 def test_a_spool_over_its_file_budget_is_served_in_part(tmp_path):
     with Writer(tmp_path, "0-4", "--steps", "4"):
-        text = NodeView(resolve_options(env={}, overrides={"spool_dir": str(tmp_path),
-                                                           "spool_max_files": 3})).render().decode()
+        text = (
+            NodeView(resolve_options(env={}, overrides={"spool_dir": str(tmp_path), "spool_max_files": 3}))
+            .render()
+            .decode()
+        )
     assert value(text, "neuron_exporter_ranks") == 3
     assert value(text, "neuron_exporter_spool_rejected_files", reason="over_budget") == 2
     assert total(text, "xla_steps_total") == 12
@@ -98,8 +114,10 @@ def test_a_spool_over_its_file_budget_is_served_in_part(tmp_path):
 def test_an_unchanged_file_is_not_read_again_and_a_rewrite_of_values_is_served(tmp_path):
     with Writer(tmp_path, "0", "--steps", "4", "--rewrite", "0.05"):
         view = NodeView(resolve_options(env={}, overrides={"spool_dir": str(tmp_path)}))
-        wait_until(lambda: value(view.render().decode(), "xla_steps_total", rank="0") >= 6,
-                   what="rewritten values to be served")
+        wait_until(
+            lambda: value(view.render().decode(), "xla_steps_total", rank="0") >= 6,
+            what="rewritten values to be served",
+        )
     final = view.render().decode()
     reads = []
     original = view._reader._read
@@ -172,14 +190,21 @@ def test_an_endpoint_process_that_cannot_start_leaves_the_rank_serving_itself(tm
         "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
         "model(torch.randn(2, 4, device=torch_xla.device())).sum().backward(); optimizer.step(); torch_xla.sync()\n"
         "print('trained', flush=True)\n"
-        "sys.stdin.read()\n")
+        "sys.stdin.read()\n"
+    )
     import os
     import subprocess
     import sys
 
     env = xla_env(PYTHONPATH=os.pathsep.join([str(broken), xla_env()["PYTHONPATH"]]))
-    process = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "spool"), str(port)], env=env,
-                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [sys.executable, "-c", code, str(tmp_path / "spool"), str(port)],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert process.stdout.readline().strip() == "trained"
         url = f"http://127.0.0.1:{port}/metrics"
@@ -206,13 +231,17 @@ def test_a_rewrite_is_checked_in_full_unless_only_values_changed():
 
     from neuron_exporter.node.exposition_check import ExpositionError, recheck
 
-    good = (b'# HELP xla_steps_total Steps\n# TYPE xla_steps_total counter\n'
-            b'xla_steps_total{local_rank="0",rank="0",run_id="r"} 1.0\n')
+    good = (
+        b"# HELP xla_steps_total Steps\n# TYPE xla_steps_total counter\n"
+        b'xla_steps_total{local_rank="0",rank="0",run_id="r"} 1.0\n'
+    )
     first = recheck(good, None, "0", "0", "r")
     assert recheck(good.replace(b" 1.0\n", b" 2.0\n"), first, "0", "0", "r").text.endswith(b" 2.0\n")
-    for bad in (good.replace(b" 1.0\n", b" two\n"),  # a value that is no number
-                good.replace(b'rank="0"', b'rank="1"'),  # another rank's series, same shape
-                good.replace(b" 1.0\n", b" 1.0 1000\n"),  # a timestamp
-                good.replace(b"HELP xla_steps_total Steps", b"HELP xla_steps_total Steps\\q")):  # a bad escape
+    for bad in (
+        good.replace(b" 1.0\n", b" two\n"),  # a value that is no number
+        good.replace(b'rank="0"', b'rank="1"'),  # another rank's series, same shape
+        good.replace(b" 1.0\n", b" 1.0 1000\n"),  # a timestamp
+        good.replace(b"HELP xla_steps_total Steps", b"HELP xla_steps_total Steps\\q"),
+    ):  # a bad escape
         with _pytest.raises(ExpositionError):
             recheck(bad, first, "0", "0", "r")

@@ -21,10 +21,19 @@ STEPS = 5
 
 def launch(tmp_path, placement: str, start_method: str):
     spool, port = tmp_path / "spool", free_port()
-    env = xla_env(NEURON_EXPORTER_PORT=str(port), NEURON_EXPORTER_ADDR="127.0.0.1",
-                  NEURON_EXPORTER_SPOOL_DIR=str(spool), NEURON_EXPORTER_SPOOL_INTERVAL_SECONDS="0.1")
-    process = subprocess.Popen([sys.executable, str(SCRIPTS / "launched.py"), placement, start_method, str(STEPS),
-                                str(tmp_path)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    env = xla_env(
+        NEURON_EXPORTER_PORT=str(port),
+        NEURON_EXPORTER_ADDR="127.0.0.1",
+        NEURON_EXPORTER_SPOOL_DIR=str(spool),
+        NEURON_EXPORTER_SPOOL_INTERVAL_SECONDS="0.1",
+    )
+    process = subprocess.Popen(
+        [sys.executable, str(SCRIPTS / "launched.py"), placement, start_method, str(STEPS), str(tmp_path)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     return process, spool, f"http://127.0.0.1:{port}/metrics"
 
 
@@ -70,8 +79,10 @@ def test_a_killed_worker_is_dead(tmp_path):
     process, spool, _ = launch(tmp_path, "main", "spawn")
     try:
         pid = trained_pid(tmp_path)
-        wait_until(lambda: list(spool.glob("rank-0.*.prom")) and read_rank_file(only_rank_file(spool, "0")).meta.pid
-                   == pid, what="the worker's report")
+        wait_until(
+            lambda: list(spool.glob("rank-0.*.prom")) and read_rank_file(only_rank_file(spool, "0")).meta.pid == pid,
+            what="the worker's report",
+        )
         os.kill(pid, signal.SIGKILL)
         wait_until(lambda: node_state(spool) == "dead", what="the killed worker to be seen dead")
         assert not read_rank_file(only_rank_file(spool, "0")).meta.finished

@@ -33,7 +33,7 @@ def imported_modules(path: Path, root: Path = PACKAGE) -> set[str]:
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
-            base = package[:len(package) - node.level + 1] if node.level else []
+            base = package[: len(package) - node.level + 1] if node.level else []
             module = ".".join(base + ([node.module] if node.module else []))
             names.add(module)
             names.update(f"{module}.{alias.name}" for alias in node.names)  # from . import explain
@@ -71,14 +71,17 @@ def test_the_package_keeps_its_import_rules():
     assert violations() == []
 
 
-@pytest.mark.parametrize("folder, line", [
-    ("training", "from ..reports import explain"),
-    ("training", "from ..reports.explain import explain"),
-    ("node", "from ..training.rank import rank_labels"),
-    ("node", "import neuron_exporter.training.attach"),
-    ("web", "from ..node import spool"),
-    ("reports", "from ..web.http_server import MetricsServer"),
-])
+@pytest.mark.parametrize(
+    "folder, line",
+    [
+        ("training", "from ..reports import explain"),
+        ("training", "from ..reports.explain import explain"),
+        ("node", "from ..training.rank import rank_labels"),
+        ("node", "import neuron_exporter.training.attach"),
+        ("web", "from ..node import spool"),
+        ("reports", "from ..web.http_server import MetricsServer"),
+    ],
+)
 def test_a_forbidden_import_is_caught(tmp_path, folder, line):
     copy = tmp_path / "neuron_exporter"
     for path in PACKAGE.rglob("*.py"):

@@ -41,8 +41,13 @@ def try_scrape(url: str) -> str | None:
 
 
 def rank_env(spool: Path, port: int, **extra: str) -> dict[str, str]:
-    return xla_env(NEURON_EXPORTER_SPOOL_DIR=str(spool), NEURON_EXPORTER_PORT=str(port),
-                   NEURON_EXPORTER_ADDR="127.0.0.1", NEURON_EXPORTER_SPOOL_INTERVAL_SECONDS="0.2", **extra)
+    return xla_env(
+        NEURON_EXPORTER_SPOOL_DIR=str(spool),
+        NEURON_EXPORTER_PORT=str(port),
+        NEURON_EXPORTER_ADDR="127.0.0.1",
+        NEURON_EXPORTER_SPOOL_INTERVAL_SECONDS="0.2",
+        **extra,
+    )
 
 
 class Run:
@@ -54,23 +59,33 @@ class Run:
         self.logs = []
         self.processes = []
         if torchrun:
-            self._start(tmp_path / "torchrun.log", [str(TORCHRUN), "--standalone", "--nproc-per-node", "2",
-                                                   str(SCRIPT), str(self.control), *args], env)
+            self._start(
+                tmp_path / "torchrun.log",
+                [str(TORCHRUN), "--standalone", "--nproc-per-node", "2", str(SCRIPT), str(self.control), *args],
+                env,
+            )
         else:
             for rank in (0, 1):
-                rank_vars = dict(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2")
-                self._start(tmp_path / f"rank{rank}.log", [sys.executable, str(SCRIPT), str(self.control), *args],
-                            {**env, **rank_vars})
+                rank_vars = {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
+                self._start(
+                    tmp_path / f"rank{rank}.log",
+                    [sys.executable, str(SCRIPT), str(self.control), *args],
+                    {**env, **rank_vars},
+                )
 
     def _start(self, log: Path, command: list[str], env: dict[str, str]) -> None:
         self.logs.append(log)
         with open(log, "w") as out:
-            self.processes.append(subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                                   start_new_session=True))
+            self.processes.append(
+                subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            )
 
     def wait_stepped(self) -> None:
-        wait_until(lambda: all((self.control / f"stepped-{r}").exists() for r in (0, 1)) or self._failed(),
-                   timeout=START_TIMEOUT, what="both ranks to run their first steps")
+        wait_until(
+            lambda: all((self.control / f"stepped-{r}").exists() for r in (0, 1)) or self._failed(),
+            timeout=START_TIMEOUT,
+            what="both ranks to run their first steps",
+        )
         assert not self._failed(), self.output()
 
     def pid(self, rank: int) -> int:
@@ -83,8 +98,9 @@ class Run:
         """Wait for the launch to end; every process must exit 0. Returns {rank: steps} the ranks printed."""
         for process in self.processes:
             process.wait(timeout=timeout)
-        assert [p.returncode for p in self.processes if p.returncode != -signal.SIGKILL] == \
-               [0] * len([p for p in self.processes if p.returncode != -signal.SIGKILL]), self.output()
+        assert [p.returncode for p in self.processes if p.returncode != -signal.SIGKILL] == [0] * len(
+            [p for p in self.processes if p.returncode != -signal.SIGKILL]
+        ), self.output()
         return {d["rank"]: d["steps"] for d in map(json.loads, re.findall(r'\{"rank".*\}', self.output()))}
 
     def _failed(self) -> bool:
@@ -107,11 +123,26 @@ class Daemon:
         self.log = tmp_path / f"daemon-{port}-{len(list(tmp_path.glob('daemon-*.log')))}.log"
         with open(self.log, "w") as out:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "neuron_exporter", "serve", "--addr", "127.0.0.1", "--port", str(port),
-                 "--spool-dir", str(spool)],
-                env={"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT)}, stderr=out)
-        found = wait_until(lambda: re.search(r"listening on (\S+)", self.log.read_text()) or self.process.poll(),
-                           timeout=60, what="the daemon to listen")
+                [
+                    sys.executable,
+                    "-m",
+                    "neuron_exporter",
+                    "serve",
+                    "--addr",
+                    "127.0.0.1",
+                    "--port",
+                    str(port),
+                    "--spool-dir",
+                    str(spool),
+                ],
+                env={"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT)},
+                stderr=out,
+            )
+        found = wait_until(
+            lambda: re.search(r"listening on (\S+)", self.log.read_text()) or self.process.poll(),
+            timeout=60,
+            what="the daemon to listen",
+        )
         assert self.process.poll() is None, self.log.read_text()
         self.url = found.group(1)
         self.port = int(self.url.split(":")[2].split("/")[0])
@@ -134,6 +165,7 @@ def cleanup():
 
 def shows(url: str, **steps_by_rank: float):
     """The exposition at ``url`` once it shows at least these xla_steps_total per rank (keys r0, r1)."""
+
     def check():
         text = try_scrape(url)
         if text is None:
@@ -143,14 +175,18 @@ def shows(url: str, **steps_by_rank: float):
             if seen is None or seen < steps:
                 return None
         return text
+
     return check
 
 
 def counters(text: str) -> dict[tuple[str, frozenset], float]:
     """Every sample of a counter or histogram family: the values that must never go down."""
-    return {(s.name, frozenset(s.labels.items())): s.value
-            for f in text_string_to_metric_families(text) if f.type in ("counter", "histogram")
-            for s in f.samples}
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for f in text_string_to_metric_families(text)
+        if f.type in ("counter", "histogram")
+        for s in f.samples
+    }
 
 
 def test_one_url_shows_both_ranks_without_a_daemon(tmp_path, cleanup):
@@ -233,8 +269,11 @@ def test_restarting_the_daemon_loses_nothing(tmp_path, cleanup):
     assert any(name == "xla_steps_total" for name, _ in old)
     # Every rank's counter is at least where it was; the daemon's own process_* counters start again, as any
     # restarted process's do.
-    lost = {key: (v, new.get(key)) for key, v in old.items()
-            if not key[0].startswith("process_") and (new.get(key) is None or new[key] < v)}
+    lost = {
+        key: (v, new.get(key))
+        for key, v in old.items()
+        if not key[0].startswith("process_") and (new.get(key) is None or new[key] < v)
+    }
     assert lost == {}
     run.release()
     run.finish()

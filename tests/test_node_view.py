@@ -9,13 +9,12 @@ import time
 import pytest
 from conftest import rank_file, samples, value
 from prometheus_client.parser import text_string_to_metric_families
+from scripts.spool_writer import rank_exposition
 from spool_helpers import Writer
 
 from neuron_exporter.config import resolve_options
 from neuron_exporter.node.node_view import NodeView, merge_expositions
 from neuron_exporter.node.spool import RankMeta
-
-from scripts.spool_writer import rank_exposition
 
 
 def view(spool_dir, **options) -> NodeView:
@@ -28,8 +27,9 @@ def age(path, seconds: float) -> None:
 
 
 def state_of(text: str, rank: str) -> str | None:
-    states = [s for s in ("running", "hung", "dead")
-              if value(text, "neuron_exporter_rank_state", rank=rank, state=s) == 1.0]
+    states = [
+        s for s in ("running", "hung", "dead") if value(text, "neuron_exporter_rank_state", rank=rank, state=s) == 1.0
+    ]
     assert len(states) <= 1
     return states[0] if states else None
 
@@ -54,11 +54,13 @@ def test_merge_keeps_one_header_per_family_and_every_sample():
 
 
 def test_merge_takes_the_header_from_the_first_and_samples_from_all():
-    a = b"# HELP x_total first help\n# TYPE x_total counter\nx_total{rank=\"0\"} 1.0\n"
-    b = b"# HELP x_total other help\n# TYPE x_total counter\nx_total{rank=\"1\"} 2.0\n# HELP y a\n# TYPE y gauge\ny 1.0\n"
-    assert merge_expositions([a, b]) == (b"# HELP x_total first help\n# TYPE x_total counter\n"
-                                         b"x_total{rank=\"0\"} 1.0\nx_total{rank=\"1\"} 2.0\n"
-                                         b"# HELP y a\n# TYPE y gauge\ny 1.0\n")
+    a = b'# HELP x_total first help\n# TYPE x_total counter\nx_total{rank="0"} 1.0\n'
+    b = b'# HELP x_total other help\n# TYPE x_total counter\nx_total{rank="1"} 2.0\n# HELP y a\n# TYPE y gauge\ny 1.0\n'
+    assert merge_expositions([a, b]) == (
+        b"# HELP x_total first help\n# TYPE x_total counter\n"
+        b'x_total{rank="0"} 1.0\nx_total{rank="1"} 2.0\n'
+        b"# HELP y a\n# TYPE y gauge\ny 1.0\n"
+    )
 
 
 def test_every_live_rank_is_served_and_running(tmp_path):
@@ -71,8 +73,11 @@ def test_every_live_rank_is_served_and_running(tmp_path):
         assert abs(value(text, "neuron_exporter_rank_last_report_timestamp_seconds", rank=rank) - time.time()) < 300
     assert value(text, "neuron_exporter_ranks") == 4
     assert value(text, "neuron_exporter_host_memory_total_bytes") > 0
-    assert 0 < value(text, "neuron_exporter_host_memory_available_bytes") <= value(
-        text, "neuron_exporter_host_memory_total_bytes")
+    assert (
+        0
+        < value(text, "neuron_exporter_host_memory_available_bytes")
+        <= value(text, "neuron_exporter_host_memory_total_bytes")
+    )
     assert value(text, "neuron_exporter_host_cpu_seconds_total", mode="idle") > 0
     promtool_check(text)
 

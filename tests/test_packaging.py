@@ -52,8 +52,18 @@ def venv(dist, tmp_path_factory) -> Path:
     venv = tmp_path_factory.mktemp("venv")
     run(sys.executable, "-m", "venv", "--without-pip", venv)
     pins = [f"{name}=={importlib.metadata.version(name)}" for name in DEPENDENCIES]
-    run(sys.executable, "-m", "pip", "--python", venv / "bin" / "python", "install", "--quiet", "--no-deps",
-        dist["wheel"], *pins)
+    run(
+        sys.executable,
+        "-m",
+        "pip",
+        "--python",
+        venv / "bin" / "python",
+        "install",
+        "--quiet",
+        "--no-deps",
+        dist["wheel"],
+        *pins,
+    )
     return venv
 
 
@@ -63,8 +73,14 @@ def cli(venv, tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "NEURON_EXPORTER_"))}
 
     def call(*args, program: str = "neuron-exporter", check: bool = True, **extra_env):
-        result = subprocess.run([str(venv / "bin" / program), *map(str, args)], capture_output=True, text=True,
-                                cwd=tmp_path, env={**env, **extra_env}, timeout=120)
+        result = subprocess.run(
+            [str(venv / "bin" / program), *map(str, args)],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            env={**env, **extra_env},
+            timeout=120,
+        )
         if check:
             assert result.returncode == 0, f"{args}: {result.stderr[-3000:]}"
         return result
@@ -85,14 +101,19 @@ def test_the_wheel_holds_every_module_the_assets_and_the_metadata(dist):
         info = f"neuron_exporter-{__version__}.dist-info"
         metadata = wheel.read(f"{info}/METADATA").decode()
     assert source_modules() <= names
-    assert {"neuron_exporter/py.typed", "neuron_exporter_autostart.pth",
-            "neuron_exporter/training/autostart_path/sitecustomize.py", f"{info}/licenses/LICENSE",
-            "neuron_exporter/deploy/prometheus/runbook.md", "neuron_exporter/deploy/systemd/neuron-exporter.service",
-            "neuron_exporter/deploy/kubernetes/daemonset/daemonset.yaml",
-            *(f"neuron_exporter/dashboards/{name}" for name in COMMITTED_DASHBOARDS),
-            *(f"neuron_exporter/deploy/prometheus/rules/{name}" for name in COMMITTED_RULES)} <= names
+    assert {
+        "neuron_exporter/py.typed",
+        "neuron_exporter_autostart.pth",
+        "neuron_exporter/training/autostart_path/sitecustomize.py",
+        f"{info}/licenses/LICENSE",
+        "neuron_exporter/deploy/prometheus/runbook.md",
+        "neuron_exporter/deploy/systemd/neuron-exporter.service",
+        "neuron_exporter/deploy/kubernetes/daemonset/daemonset.yaml",
+        *(f"neuron_exporter/dashboards/{name}" for name in COMMITTED_DASHBOARDS),
+        *(f"neuron_exporter/deploy/prometheus/rules/{name}" for name in COMMITTED_RULES),
+    } <= names
     assert not [name for name in names if "__pycache__" in name or name.startswith(("tests/", "deploy/"))]
-    headers = [line for line in metadata.split("\n\n")[0].splitlines()]
+    headers = list(metadata.split("\n\n")[0].splitlines())
     assert f"Version: {__version__}" in headers
     assert "Requires-Python: >=3.10" in headers
     assert "License-Expression: Apache-2.0" in headers
@@ -104,10 +125,24 @@ def test_the_wheel_holds_every_module_the_assets_and_the_metadata(dist):
 def test_the_sdist_holds_what_the_wheel_is_built_from_and_the_tests(dist):
     with tarfile.open(dist["sdist"]) as sdist:
         names = {name.partition("/")[2] for name in sdist.getnames()}
-    assert {"pyproject.toml", "setup.py", "MANIFEST.in", "LICENSE", "README.md", "CHANGELOG.md", "Makefile",
-            "tests/conftest.py", "tests/test_packaging.py", "tests/scripts/spool_writer.py", "examples/demo.py",
-            "deploy/Dockerfile", "deploy/PROTOCOL.md", "deploy/prometheus/rules/tests/xla-alerts.yml",
-            "dashboards/build.py", *(f"dashboards/{name}" for name in COMMITTED_DASHBOARDS)} <= names
+    assert {
+        "pyproject.toml",
+        "setup.py",
+        "MANIFEST.in",
+        "LICENSE",
+        "README.md",
+        "CHANGELOG.md",
+        "Makefile",
+        "tests/conftest.py",
+        "tests/test_packaging.py",
+        "tests/scripts/spool_writer.py",
+        "examples/demo.py",
+        "deploy/Dockerfile",
+        "deploy/PROTOCOL.md",
+        "deploy/prometheus/rules/tests/xla-alerts.yml",
+        "dashboards/build.py",
+        *(f"dashboards/{name}" for name in COMMITTED_DASHBOARDS),
+    } <= names
     assert {path.relative_to(ROOT).as_posix() for path in (ROOT / "neuron_exporter").rglob("*.py")} <= names
     assert not [name for name in names if "__pycache__" in name or name.startswith((".venv", ".git"))]
 
@@ -151,16 +186,29 @@ def committed_groups() -> list[dict]:
 
 def test_plain_assets_are_the_committed_files(cli, tmp_path):
     files = assets(cli, tmp_path, "plain")
-    assert {name.removeprefix("dashboards/"): text for name, text in files.items()
-            if name.startswith("dashboards/")} == COMMITTED_DASHBOARDS
-    assert {name.removeprefix("prometheus/rules/"): text for name, text in files.items()
-            if name.startswith("prometheus/rules/")} == COMMITTED_RULES
-    for name in ("prometheus/runbook.md", "prometheus/prometheus.yml", "systemd/neuron-exporter.service",
-                 "systemd/exporter.yaml", "kubernetes/daemonset/daemonset.yaml", "kubernetes/sidecar/training-job.yaml"):
+    assert {
+        name.removeprefix("dashboards/"): text for name, text in files.items() if name.startswith("dashboards/")
+    } == COMMITTED_DASHBOARDS
+    assert {
+        name.removeprefix("prometheus/rules/"): text
+        for name, text in files.items()
+        if name.startswith("prometheus/rules/")
+    } == COMMITTED_RULES
+    for name in (
+        "prometheus/runbook.md",
+        "prometheus/prometheus.yml",
+        "systemd/neuron-exporter.service",
+        "systemd/exporter.yaml",
+        "kubernetes/daemonset/daemonset.yaml",
+        "kubernetes/sidecar/training-job.yaml",
+    ):
         assert files[name] == (ROOT / "deploy" / name).read_text(), name
     promtool_check_rules(*(tmp_path / "plain" / "prometheus" / "rules" / name for name in COMMITTED_RULES))
-    check = subprocess.run([PROMTOOL, "check", "config", str(tmp_path / "plain" / "prometheus" / "prometheus.yml")],
-                           capture_output=True, text=True)
+    check = subprocess.run(
+        [PROMTOOL, "check", "config", str(tmp_path / "plain" / "prometheus" / "prometheus.yml")],
+        capture_output=True,
+        text=True,
+    )
     assert check.returncode == 0, check.stdout + check.stderr
 
 
@@ -190,8 +238,9 @@ def test_configmaps_for_grafanas_dashboard_sidecar(cli, tmp_path):
 
 def test_the_mixin_layout(cli, tmp_path):
     files = assets(cli, tmp_path, "mixin")
-    assert {name.removeprefix("dashboards_out/"): text for name, text in files.items()
-            if name.startswith("dashboards_out/")} == COMMITTED_DASHBOARDS
+    assert {
+        name.removeprefix("dashboards_out/"): text for name, text in files.items() if name.startswith("dashboards_out/")
+    } == COMMITTED_DASHBOARDS
     alerts = yaml.safe_load(files["prometheus_alerts.yaml"])["groups"]
     recording = yaml.safe_load(files["prometheus_rules.yaml"])["groups"]
     assert all("alert" in rule for group in alerts for rule in group["rules"])

@@ -11,17 +11,26 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT, samples, value, xla_env
 
 FIXTURES = Path(__file__).parent / "fixtures" / "reports"
-REPORTS = sorted(FIXTURES.glob("*.report.txt")) + sorted(FIXTURES.glob("*.short.txt")) + \
-    sorted(FIXTURES.glob("metrics_file.*.txt"))
+REPORTS = (
+    sorted(FIXTURES.glob("*.report.txt"))
+    + sorted(FIXTURES.glob("*.short.txt"))
+    + sorted(FIXTURES.glob("metrics_file.*.txt"))
+)
 
 
 def neuron_exporter(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "neuron_exporter", *args], input=stdin, capture_output=True,
-                          text=True, env=xla_env(), cwd=ROOT, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "neuron_exporter", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        env=xla_env(),
+        cwd=ROOT,
+        timeout=120,
+    )
 
 
 def truth(scenario: str) -> dict:
@@ -46,6 +55,7 @@ def fails(*args: str) -> str:
 
 # ----- parse
 
+
 def test_parse_fallback_report_to_prometheus():
     exposition = ok("parse", str(FIXTURES / "fallback.report.txt"), "--rank", "3")
     counters, metrics = truth("fallback")["counters"], truth("fallback")["metrics"]
@@ -57,16 +67,19 @@ def test_parse_fallback_report_to_prometheus():
     assert value(exposition, "xla_graph_cache_hits_total", **rank) == counters["CachedCompile"]
     assert value(exposition, "xla_graph_executions_total", **rank) == metrics["ExecuteTime"][0]
     assert value(exposition, "xla_device_to_host_transfers_total", **rank) == metrics["TransferFromDeviceTime"][0]
-    assert value(exposition, "xla_compile_seconds_total", **rank) == pytest.approx(metrics["CompileTime"][1] / 1e9,
-                                                                                   abs=1e-9)
+    assert value(exposition, "xla_compile_seconds_total", **rank) == pytest.approx(
+        metrics["CompileTime"][1] / 1e9, abs=1e-9
+    )
     assert value(exposition, "xla_host_scalar_reads_total", **rank) == 0
     assert all(dict(labels).get("rank") == "3" for _, labels in samples(exposition))
 
 
 def test_parse_counts_item_as_a_host_read_never_as_a_fallback():
     exposition = ok("parse", str(FIXTURES / "item.report.txt"))
-    assert value(exposition, "xla_host_scalar_reads_total", rank="0", local_rank="0") == \
-        truth("item")["counters"]["aten::_local_scalar_dense"]
+    assert (
+        value(exposition, "xla_host_scalar_reads_total", rank="0", local_rank="0")
+        == truth("item")["counters"]["aten::_local_scalar_dense"]
+    )
     assert not [key for key in samples(exposition) if "aten::_local_scalar_dense" in dict(key[1]).values()]
     assert not [key for key in samples(exposition) if key[0] == "xla_cpu_fallback_ops_total"]
 
@@ -74,8 +87,11 @@ def test_parse_counts_item_as_a_host_read_never_as_a_fallback():
 def test_parse_torchvision_operators_are_cpu_fallbacks():
     exposition = ok("parse", str(FIXTURES / "torchvision.report.txt"))
     counters = truth("torchvision")["counters"]
-    fallback = {dict(labels)["op"]: v for (name, labels), v in samples(exposition).items()
-                if name == "xla_cpu_fallback_ops_total"}
+    fallback = {
+        dict(labels)["op"]: v
+        for (name, labels), v in samples(exposition).items()
+        if name == "xla_cpu_fallback_ops_total"
+    }
     # torch_xla's own list of the operators it ran on the CPU, read in the same run
     assert set(fallback) == set(truth("torchvision")["executed_fallback_ops"])
     assert fallback == {name: counters[name] for name in fallback}
@@ -85,16 +101,21 @@ def test_parse_torchvision_operators_are_cpu_fallbacks():
 
 def test_parse_custom_operators_are_cpu_fallbacks(tmp_path):
     report = tmp_path / "report.txt"
-    report.write_text("Counter: MarkStep\n  Value: 4\nCounter: aten::_local_scalar_dense\n  Value: 4\n"
-                      "Counter: mylib::op\n  Value: 4\nCounter: xla::add\n  Value: 8\n")
-    found = {(name, tuple(sorted(dict(labels).items()))): v for (name, labels), v in
-             samples(ok("parse", str(report))).items()}
+    report.write_text(
+        "Counter: MarkStep\n  Value: 4\nCounter: aten::_local_scalar_dense\n  Value: 4\n"
+        "Counter: mylib::op\n  Value: 4\nCounter: xla::add\n  Value: 8\n"
+    )
+    found = {
+        (name, tuple(sorted(dict(labels).items()))): v
+        for (name, labels), v in samples(ok("parse", str(report))).items()
+    }
     rank = (("local_rank", "0"),)
     assert found[("xla_cpu_fallback_ops_total", rank + (("op", "mylib::op"), ("rank", "0")))] == 4
     assert found[("xla_lowered_ops_total", rank + (("op", "xla::add"), ("rank", "0")))] == 8
     assert found[("xla_host_scalar_reads_total", rank + (("rank", "0"),))] == 4
-    assert [key for key in found if key[0] == "xla_cpu_fallback_ops_total"] == \
-        [("xla_cpu_fallback_ops_total", rank + (("op", "mylib::op"), ("rank", "0")))]
+    assert [key for key in found if key[0] == "xla_cpu_fallback_ops_total"] == [
+        ("xla_cpu_fallback_ops_total", rank + (("op", "mylib::op"), ("rank", "0")))
+    ]
 
 
 @pytest.mark.parametrize("report", REPORTS, ids=lambda path: path.name)
@@ -102,8 +123,7 @@ def test_parse_output_passes_promtool(report):
     promtool = shutil.which("promtool")
     assert promtool, "promtool is needed (make test installs Prometheus)"
     exposition = ok("parse", str(report))
-    check = subprocess.run([promtool, "check", "metrics"], input=exposition, capture_output=True, text=True,
-                           timeout=60)
+    check = subprocess.run([promtool, "check", "metrics"], input=exposition, capture_output=True, text=True, timeout=60)
     assert (check.returncode, check.stdout, check.stderr) == (0, "", "")
 
 
@@ -139,6 +159,7 @@ def test_parse_reads_standard_input():
 
 
 # ----- explain
+
 
 def fallback_table(text: str) -> list[tuple[str, int]]:
     return [(name, int(count)) for name, count in re.findall(r"^\s+(\w+::\S+)\s+(\d+)\s+\(", text, re.MULTILINE)]
@@ -204,7 +225,7 @@ def test_explain_mix():
     # 2 .item() calls in 8 steps are too few for a finding of their own; they cut graphs, which is one
     expected = ["CPU fallback:", "Graph fragmentation:", "Compilations after the first steps:"]
     assert len(titles) == len(expected)
-    assert all(title.startswith(start) for title, start in zip(titles, expected)), titles
+    assert all(title.startswith(start) for title, start in zip(titles, expected, strict=False)), titles
     assert "The report has the CPU fallback operators above and .item() calls" in text
 
 
@@ -224,6 +245,7 @@ def test_explain_counts_the_steps_of_a_dump_by_its_reports():
 
 # ----- errors: one line, exit code 2
 
+
 @pytest.mark.parametrize("command", ["parse", "explain"])
 def test_missing_file(command, tmp_path):
     missing = tmp_path / "nope.txt"
@@ -235,7 +257,9 @@ def test_unreadable_files(command, tmp_path):
     assert fails(command, str(tmp_path)) == f"neuron-exporter: error: {tmp_path}: is a directory, not a report file\n"
     binary = tmp_path / "report.bin"
     binary.write_bytes(b"Metric: x\n\xff\xfe")
-    assert fails(command, str(binary)) == f"neuron-exporter: error: {binary}: not a text report (byte 10 is not UTF-8)\n"
+    assert (
+        fails(command, str(binary)) == f"neuron-exporter: error: {binary}: not a text report (byte 10 is not UTF-8)\n"
+    )
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root reads any file")
@@ -252,28 +276,37 @@ def test_malformed_report(command, tmp_path):
     report = tmp_path / "report.txt"
     report.write_text("".join(lines[:3]))  # Metric, TotalSamples, Accumulator: cut before the Percentiles
     name = lines[0].split(": ")[1].strip()
-    assert fails(command, str(report)) == (f'neuron-exporter: error: {report}:1: Metric block "{name}" is truncated: '
-                                           f'the text ends before "  Percentiles: <p>%=<value>; ..."\n')
+    assert fails(command, str(report)) == (
+        f'neuron-exporter: error: {report}:1: Metric block "{name}" is truncated: '
+        f'the text ends before "  Percentiles: <p>%=<value>; ..."\n'
+    )
 
 
 def test_empty_report(tmp_path):
     report = tmp_path / "empty.txt"
     report.write_text("")
-    assert fails("explain", str(report)) == (f'neuron-exporter: error: {report}:1: no report here: the text has no '
-                                             f'"Metric: <name>" or "Counter: <name>" block\n')
+    assert fails("explain", str(report)) == (
+        f"neuron-exporter: error: {report}:1: no report here: the text has no "
+        f'"Metric: <name>" or "Counter: <name>" block\n'
+    )
 
 
 def test_bad_rank():
     result = neuron_exporter("parse", "--rank", "first", str(FIXTURES / "plain.report.txt"))
     assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert result.stderr.splitlines()[-1] == \
-        'neuron-exporter parse: error: argument --rank: "first" is not a rank (a whole number such as 0)'
+    assert (
+        result.stderr.splitlines()[-1]
+        == 'neuron-exporter parse: error: argument --rank: "first" is not a rank (a whole number such as 0)'
+    )
 
 
-@pytest.mark.parametrize("command, words", [
-    ("parse", ["REPORT", "--format {prometheus,json}", "--rank", "XLA_METRICS_FILE", "exit status"]),
-    ("explain", ["REPORT", "fall back to the CPU", "Nothing wrong found", "XLA_METRICS_FILE", "exit status"]),
-])
+@pytest.mark.parametrize(
+    "command, words",
+    [
+        ("parse", ["REPORT", "--format {prometheus,json}", "--rank", "XLA_METRICS_FILE", "exit status"]),
+        ("explain", ["REPORT", "fall back to the CPU", "Nothing wrong found", "XLA_METRICS_FILE", "exit status"]),
+    ],
+)
 def test_help(command, words):
     text = ok(command, "--help")
     assert text.startswith(f"usage: neuron-exporter {command} ")

@@ -28,8 +28,10 @@ def parse_error(text: str) -> ReportParseError:
 
 def report(metric: tuple[str, str] = ("2", "4.00"), counter: str = "7", percentiles: str = "50%=4.00") -> str:
     total_samples, accumulator = metric
-    return (f"Metric: InputOutputAliasCount\n  TotalSamples: {total_samples}\n  Accumulator: {accumulator}\n"
-            f"  Percentiles: {percentiles}\nCounter: MarkStep\n  Value: {counter}\n")
+    return (
+        f"Metric: InputOutputAliasCount\n  TotalSamples: {total_samples}\n  Accumulator: {accumulator}\n"
+        f"  Percentiles: {percentiles}\nCounter: MarkStep\n  Value: {counter}\n"
+    )
 
 
 def test_the_helper_report_is_valid():
@@ -48,11 +50,14 @@ def test_no_real_report_holds_a_negative_or_unbounded_value(path):
 
 # ----- counts: whole, not negative, 64-bit
 
+
 @pytest.mark.parametrize("text", ["-1", "-0"])
 def test_negative_counts(text):
     error = parse_error(report(counter=text))
-    assert error.line == 6 and error.problem == f'bad Value of counter "MarkStep": "{text}" is negative, and a count ' \
-                                                 f'cannot be'
+    assert (
+        error.line == 6
+        and error.problem == f'bad Value of counter "MarkStep": "{text}" is negative, and a count cannot be'
+    )
     error = parse_error(report(metric=(text, "4.00")))
     assert error.line == 2 and "is negative" in error.problem
 
@@ -67,9 +72,9 @@ def test_counts_with_too_many_digits(digits):
 
 
 def test_the_largest_counts():
-    assert parse_report(report(counter=str(2 ** 64 - 1))).counters["MarkStep"] == 2 ** 64 - 1
-    assert parse_report(report(counter="000" + str(2 ** 64 - 1))).counters["MarkStep"] == 2 ** 64 - 1
-    assert "too large" in parse_error(report(counter=str(2 ** 64))).problem
+    assert parse_report(report(counter=str(2**64 - 1))).counters["MarkStep"] == 2**64 - 1
+    assert parse_report(report(counter="000" + str(2**64 - 1))).counters["MarkStep"] == 2**64 - 1
+    assert "too large" in parse_error(report(counter=str(2**64))).problem
     assert parse_report(report(counter="0" * 5000 + "3")).counters["MarkStep"] == 3
 
 
@@ -86,22 +91,32 @@ def test_step_with_too_many_digits():
 
 # ----- accumulators: exported as counters, so finite and not negative
 
+
 @pytest.mark.parametrize("accumulator", ["-3.00", "-0.00", "-1.00KB", "-0.00B"])
 def test_negative_accumulators(accumulator):
     error = parse_error(report(metric=("2", accumulator)))
     assert error.line == 3
-    assert error.problem == (f'bad Accumulator of metric "InputOutputAliasCount": "{accumulator}" is negative, and a '
-                             f'sum of times, sizes or counts cannot be')
+    assert error.problem == (
+        f'bad Accumulator of metric "InputOutputAliasCount": "{accumulator}" is negative, and a '
+        f"sum of times, sizes or counts cannot be"
+    )
 
 
-@pytest.mark.parametrize("accumulator, problem", [
-    ("nan", '"nan" is not a number'), ("-nan", '"-nan" is not a number'), ("nanB", '"nanB" is not a number'),
-    ("0000nanus", '"0000nanus" is not a number'),
-    ("inf", '"inf" is too large (more than 2^64 number)'), ("-inf", '"-inf" is too large'),
-    ("infKB", '"infKB" is too large (more than 2^64 bytes)'),
-    ("1" * 400 + ".00", '"1111'), ("1" * 20 + ".00PB", "is too large (more than 2^64 bytes)"),
-    ("9" * 5000 + "d00h00m00s000ms000.000us", "is too large (more than 2^64 seconds)"),
-])
+@pytest.mark.parametrize(
+    "accumulator, problem",
+    [
+        ("nan", '"nan" is not a number'),
+        ("-nan", '"-nan" is not a number'),
+        ("nanB", '"nanB" is not a number'),
+        ("0000nanus", '"0000nanus" is not a number'),
+        ("inf", '"inf" is too large (more than 2^64 number)'),
+        ("-inf", '"-inf" is too large'),
+        ("infKB", '"infKB" is too large (more than 2^64 bytes)'),
+        ("1" * 400 + ".00", '"1111'),
+        ("1" * 20 + ".00PB", "is too large (more than 2^64 bytes)"),
+        ("9" * 5000 + "d00h00m00s000ms000.000us", "is too large (more than 2^64 seconds)"),
+    ],
+)
 def test_accumulators_that_are_not_finite_numbers(accumulator, problem):
     error = parse_error(report(metric=("2", accumulator)))
     assert error.line == 3 and problem in error.problem, error.problem
@@ -112,14 +127,17 @@ def test_nan_stays_readable_where_old_reports_print_it():
     assert math.isnan(snapshot.metrics["InputOutputAliasCount"].percentiles[0.5])
 
 
-@pytest.mark.parametrize("percentiles, problem", [
-    ("50%=inf", 'bad 50% percentile of metric "InputOutputAliasCount": "inf" is too large'),
-    ("50%=" + "9" * 30 + ".00", "is too large"),
-    ("150%=4.00", '"150"% is not between 0% and 100%'),
-    ("-1%=4.00", '"-1"% is not between 0% and 100%'),
-    ("nan%=4.00", '"nan"% is not between'),
-    ("1e400%=4.00", '"1e400"% is not between'),
-])
+@pytest.mark.parametrize(
+    "percentiles, problem",
+    [
+        ("50%=inf", 'bad 50% percentile of metric "InputOutputAliasCount": "inf" is too large'),
+        ("50%=" + "9" * 30 + ".00", "is too large"),
+        ("150%=4.00", '"150"% is not between 0% and 100%'),
+        ("-1%=4.00", '"-1"% is not between 0% and 100%'),
+        ("nan%=4.00", '"nan"% is not between'),
+        ("1e400%=4.00", '"1e400"% is not between'),
+    ],
+)
 def test_percentiles_out_of_range(percentiles, problem):
     error = parse_error(report(percentiles=percentiles))
     assert error.line == 4 and problem in error.problem, error.problem
@@ -127,11 +145,13 @@ def test_percentiles_out_of_range(percentiles, problem):
 
 # ----- what an error shows of the text: cut, escaped, with the file and line
 
+
 def test_a_huge_line_is_cut_in_the_error():
     text = report() + "x" * 10_000_000 + "\n"
     error = parse_error(text)
-    assert str(error) == (f'report.txt:7: unknown line "{"x" * 80}..." '
-                          f'(expected "Metric: <name>" or "Counter: <name>")')
+    assert str(error) == (
+        f'report.txt:7: unknown line "{"x" * 80}..." (expected "Metric: <name>" or "Counter: <name>")'
+    )
 
 
 def test_control_characters_are_escaped_in_the_error():

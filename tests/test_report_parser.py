@@ -23,11 +23,22 @@ from neuron_exporter.snapshot import BYTES, NUMBER, SECONDS, unit_of
 from neuron_exporter.snapshot_metrics import HOST_SCALAR_READ_OP, is_cpu_fallback_op
 
 FIXTURES = Path(__file__).parent / "fixtures" / "reports"
-SCENARIOS = ("plain", "item", "fallback", "dynshape", "mix", "torchvision", "compile_loader", "compile_loader_fallback",
-             "step_item", "step_item_after")
+SCENARIOS = (
+    "plain",
+    "item",
+    "fallback",
+    "dynshape",
+    "mix",
+    "torchvision",
+    "compile_loader",
+    "compile_loader_fallback",
+    "step_item",
+    "step_item_after",
+)
 # Captured with the markers that ran a graph counted around torch_xla._XLAC._xla_step_marker.
-COUNTED_SCENARIOS = [name for name in SCENARIOS
-                     if "markers" in json.loads((FIXTURES / f"{name}.truth.json").read_text())]
+COUNTED_SCENARIOS = [
+    name for name in SCENARIOS if "markers" in json.loads((FIXTURES / f"{name}.truth.json").read_text())
+]
 DEFAULT_PERCENTILES = {0.01, 0.05, 0.1, 0.2, 0.5, 0.8, 0.9, 0.95, 0.99}
 
 
@@ -42,7 +53,7 @@ def truth(scenario: str) -> dict:
 def bytes_tolerance(value: float) -> float:
     """Half a unit of the second decimal of the 1024-based unit torch_xla printed ``value`` in."""
     scale = 1.0
-    while value >= 1024.0 * scale and scale < 1024.0 ** 5:
+    while value >= 1024.0 * scale and scale < 1024.0**5:
         scale *= 1024.0
     return 0.005 * scale + 1e-9
 
@@ -92,8 +103,11 @@ def test_scenarios_show_what_they_were_made_for():
     assert truth("item")["counters"]["aten::_local_scalar_dense"] == truth("item")["steps"]
     assert truth("dynshape")["counters"]["UncachedCompile"] == truth("dynshape")["steps"]
     assert not any(name.startswith("aten::") for name in truth("plain")["counters"])
-    assert {name for name in truth("torchvision")["counters"] if is_cpu_fallback_op(name)} == \
-        {"torchvision::roi_align", "torchvision::_roi_align_backward", "torchvision::nms"}
+    assert {name for name in truth("torchvision")["counters"] if is_cpu_fallback_op(name)} == {
+        "torchvision::roi_align",
+        "torchvision::_roi_align_backward",
+        "torchvision::nms",
+    }
     for scenario in ("compile_loader", "compile_loader_fallback", "step_item", "step_item_after"):
         expected = truth(scenario)
         assert expected["markers"] > expected["markers_with_graph"] == expected["steps"], scenario  # empty syncs
@@ -128,7 +142,8 @@ def test_percentiles_are_read_in_base_units():
 def naive_seconds(text: str) -> float:
     """Reads each field at face value, as a parser that does not know torch_xla's rounding would."""
     fields = DURATION.fullmatch(text).groups()
-    return sum(float(field or 0) * scale for field, scale in zip(fields, (86400, 3600, 60, 1, 1e-3, 1e-6)))
+    scales = (86400, 3600, 60, 1, 1e-3, 1e-6)
+    return sum(float(field or 0) * scale for field, scale in zip(fields, scales, strict=False))
 
 
 def test_rounding_fix_is_needed_and_right_on_real_reports():
@@ -153,8 +168,14 @@ def test_rounding_fix_on_a_known_case():
 
 def torch_xla_duration(ns: float) -> str:
     """The duration text torch_xla 2.9 prints (MetricFnTime): each field but the last rounded, then floored off."""
-    parts = (("d", 86400e9, 2, 0), ("h", 3600e9, 2, 0), ("m", 60e9, 2, 0), ("s", 1e9, 2, 0),
-             ("ms", 1e6, 3, 0), ("us", 1e3, 7, 3))
+    parts = (
+        ("d", 86400e9, 2, 0),
+        ("h", 3600e9, 2, 0),
+        ("m", 60e9, 2, 0),
+        ("s", 1e9, 2, 0),
+        ("ms", 1e6, 3, 0),
+        ("us", 1e3, 7, 3),
+    )
     text, started = "", False
     for i, (suffix, scale, width, precision) in enumerate(parts):
         value = ns / scale
@@ -165,11 +186,27 @@ def torch_xla_duration(ns: float) -> str:
     return text
 
 
-@pytest.mark.parametrize("ns", [
-    0, 410, 999_999, 1_000_000, 44_763_787, 390_043_556, 499_500_000, 999_600_000, 1_500_000_000,
-    59_700_000_000, 89_999_999_999, 3_599_999_999_999, 5_400_000_000_000, 86_399_999_999_999,
-    43_200_000_000_000 + 86_400_000_000_000, 1_000_000_000_000_000,
-])
+@pytest.mark.parametrize(
+    "ns",
+    [
+        0,
+        410,
+        999_999,
+        1_000_000,
+        44_763_787,
+        390_043_556,
+        499_500_000,
+        999_600_000,
+        1_500_000_000,
+        59_700_000_000,
+        89_999_999_999,
+        3_599_999_999_999,
+        5_400_000_000_000,
+        86_399_999_999_999,
+        43_200_000_000_000 + 86_400_000_000_000,
+        1_000_000_000_000_000,
+    ],
+)
 def test_every_duration_form_round_trips(ns):
     text = torch_xla_duration(ns)
     assert abs(parse_duration(text) * 1e9 - ns) <= 0.5 + 1e-15 * ns, text
@@ -183,17 +220,20 @@ def test_random_durations_round_trip():
         assert abs(parse_duration(text) * 1e9 - ns) <= 0.5 + 1e-15 * ns, (ns, text)
 
 
-@pytest.mark.parametrize("text, seconds", [
-    ("000.410us", 410e-9),
-    ("390ms043.556us", 0.390043556),
-    ("07s579ms722.347us", 6.578722347),           # both the seconds and the milliseconds were rounded up
-    ("09s969ms486.408us", 8.969486408),           # the Neuron docs' example reads 8.97 s, not 9.97 s
-    ("01m05s000ms000.000us", 65.0),
-    ("02h29m00s000ms000.000us", 2 * 3600 + 29 * 60),
-    ("03d13h00m00s000ms000.000us", 2 * 86400 + 13 * 3600),  # 13 h >= 12: the days were rounded up
-    ("402ms77.015us", 0.402077015),               # 2019 reports did not pad the microseconds
-    ("01s860ms629.700us", 1.8596297),             # a leading 1 is never a rounded-up 0
-])
+@pytest.mark.parametrize(
+    "text, seconds",
+    [
+        ("000.410us", 410e-9),
+        ("390ms043.556us", 0.390043556),
+        ("07s579ms722.347us", 6.578722347),  # both the seconds and the milliseconds were rounded up
+        ("09s969ms486.408us", 8.969486408),  # the Neuron docs' example reads 8.97 s, not 9.97 s
+        ("01m05s000ms000.000us", 65.0),
+        ("02h29m00s000ms000.000us", 2 * 3600 + 29 * 60),
+        ("03d13h00m00s000ms000.000us", 2 * 86400 + 13 * 3600),  # 13 h >= 12: the days were rounded up
+        ("402ms77.015us", 0.402077015),  # 2019 reports did not pad the microseconds
+        ("01s860ms629.700us", 1.8596297),  # a leading 1 is never a rounded-up 0
+    ],
+)
 def test_duration_forms(text, seconds):
     assert parse_duration(text) == pytest.approx(seconds, abs=1e-12)
     assert parse_value(text) == (pytest.approx(seconds, abs=1e-12), SECONDS)
@@ -205,10 +245,17 @@ def test_malformed_durations(text):
         parse_duration(text)
 
 
-@pytest.mark.parametrize("text, value", [
-    ("40.00B", 40.0), ("8.00KB", 8192.0), ("450.04KB", 450.04 * 1024), ("1.65MB", 1.65 * 1024 ** 2),
-    ("2.00GB", 2 * 1024 ** 3), ("1.00PB", 1024.0 ** 5),
-])
+@pytest.mark.parametrize(
+    "text, value",
+    [
+        ("40.00B", 40.0),
+        ("8.00KB", 8192.0),
+        ("450.04KB", 450.04 * 1024),
+        ("1.65MB", 1.65 * 1024**2),
+        ("2.00GB", 2 * 1024**3),
+        ("1.00PB", 1024.0**5),
+    ],
+)
 def test_sizes_are_1024_based(text, value):
     assert parse_bytes(text) == pytest.approx(value)
     assert parse_value(text) == (pytest.approx(value), BYTES)
@@ -239,7 +286,7 @@ def test_metrics_file_dump_yields_every_step():
         assert snapshot.counter("MarkStep") == step + 1
         assert snapshot.counter("aten::lgamma") == step + 1
         assert set(snapshot.metric("CompileTime").percentiles) == {0.5, 0.9, 0.99}  # XLA_METRICS_PERCENTILES
-    for (_, before), (_, after) in zip(reports, reports[1:]):
+    for (_, before), (_, after) in zip(reports, reports[1:], strict=False):
         assert all(after.counter(name) >= value for name, value in before.counters.items())
 
 
@@ -287,8 +334,12 @@ def test_2019_report_with_counter_in_place_of_accumulator():
     assert snapshot.metrics["ExecuteTime"].accumulator == pytest.approx(60 + 41.379902500)
     assert snapshot.metrics["ExecuteTime"].percentiles[0.9] == pytest.approx(0.189700300)  # 190ms700.300us
     assert snapshot.metrics["InboundData"].accumulator == pytest.approx(1.76 * 1024)
-    assert snapshot.counters == {"CachedCompile": 888, "MarkStep": 450, "UncachedCompile": 12,
-                                 "aten::_local_scalar_dense": 450}
+    assert snapshot.counters == {
+        "CachedCompile": 888,
+        "MarkStep": 450,
+        "UncachedCompile": 12,
+        "aten::_local_scalar_dense": 450,
+    }
 
 
 def test_report_pasted_with_indentation():
@@ -363,16 +414,18 @@ def test_unknown_line_between_blocks():
     lines = list(PLAIN)
     lines.insert(number - 1, "some log line\n")
     error = parse_error("".join(lines))
-    assert str(error) == (f'report.txt:{number}: unknown line "some log line" '
-                          f'(expected "Metric: <name>" or "Counter: <name>")')
+    assert str(error) == (
+        f'report.txt:{number}: unknown line "some log line" (expected "Metric: <name>" or "Counter: <name>")'
+    )
 
 
 def test_unknown_line_inside_a_block():
     number = line_of("  Accumulator:")
     name = PLAIN[number - 3].split(": ")[1].strip()
     error = parse_error(replaced(number, "  Mean: 000.288us"))
-    assert str(error) == (f'report.txt:{number}: expected "  Accumulator: <value>" in Metric block "{name}", '
-                          f'got "  Mean: 000.288us"')
+    assert str(error) == (
+        f'report.txt:{number}: expected "  Accumulator: <value>" in Metric block "{name}", got "  Mean: 000.288us"'
+    )
 
 
 def test_block_cut_in_the_middle():
@@ -385,11 +438,13 @@ def test_block_cut_in_the_middle():
 
 def test_truncated_block_at_the_end_names_its_header():
     header = line_of("Metric:", after=line_of("Counter:"))  # a Metric block of the runtime arena
-    text = "".join(PLAIN[:header + 2])  # header, TotalSamples, Accumulator
+    text = "".join(PLAIN[: header + 2])  # header, TotalSamples, Accumulator
     name = PLAIN[header - 1].split(": ")[1].strip()
     error = parse_error(text)
-    assert str(error) == (f'report.txt:{header}: Metric block "{name}" is truncated: the text ends before '
-                          f'"  Percentiles: <p>%=<value>; ..."')
+    assert str(error) == (
+        f'report.txt:{header}: Metric block "{name}" is truncated: the text ends before '
+        f'"  Percentiles: <p>%=<value>; ..."'
+    )
 
 
 def test_truncated_counter_at_the_end():
@@ -401,14 +456,14 @@ def test_truncated_counter_at_the_end():
 
 def test_truncated_in_the_middle_of_a_value():
     number = line_of("  Percentiles:")
-    text = "".join(PLAIN[:number - 1]) + PLAIN[number - 1][:-5]
+    text = "".join(PLAIN[: number - 1]) + PLAIN[number - 1][:-5]
     assert parse_error(text).line == number
 
 
 def test_truncated_between_percentiles_of_the_last_line():
     number = line_of("  Percentiles:", after=line_of("  Percentiles:"))  # the second metric's
     cut = PLAIN[number - 1].index("; 50%=")
-    error = parse_error("".join(PLAIN[:number - 1]) + PLAIN[number - 1][:cut])
+    error = parse_error("".join(PLAIN[: number - 1]) + PLAIN[number - 1][:cut])
     assert error.line == number and "is truncated" in error.problem and "4 percentiles" in error.problem
 
 
@@ -432,5 +487,6 @@ def test_metric_block_without_total_samples():
     number = line_of("Metric:")
     name = PLAIN[number - 1].split(": ")[1].strip()
     error = parse_error(replaced(number + 1, "  Samples: 3"))
-    assert str(error) == (f'report.txt:{number + 1}: expected "  TotalSamples: <int>" in Metric block "{name}", '
-                          f'got "  Samples: 3"')
+    assert str(error) == (
+        f'report.txt:{number + 1}: expected "  TotalSamples: <int>" in Metric block "{name}", got "  Samples: 3"'
+    )

@@ -20,9 +20,14 @@ CLI = [sys.executable, "-m", "neuron_exporter"]
 
 def start(tmp_path, command: list[str], port: int, **env: str) -> subprocess.Popen:
     environment = xla_env(NEURON_EXPORTER_SPOOL_INTERVAL_SECONDS="0.1", **env)
-    return subprocess.Popen(CLI + ["run", "--addr", "127.0.0.1", "--port", str(port), "--spool-dir",
-                                   str(tmp_path / "spool"), "--", *command],
-                            env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        CLI
+        + ["run", "--addr", "127.0.0.1", "--port", str(port), "--spool-dir", str(tmp_path / "spool"), "--", *command],
+        env=environment,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def steps_by_rank(url: str) -> dict[str, float]:
@@ -30,16 +35,26 @@ def steps_by_rank(url: str) -> dict[str, float]:
         text = scrape(url)
     except OSError:
         return {}
-    return {rank: value(text, "xla_steps_total", rank=rank) for rank in ("0", "1")
-            if value(text, "xla_steps_total", rank=rank) is not None}
+    return {
+        rank: value(text, "xla_steps_total", rank=rank)
+        for rank in ("0", "1")
+        if value(text, "xla_steps_total", rank=rank) is not None
+    }
 
 
 @pytest.mark.skipif(not TORCHRUN.exists(), reason="torchrun is not installed next to this Python")
 def test_every_torchrun_rank_of_a_plain_script_is_on_one_endpoint(tmp_path):
     port = free_port()
     url = f"http://127.0.0.1:{port}/metrics"
-    command = [str(TORCHRUN), "--standalone", "--nproc-per-node", "2", str(SCRIPTS / "plain_train.py"),
-               str(tmp_path), "4"]
+    command = [
+        str(TORCHRUN),
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        str(SCRIPTS / "plain_train.py"),
+        str(tmp_path),
+        "4",
+    ]
     process = start(tmp_path, command, port)
     try:
         wait_until(lambda: steps_by_rank(url) == {"0": 4, "1": 4}, timeout=240, what="both ranks' steps")
@@ -59,22 +74,34 @@ def test_every_torchrun_rank_of_a_plain_script_is_on_one_endpoint(tmp_path):
 def test_diagnose_lists_the_sites_of_both_ranks_of_a_live_torchrun_job(tmp_path):
     port = free_port()
     url = f"http://127.0.0.1:{port}/metrics"
-    command = [str(TORCHRUN), "--standalone", "--nproc-per-node", "2", str(SCRIPTS / "plain_train.py"),
-               str(tmp_path), "4", "item"]
+    command = [
+        str(TORCHRUN),
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        str(SCRIPTS / "plain_train.py"),
+        str(tmp_path),
+        "4",
+        "item",
+    ]
     process = start(tmp_path, command, port)
     try:
         wait_until(lambda: steps_by_rank(url) == {"0": 4, "1": 4}, timeout=240, what="both ranks' steps")
         site = f"tests/scripts/plain_train.py:{line_of_item()}"  # relative to the job's working directory
-        result = subprocess.run(CLI + ["diagnose", f"127.0.0.1:{port}"], capture_output=True, text=True,
-                                timeout=60, cwd=ROOT)
+        result = subprocess.run(
+            CLI + ["diagnose", f"127.0.0.1:{port}"], capture_output=True, text=True, timeout=60, cwd=ROOT
+        )
         assert result.returncode == 0, result.stderr
         first = result.stdout.splitlines()[2]
         assert first == f"1. {site}: 8 graph cuts by .item() (ranks 0, 1): 1.00 per step", result.stdout
-        as_json = subprocess.run(CLI + ["diagnose", url, "--format", "json"], capture_output=True, text=True,
-                                 timeout=60, cwd=ROOT)
+        as_json = subprocess.run(
+            CLI + ["diagnose", url, "--format", "json"], capture_output=True, text=True, timeout=60, cwd=ROOT
+        )
         ranks = json.loads(as_json.stdout)["ranks"]
         assert [(r["rank"], [s["location"] for s in r["sites"] if s["graph_cuts"]]) for r in ranks] == [
-            ("0", [site]), ("1", [site])]
+            ("0", [site]),
+            ("1", [site]),
+        ]
         (tmp_path / "release").write_text("")
         process.communicate(timeout=120)
     finally:
@@ -101,8 +128,10 @@ def test_the_exit_code_and_signals_of_the_command_pass_through(tmp_path):
 
 def test_a_process_that_never_imports_torch_xla_is_untouched(tmp_path):
     port = free_port()
-    probe = ("import sys, threading; print(sorted(m for m in ('torch_xla', 'neuron_exporter.training.attach', "
-             "'prometheus_client') if m in sys.modules), threading.active_count())")
+    probe = (
+        "import sys, threading; print(sorted(m for m in ('torch_xla', 'neuron_exporter.training.attach', "
+        "'prometheus_client') if m in sys.modules), threading.active_count())"
+    )
     process = start(tmp_path, [sys.executable, "-c", probe], port)
     stdout, stderr = process.communicate(timeout=120)
     assert process.returncode == 0 and stdout.strip() == "[] 1", stderr  # only an import watcher was installed
@@ -112,11 +141,22 @@ def test_neuron_exporter_auto_attaches_a_plain_python_script(tmp_path):
     """For users who can set a variable but not change the command line: the .pth file installed with the
     package attaches every process that imports torch_xla."""
     port = free_port()
-    env = xla_env(NEURON_EXPORTER_AUTO="1", NEURON_EXPORTER_PORT=str(port), NEURON_EXPORTER_ADDR="127.0.0.1",
-                  NEURON_EXPORTER_SPOOL_DIR=str(tmp_path / "spool"), NEURON_EXPORTER_SPOOL_INTERVAL_SECONDS="0.1")
+    env = xla_env(
+        NEURON_EXPORTER_AUTO="1",
+        NEURON_EXPORTER_PORT=str(port),
+        NEURON_EXPORTER_ADDR="127.0.0.1",
+        NEURON_EXPORTER_SPOOL_DIR=str(tmp_path / "spool"),
+        NEURON_EXPORTER_SPOOL_INTERVAL_SECONDS="0.1",
+    )
     env.pop("PYTHONPATH")  # nothing but the variable
-    process = subprocess.Popen([sys.executable, str(SCRIPTS / "plain_train.py"), str(tmp_path), "3"], env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    process = subprocess.Popen(
+        [sys.executable, str(SCRIPTS / "plain_train.py"), str(tmp_path), "3"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+    )
     url = f"http://127.0.0.1:{port}/metrics"
     try:
         wait_until(lambda: steps_by_rank(url) == {"0": 3}, timeout=120, what="the script's steps")

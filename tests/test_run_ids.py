@@ -21,7 +21,8 @@ RUNS = ["job/1", "job 1", "job_1", "a:b", "a_b", "x" * 70 + "1", "x" * 70 + "2",
 
 def exposition(run_id: str, steps: int) -> bytes:
     labels = f'local_rank="0",rank="0",run_id="{escape_label_value(run_id)}"'
-    return f"# HELP xla_steps_total Steps\n# TYPE xla_steps_total counter\nxla_steps_total{{{labels}}} {steps}.0\n".encode()
+    header = "# HELP xla_steps_total Steps\n# TYPE xla_steps_total counter\n"
+    return f"{header}xla_steps_total{{{labels}}} {steps}.0\n".encode()
 
 
 def steps_by_run(text: str) -> dict[str, float]:
@@ -60,9 +61,27 @@ sys.stdin.read()
 @pytest.mark.skipif(shutil.which("unshare") is None, reason="needs unshare (util-linux)")
 def test_two_containers_first_processes_are_two_runs(tmp_path):
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}  # no NEURON_EXPORTER_RUN_ID: the default identity
-    processes = [subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", WRITE_AS_PID_1,
-                                   str(tmp_path), str(ROOT)], env=env, stdin=subprocess.PIPE,
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    processes = [
+        subprocess.Popen(
+            [
+                "unshare",
+                "--pid",
+                "--fork",
+                "--mount-proc",
+                sys.executable,
+                "-c",
+                WRITE_AS_PID_1,
+                str(tmp_path),
+                str(ROOT),
+            ],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
     try:
         seen = [json.loads(process.stdout.readline() or "{}") for process in processes]
         assert [s.get("pid") for s in seen] == [1, 1], [p.stderr.read() for p in processes if p.poll() is not None]

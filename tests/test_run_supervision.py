@@ -20,13 +20,29 @@ CLI = [sys.executable, "-m", "neuron_exporter"]
 
 
 def runner_command(tmp_path, command: list[str], *options: str) -> list[str]:
-    return CLI + ["run", "--addr", "127.0.0.1", "--port", "0", "--spool-dir", str(tmp_path / "spool"), *options,
-                  "--", *command]
+    return CLI + [
+        "run",
+        "--addr",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--spool-dir",
+        str(tmp_path / "spool"),
+        *options,
+        "--",
+        *command,
+    ]
 
 
 def start(tmp_path, command: list[str], *options: str) -> subprocess.Popen:
-    return subprocess.Popen(runner_command(tmp_path, command, *options), env=environment(), cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        runner_command(tmp_path, command, *options),
+        env=environment(),
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def environment() -> dict[str, str]:
@@ -111,8 +127,9 @@ def test_a_process_that_ignores_sigterm_gets_sigkill_after_the_grace_period(tmp_
 
 
 def test_the_command_ends_with_a_runner_killed_by_sigkill(tmp_path):
-    process = start(tmp_path, [sys.executable, "-c", "import os, time; print(os.getpid(), flush=True); "
-                                                     "time.sleep(600)"])
+    process = start(
+        tmp_path, [sys.executable, "-c", "import os, time; print(os.getpid(), flush=True); time.sleep(600)"]
+    )
     try:
         command = int(line_from(process))
         process.kill()
@@ -145,14 +162,18 @@ print(len(others()), os.getppid(), flush=True)
 
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="needs root and unshare")
 def test_as_pid_1_every_orphan_is_reaped(tmp_path):
-    command = ["unshare", "--pid", "--fork", "--mount-proc"] + runner_command(tmp_path, [sys.executable, "-c",
-                                                                                         ORPHANS])
+    command = ["unshare", "--pid", "--fork", "--mount-proc"] + runner_command(tmp_path, [sys.executable, "-c", ORPHANS])
     result = subprocess.run(command, env=environment(), cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["0", "1"], (result.stdout, result.stderr)  # none left; the runner is PID 1
 
 
 def test_a_bad_grace_period_is_one_line_and_exit_2(tmp_path):
-    result = subprocess.run(runner_command(tmp_path, ["true"], "--grace-seconds", "soon"), env=environment(),
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        runner_command(tmp_path, ["true"], "--grace-seconds", "soon"),
+        env=environment(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 2 and result.stderr.count("\n") == 1 and "--grace-seconds" in result.stderr

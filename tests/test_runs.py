@@ -11,27 +11,43 @@ from spool_helpers import Writer
 from test_daemon import Daemon, daemons  # noqa: F401 (the fixture)
 
 
-
 def steps_by_run(text: str) -> dict[tuple[str, str], float]:
     """{(run_id, rank): steps} of a scrape."""
-    return {(dict(labels)["run_id"], dict(labels)["rank"]): v for (name, labels), v in samples(text).items()
-            if name == "xla_steps_total"}
+    return {
+        (dict(labels)["run_id"], dict(labels)["rank"]): v
+        for (name, labels), v in samples(text).items()
+        if name == "xla_steps_total"
+    }
 
 
 def test_two_single_process_runs_at_once_on_one_spool_are_two_runs(tmp_path, daemons):
     spool = tmp_path / "spool"
     daemon = Daemon(tmp_path, "--addr", "127.0.0.1", "--port", "0", "--spool-dir", str(spool))
     daemons(daemon)
-    env = xla_env(NEURON_EXPORTER_AUTO="1", NEURON_EXPORTER_SPOOL_DIR=str(spool),
-                  NEURON_EXPORTER_SPOOL_INTERVAL_SECONDS="0.1", NEURON_EXPORTER_PORT="0")
+    env = xla_env(
+        NEURON_EXPORTER_AUTO="1",
+        NEURON_EXPORTER_SPOOL_DIR=str(spool),
+        NEURON_EXPORTER_SPOOL_INTERVAL_SECONDS="0.1",
+        NEURON_EXPORTER_PORT="0",
+    )
     for name in ("a", "b"):
         (tmp_path / name).mkdir()
-    runs = [subprocess.Popen([sys.executable, str(SCRIPTS / "plain_train.py"), str(tmp_path / name), steps],
-                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            for name, steps in (("a", "3"), ("b", "5"))]
+    runs = [
+        subprocess.Popen(
+            [sys.executable, str(SCRIPTS / "plain_train.py"), str(tmp_path / name), steps],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for name, steps in (("a", "3"), ("b", "5"))
+    ]
     try:
-        shown = wait_until(lambda: sorted(steps_by_run(scrape(daemon.url)).values()) == [3, 5] and
-                           steps_by_run(scrape(daemon.url)), timeout=240, what="both runs on the daemon")
+        shown = wait_until(
+            lambda: sorted(steps_by_run(scrape(daemon.url)).values()) == [3, 5] and steps_by_run(scrape(daemon.url)),
+            timeout=240,
+            what="both runs on the daemon",
+        )
         assert {rank for _, rank in shown} == {"0"} and len({run for run, _ in shown}) == 2
         # each run is its own process: <pid>-<start time>
         assert {run.split("-")[0] for run, _ in shown} == {str(process.pid) for process in runs}
@@ -54,7 +70,7 @@ def test_a_rank_after_a_finished_run_shows_only_its_own_run_on_its_endpoint(tmp_
             code, _ = run.finish()
     assert code == 0
     assert len(own) == 1 and list(own.values()) == [3]
-    (only_run, rank), = own
+    ((only_run, rank),) = own
     assert rank == "0" and only_run != RUN
 
 
@@ -66,8 +82,10 @@ def test_the_daemon_shows_every_run_labelled_by_run_id(tmp_path, daemons):
             run.result()
             daemon = Daemon(tmp_path, "--addr", "127.0.0.1", "--port", "0", "--spool-dir", str(spool))
             daemons(daemon)
-            shown = wait_until(lambda: len(steps_by_run(scrape(daemon.url))) == 3 and steps_by_run(scrape(daemon.url)),
-                               what="the training run beside the finished one")
+            shown = wait_until(
+                lambda: len(steps_by_run(scrape(daemon.url))) == 3 and steps_by_run(scrape(daemon.url)),
+                what="the training run beside the finished one",
+            )
             run.finish()
     assert shown[(RUN, "0")] == shown[(RUN, "1")] == 9
     (other,) = [key for key in shown if key[0] != RUN]

@@ -23,7 +23,8 @@ gc.collect()
 tracemalloc.start()
 before = tracemalloc.get_traced_memory()[0]
 for n in range({sites}):
-    code = compile("x = " + str(n) + "\\nlocation = finder.site(sys._getframe())\\n", "<eval_with_key>." + str(n), "exec")
+    source = "x = " + str(n) + "\\nlocation = finder.site(sys._getframe())\\n"
+    code = compile(source, "<eval_with_key>." + str(n), "exec")
     scope = {{"finder": finder, "sys": sys}}
     exec(code, scope)
     if scope["location"] != "<eval_with_key>." + str(n) + ":2":
@@ -43,8 +44,9 @@ print(json.dumps({{"alive": sum(ref() is not None for ref in refs), "grown": gro
 
 
 def test_20000_execd_sites_are_freed_and_cost_under_10_mib():
-    result = subprocess.run([sys.executable, "-c", SCRIPT.format(sites=SITES)], capture_output=True, text=True,
-                            cwd=ROOT, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", SCRIPT.format(sites=SITES)], capture_output=True, text=True, cwd=ROOT, timeout=300
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     found = json.loads(result.stdout.splitlines()[-1])
     assert found["wrong"] == []

@@ -8,9 +8,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from neuron_exporter import diagnosis
-
 from conftest import SCRIPTS, TrainingRun, marked_line, scrape, series, total
+
+from neuron_exporter import diagnosis
 
 STEPS = 6
 SCRIPT = SCRIPTS / "where.py"
@@ -32,8 +32,9 @@ def run(scenario: str, *args: str) -> tuple[str, dict]:
     return exposition, result
 
 
-@pytest.mark.parametrize("scenario, cause", [("item", "item"), ("bool", "bool"), ("print", "print"),
-                                             ("tolist", "tolist")])
+@pytest.mark.parametrize(
+    "scenario, cause", [("item", "item"), ("bool", "bool"), ("print", "print"), ("tolist", "tolist")]
+)
 def test_a_host_read_in_the_step_is_a_cut_named_by_cause_and_line(scenario, cause):
     exposition, xla = run(scenario)
     site = line_of(scenario)
@@ -56,9 +57,13 @@ def test_a_partial_sync_of_chosen_tensors_is_a_cut_named_at_its_line_but_no_host
     assert total(exposition, "xla_new_graphs_total") == xla["xla"]["UncachedCompile"]
 
 
-@pytest.mark.parametrize("scenario, ops", [("lgamma", {"aten::lgamma", "aten::digamma"}),
-                                           ("roi_align", {"torchvision::roi_align",
-                                                          "torchvision::_roi_align_backward"})])
+@pytest.mark.parametrize(
+    "scenario, ops",
+    [
+        ("lgamma", {"aten::lgamma", "aten::digamma"}),
+        ("roi_align", {"torchvision::roi_align", "torchvision::_roi_align_backward"}),
+    ],
+)
 def test_cpu_fallbacks_of_every_namespace_are_counted_and_their_cuts_named(scenario, ops):
     pytest.importorskip("torchvision") if scenario == "roi_align" else None
     exposition, xla = run(scenario)
@@ -70,9 +75,13 @@ def test_cpu_fallbacks_of_every_namespace_are_counted_and_their_cuts_named(scena
     assert "NEURON_EXPORTER_FALLBACK_SITES=1" in diagnosis.render_text(xla["diagnosis"])
 
 
-@pytest.mark.parametrize("scenario, forward, backward", [
-    ("lgamma", "aten::lgamma", "aten::digamma"),
-    ("roi_align", "torchvision::roi_align", "torchvision::_roi_align_backward")])
+@pytest.mark.parametrize(
+    "scenario, forward, backward",
+    [
+        ("lgamma", "aten::lgamma", "aten::digamma"),
+        ("roi_align", "torchvision::roi_align", "torchvision::_roi_align_backward"),
+    ],
+)
 def test_the_fallback_probe_names_the_line_of_each_fallback_operator(scenario, forward, backward):
     pytest.importorskip("torchvision") if scenario == "roi_align" else None
     exposition, result = run(scenario, "--fallback-sites")
@@ -89,7 +98,9 @@ def test_the_fallback_probe_names_the_line_of_each_fallback_operator(scenario, f
         assert forward_site["location"] == line_of(scenario)
     assert sites[(backward, "backward")]["location"] == line_of("backward")
     assert series(exposition, "xla_cpu_fallback_site_info") == {
-        (forward_site["location"], forward, "forward"): 1, (line_of("backward"), backward, "backward"): 1}
+        (forward_site["location"], forward, "forward"): 1,
+        (line_of("backward"), backward, "backward"): 1,
+    }
     text = diagnosis.render_text(result["diagnosis"])
     assert f"called at {forward_site['location']}" in text
     assert f"called from the backward pass of {line_of('backward')}" in text
@@ -110,8 +121,10 @@ def test_every_way_of_ending_a_step_is_named_at_the_scripts_line():
     # size (a recompilation).
     compiled = {**series(exposition, "xla_new_graphs_total"), **series(exposition, "xla_recompilations_total")}
     assert set(compiled) == {(line,) for line in lines}
-    assert total(exposition, "xla_new_graphs_total") + total(exposition, "xla_recompilations_total") == \
-        result["xla"]["UncachedCompile"]
+    assert (
+        total(exposition, "xla_new_graphs_total") + total(exposition, "xla_recompilations_total")
+        == result["xla"]["UncachedCompile"]
+    )
     (rank,) = result["diagnosis"]["ranks"]
     for site in rank["sites"]:
         assert site["frames"][0].endswith(f"({site['location']})"), site
@@ -141,8 +154,9 @@ def test_a_python_value_baked_into_the_graph_is_a_recompilation_with_no_upload_c
     assert series(exposition, "xla_new_graphs_total") == {(line_of("values sync"),): 2}
     (rank,) = result["diagnosis"]["ranks"]
     (site,) = [s for s in rank["sites"] if s["location"] == line_of("values sync")]
-    assert all(change["uploads"] == {} and "Python value" in change["cause"]
-               for change in site["recompilation_causes"]), site
+    assert all(
+        change["uploads"] == {} and "Python value" in change["cause"] for change in site["recompilation_causes"]
+    ), site
 
 
 def test_an_eval_loop_and_logging_steps_are_new_graphs_never_recompilations():
@@ -154,8 +168,9 @@ def test_an_eval_loop_and_logging_steps_are_new_graphs_never_recompilations():
     assert series(exposition, "xla_graph_cuts_total") == {("item", line_of("logging")): STEPS // 3}
 
 
-@pytest.mark.parametrize("scenario", ["item", "bool", "print", "tolist", "save", "lgamma", "roi_align", "shapes",
-                                      "eval_logging"])
+@pytest.mark.parametrize(
+    "scenario", ["item", "bool", "print", "tolist", "save", "lgamma", "roi_align", "shapes", "eval_logging"]
+)
 def test_torch_xla_compiles_and_executes_the_same_with_and_without_the_exporter(scenario):
     _, attached = run(scenario)
     _, bare = run(scenario, "--no-attach")

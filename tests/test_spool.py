@@ -11,13 +11,23 @@ from conftest import RUN, rank_file
 from spool_helpers import Writer
 
 from neuron_exporter.node.spool import (
-    RankMeta, SpoolBusyError, read_rank_file, read_rank_files, release_rank_lock, remove_expired, write_rank_file,
-    writer_alive)
+    RankMeta,
+    SpoolBusyError,
+    read_rank_file,
+    read_rank_files,
+    release_rank_lock,
+    remove_expired,
+    write_rank_file,
+    writer_alive,
+)
+
 
 def exposition(rank: str = "0", steps: str = "3.0") -> bytes:
-    return (b'# HELP xla_steps_total Steps\n# TYPE xla_steps_total counter\n'
-            b'xla_steps_total{local_rank="%s",rank="%s",run_id="%s"} %s\n'
-            % (rank.encode(), rank.encode(), RUN.encode(), steps.encode()))
+    return (
+        b"# HELP xla_steps_total Steps\n# TYPE xla_steps_total counter\n"
+        b'xla_steps_total{local_rank="%s",rank="%s",run_id="%s"} %s\n'
+        % (rank.encode(), rank.encode(), RUN.encode(), steps.encode())
+    )
 
 
 EXPOSITION = exposition()
@@ -44,8 +54,14 @@ def test_round_trip_keeps_meta_and_exposition_bytes(tmp_path):
 
 
 def test_meta_may_be_a_mapping(tmp_path):
-    meta = {"rank": "2", "local_rank": "2", "pid": os.getpid(), "start_time": psutil.Process().create_time(),
-            "finished": True, "other": "ignored"}
+    meta = {
+        "rank": "2",
+        "local_rank": "2",
+        "pid": os.getpid(),
+        "start_time": psutil.Process().create_time(),
+        "finished": True,
+        "other": "ignored",
+    }
     write_rank_file(tmp_path, meta, exposition("2"))
     report = read_rank_file(rank_file(tmp_path, "2"))
     assert report.meta.finished is True and report.meta.rank == "2" and report.meta.last_step_time is None
@@ -110,14 +126,18 @@ def test_a_finished_report_releases_the_rank(tmp_path):
 def test_without_a_lock_file_the_pid_and_its_start_time_decide(tmp_path):
     me = psutil.Process()
     rank_file(tmp_path, "0").write_bytes(
-        b'{"format":2,"run_id":"test-run","rank":"0","local_rank":"0","pid":%d,"start_time":%f}\n' % (me.pid, me.create_time()))
+        b'{"format":2,"run_id":"test-run","rank":"0","local_rank":"0","pid":%d,"start_time":%f}\n'
+        % (me.pid, me.create_time())
+    )
     reused = me.create_time() - 3600  # same pid, but the file was written by an earlier process
     rank_file(tmp_path, "1").write_bytes(
-        b'{"format":2,"run_id":"test-run","rank":"1","local_rank":"1","pid":%d,"start_time":%f}\n' % (me.pid, reused))
+        b'{"format":2,"run_id":"test-run","rank":"1","local_rank":"1","pid":%d,"start_time":%f}\n' % (me.pid, reused)
+    )
     gone = psutil.Popen(["true"])
     gone.wait()
     rank_file(tmp_path, "2").write_bytes(
-        b'{"format":2,"run_id":"test-run","rank":"2","local_rank":"2","pid":%d,"start_time":1.0}\n' % gone.pid)
+        b'{"format":2,"run_id":"test-run","rank":"2","local_rank":"2","pid":%d,"start_time":1.0}\n' % gone.pid
+    )
     alive = {r.meta.rank: writer_alive(r) for r in read_rank_files(tmp_path)}
     assert alive == {"0": True, "1": False, "2": False}
 
@@ -133,5 +153,6 @@ def test_remove_expired_deletes_only_dead_ranks_past_the_expiry(tmp_path):
         removed = remove_expired(tmp_path, expire_after_seconds=3600)
         assert [r.meta.rank for r in removed] == ["2"]
         assert sorted(p.name for p in tmp_path.iterdir()) == [
-            f"rank-{rank}.{RUN}{suffix}" for rank in "013" for suffix in (".lock", ".prom")]
+            f"rank-{rank}.{RUN}{suffix}" for rank in "013" for suffix in (".lock", ".prom")
+        ]
         live.stop()

@@ -23,16 +23,32 @@ from neuron_exporter.config import SPOOL_MODE_NAMES, resolve_options
 from neuron_exporter.node import spool
 from neuron_exporter.node.node_view import NodeView
 from neuron_exporter.node.spool import (
-    RankMeta, RejectedFile, SpoolBusyError, SpoolDirError, read_rank_file, release_rank_lock, write_rank_file,
-    writer_alive)
+    RankMeta,
+    RejectedFile,
+    SpoolBusyError,
+    SpoolDirError,
+    read_rank_file,
+    release_rank_lock,
+    write_rank_file,
+    writer_alive,
+)
 
 NOBODY = 65534
 
 
 def rank_file_bytes(rank: str, exposition: bytes, **header) -> bytes:
     me = psutil.Process()
-    fields = {"format": 2, "run_id": RUN, "rank": rank, "local_rank": rank, "pid": me.pid,
-              "start_time": me.create_time(), "finished": False, "last_step_time": None, **header}
+    fields = {
+        "format": 2,
+        "run_id": RUN,
+        "rank": rank,
+        "local_rank": rank,
+        "pid": me.pid,
+        "start_time": me.create_time(),
+        "finished": False,
+        "last_step_time": None,
+        **header,
+    }
     return json.dumps(fields).encode() + b"\n" + exposition
 
 
@@ -116,8 +132,10 @@ def test_a_deleted_directory_is_made_again_and_the_rank_keeps_its_lock(tmp_path)
     directory = tmp_path / "spool"
     with Writer(directory, "0", "--rewrite", "0.05") as writer:
         shutil.rmtree(directory)
-        wait_until(lambda: rank_file(directory, "0").exists() and rank_file(directory, "0", suffix=".lock").exists(),
-                   what="the rank file to be written again")
+        wait_until(
+            lambda: rank_file(directory, "0").exists() and rank_file(directory, "0", suffix=".lock").exists(),
+            what="the rank file to be written again",
+        )
         report = wait_until(lambda: _readable(rank_file(directory, "0")), what="a whole rank file")
         assert report.meta.pid == writer.pid
         assert writer_alive(report) is True  # the lock was taken again on the new lock file
@@ -152,23 +170,49 @@ def test_stale_temporary_files_are_removed(tmp_path):
 HOSTILE = {
     f"rank-2.{RUN}.prom": ("not_regular", lambda path: path.symlink_to("/dev/zero")),
     f"rank-3.{RUN}.prom": ("not_regular", lambda path: os.mkfifo(path)),
-    f"rank-4.{RUN}.prom": ("too_large", lambda path: path.write_bytes(
-        rank_file_bytes("4", steps_exposition("4")) + b"# " + b"x" * (5 * 1024 * 1024) + b"\n")),
-    f"rank-5.{RUN}.prom": ("bad_header", lambda path: path.write_bytes(rank_file_bytes(
-        "5", steps_exposition("5"), pid=1e400))),
-    f"rank-6.{RUN}.prom": ("bad_exposition", lambda path: path.write_bytes(
-        rank_file_bytes("6", steps_exposition("6") + b"xla_steps_total{rank=\"6\"} not-a-number\n"))),
-    f"rank-7.{RUN}.prom": ("bad_exposition", lambda path: path.write_bytes(rank_file_bytes("7", steps_exposition(
-        "0", "neuron_exporter_rank_up", f'local_rank="0",rank="0",run_id="{RUN}"').replace(b"counter", b"gauge")))),
-    f"rank-8.{RUN}.prom": ("bad_exposition", lambda path: path.write_bytes(rank_file_bytes("8", steps_exposition("0")))),
+    f"rank-4.{RUN}.prom": (
+        "too_large",
+        lambda path: path.write_bytes(
+            rank_file_bytes("4", steps_exposition("4")) + b"# " + b"x" * (5 * 1024 * 1024) + b"\n"
+        ),
+    ),
+    f"rank-5.{RUN}.prom": (
+        "bad_header",
+        lambda path: path.write_bytes(rank_file_bytes("5", steps_exposition("5"), pid=1e400)),
+    ),
+    f"rank-6.{RUN}.prom": (
+        "bad_exposition",
+        lambda path: path.write_bytes(
+            rank_file_bytes("6", steps_exposition("6") + b'xla_steps_total{rank="6"} not-a-number\n')
+        ),
+    ),
+    f"rank-7.{RUN}.prom": (
+        "bad_exposition",
+        lambda path: path.write_bytes(
+            rank_file_bytes(
+                "7",
+                steps_exposition("0", "neuron_exporter_rank_up", f'local_rank="0",rank="0",run_id="{RUN}"').replace(
+                    b"counter", b"gauge"
+                ),
+            )
+        ),
+    ),
+    f"rank-8.{RUN}.prom": (
+        "bad_exposition",
+        lambda path: path.write_bytes(rank_file_bytes("8", steps_exposition("0"))),
+    ),
     f"rank-9.{RUN}.prom": ("wrong_rank", lambda path: path.write_bytes(rank_file_bytes("0", steps_exposition("0")))),
     f"rank-10.{RUN}.prom": ("bad_header", lambda path: path.write_bytes(b"[" * 3000 + b"\n")),
     # A sample timestamp (Prometheus drops samples out of bounds), a family named like a histogram's count (a second
     # HELP line for the histogram once the ranks are merged): either would spoil the whole node's scrape.
-    f"rank-11.{RUN}.prom": ("bad_exposition", lambda path: path.write_bytes(rank_file_bytes(
-        "11", steps_exposition("11").replace(b" 7.0\n", b" 7.0 1000\n")))),
-    f"rank-12.{RUN}.prom": ("bad_exposition", lambda path: path.write_bytes(rank_file_bytes(
-        "12", steps_exposition("12", "xla_step_duration_seconds_count")))),
+    f"rank-11.{RUN}.prom": (
+        "bad_exposition",
+        lambda path: path.write_bytes(rank_file_bytes("11", steps_exposition("11").replace(b" 7.0\n", b" 7.0 1000\n"))),
+    ),
+    f"rank-12.{RUN}.prom": (
+        "bad_exposition",
+        lambda path: path.write_bytes(rank_file_bytes("12", steps_exposition("12", "xla_step_duration_seconds_count"))),
+    ),
 }
 
 
@@ -237,8 +281,10 @@ def test_a_rank_refuses_another_users_directory_in_one_line(tmp_path):
     env = xla_env(TEST_SPOOL_DIR=str(directory), NEURON_EXPORTER_SPOOL_INTERVAL_SECONDS="0.05")
     with TrainingRun("train_scenario.py", "clean", "3", env=env) as run:
         url = run.result()["url"]
-        wait_until(lambda: (value(scrape(url), "neuron_exporter_collection_errors_total", stage="spool") or 0) >= 3,
-                   what="several refused spool writes")
+        wait_until(
+            lambda: (value(scrape(url), "neuron_exporter_collection_errors_total", stage="spool") or 0) >= 3,
+            what="several refused spool writes",
+        )
         code, stderr = run.finish()
     assert code == 0
     # one line from the writer, and one from the job's node endpoint, which will not read it either
@@ -248,6 +294,7 @@ def test_a_rank_refuses_another_users_directory_in_one_line(tmp_path):
 
 
 # -- fuzz ----------------------------------------------------------------------------------------------------
+
 
 def test_fuzz_the_spool_reader(tmp_path):
     sys.path.insert(0, str(SCRIPTS))
@@ -267,6 +314,7 @@ def test_fuzz_the_spool_reader(tmp_path):
 
 
 # -- another user's directory or files, on the reading side ----------------------------------------------------
+
 
 def _as_nobody_in_a_child(work) -> tuple[int, int]:
     """Fork a child that becomes uid/gid 65534, runs ``work()``, then holds on (its locks too) until released.
@@ -300,15 +348,31 @@ def test_a_spool_directory_squatted_by_another_user_is_not_served(tmp_path, daem
     pid, release = _as_nobody_in_a_child(lambda: write_rank_file(spool, RankMeta.current("0", "0"), forged))
     try:
         assert spool.stat().st_uid == NOBODY and rank_file(spool, "0").stat().st_uid == NOBODY
-        served = subprocess.run([sys.executable, "-m", "neuron_exporter", "serve", "--addr", "127.0.0.1", "--port", "0",
-                                 "--spool-dir", str(spool)], capture_output=True, text=True, timeout=60)
+        served = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "neuron_exporter",
+                "serve",
+                "--addr",
+                "127.0.0.1",
+                "--port",
+                "0",
+                "--spool-dir",
+                str(spool),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert served.returncode == 2
         assert served.stderr.count("\n") == 1 and f"belongs to uid {NOBODY}, whom this reader" in served.stderr
         view = NodeView(resolve_options(env={}, overrides={"spool_dir": str(spool)}))
         text = view.render().decode()
         assert value(text, "neuron_exporter_spool_directory_ok") == 0 and value(text, "xla_steps_total") is None
-        trusting = NodeView(resolve_options(env={}, overrides={"spool_dir": str(spool),
-                                                               "spool_trusted_users": str(NOBODY)}))
+        trusting = NodeView(
+            resolve_options(env={}, overrides={"spool_dir": str(spool), "spool_trusted_users": str(NOBODY)})
+        )
         text = trusting.render().decode()  # configured to trust that user: its rank is served
         assert value(text, "xla_steps_total", rank="0") == 1e15
         assert value(text, "neuron_exporter_rank_up", rank="0") == 1
@@ -324,8 +388,11 @@ def test_a_file_of_another_user_in_a_trusted_directory_is_not_served(tmp_path):
         write_rank_file(spool, RankMeta.current("0", "0"), steps_exposition("0"), "readable")
         write_rank_file(spool, RankMeta.current("1", "1"), steps_exposition("1"), "readable")
         os.chown(rank_file(spool, "1"), NOBODY, NOBODY)  # as if another user had put it there
-        text = NodeView(resolve_options(env={}, overrides={"spool_dir": str(spool),
-                                                           "spool_mode": "readable"})).render().decode()
+        text = (
+            NodeView(resolve_options(env={}, overrides={"spool_dir": str(spool), "spool_mode": "readable"}))
+            .render()
+            .decode()
+        )
     finally:
         release_rank_lock(spool, "0")
         release_rank_lock(spool, "1")
@@ -334,8 +401,22 @@ def test_a_file_of_another_user_in_a_trusted_directory_is_not_served(tmp_path):
 
 
 def test_an_unknown_trusted_user_is_one_line_and_exit_2(tmp_path):
-    served = subprocess.run([sys.executable, "-m", "neuron_exporter", "serve", "--port", "0", "--spool-dir",
-                             str(tmp_path), "--spool-trusted-users", "root,no-such-user-here"],
-                            capture_output=True, text=True, timeout=60)
+    served = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "neuron_exporter",
+            "serve",
+            "--port",
+            "0",
+            "--spool-dir",
+            str(tmp_path),
+            "--spool-trusted-users",
+            "root,no-such-user-here",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert served.returncode == 2 and served.stderr.count("\n") == 1
     assert "--spool-trusted-users" in served.stderr and "no user called" in served.stderr

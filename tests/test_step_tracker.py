@@ -56,8 +56,9 @@ def test_without_an_optimizer_the_held_markers_become_steps_with_their_own_durat
     loop.marker()
     state = loop.tracker.state()
     assert seen == [0] * (SETUP_MARKERS - 1) and state.steps == SETUP_MARKERS
-    assert sum(state.step_duration.counts) == SETUP_MARKERS - 1 and state.step_duration.total == \
-        (SETUP_MARKERS - 1) * 0.5
+    assert (
+        sum(state.step_duration.counts) == SETUP_MARKERS - 1 and state.step_duration.total == (SETUP_MARKERS - 1) * 0.5
+    )
     loop.marker()
     assert loop.tracker.state().steps == SETUP_MARKERS + 1  # from now on at once
 

@@ -33,9 +33,19 @@ def attach_failure() -> str | None:
     """Why attach() fails in this environment (None: it works); tried once, in a process of its own."""
     if HAS_XLA:
         return None
-    done = subprocess.run([sys.executable, "-c", "import neuron_exporter, sys; neuron_exporter.attach(port=0, "
-                           "addr='127.0.0.1', spool_dir=sys.argv[1]); neuron_exporter.detach()", tempfile.mkdtemp()],
-                          env=xla_env(), capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import neuron_exporter, sys; neuron_exporter.attach(port=0, "
+            "addr='127.0.0.1', spool_dir=sys.argv[1]); neuron_exporter.detach()",
+            tempfile.mkdtemp(),
+        ],
+        env=xla_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     return None if done.returncode == 0 else (done.stderr.strip().splitlines() or ["no output"])[-1]
 
 
@@ -59,12 +69,22 @@ def run(scenario: str, backend: str, *args: str, bare: bool = True) -> dict:
     with attached:
         result = attached.result()
         url = result["url"]
-        found = {"taken_while_training": result["taken_while_training"], "metrics": scrape(url), "torch": result["torch"],
-                 "diagnosis": json.loads(scrape(url.replace("/metrics", "/diagnosis?format=json"))),
-                 "text": scrape(url.replace("/metrics", "/diagnosis")), "url": url}
+        found = {
+            "taken_while_training": result["taken_while_training"],
+            "metrics": scrape(url),
+            "torch": result["torch"],
+            "diagnosis": json.loads(scrape(url.replace("/metrics", "/diagnosis?format=json"))),
+            "text": scrape(url.replace("/metrics", "/diagnosis")),
+            "url": url,
+        }
         if scenario == "limit":  # the command, on the live endpoint
-            found["command"] = subprocess.run([sys.executable, "-m", "neuron_exporter", "diagnose", url],
-                                              capture_output=True, text=True, timeout=60, cwd=ROOT)
+            found["command"] = subprocess.run(
+                [sys.executable, "-m", "neuron_exporter", "diagnose", url],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                cwd=ROOT,
+            )
         code, found["stderr"] = attached.finish()
     assert code == 0 and "Traceback" not in found["stderr"], found["stderr"][-3000:]
     if without is not None:
@@ -86,19 +106,28 @@ def assert_same_as_torch(found: dict) -> None:
     metrics, own = found["metrics"], found["torch"]
     assert total(metrics, "torch_compile_compilations_total") == len(own["compilations"])
     recompilations = Counter(location for location, _ in own["recompilations"])
-    assert {location: sum(v for (loc, _), v in series(metrics, "torch_compile_recompilations_total").items()
-                          if loc == location) for location in recompilations} == recompilations
+    assert {
+        location: sum(
+            v for (loc, _), v in series(metrics, "torch_compile_recompilations_total").items() if loc == location
+        )
+        for location in recompilations
+    } == recompilations
     assert total(metrics, "torch_compile_recompilations_total") == len(own["recompilations"])
     assert series(metrics, "torch_compile_recompile_limit_hits_total") == {
-        (location,): count for location, count in Counter(own["limit_hits"]).items()}
+        (location,): count for location, count in Counter(own["limit_hits"]).items()
+    }
     breaks = Counter(location for location, _ in own["graph_breaks"])
-    assert {location: count for (location, _), count in series(metrics, "torch_compile_graph_breaks_total").items()
-            } == breaks
+    assert {
+        location: count for (location, _), count in series(metrics, "torch_compile_graph_breaks_total").items()
+    } == breaks
     assert total(metrics, "torch_compile_compile_seconds_total") == pytest.approx(own["compile_seconds"])
     part = compile_part(found)
     assert part["mode"] == "full" and part["records_missed"] == 0
     assert (part["compilations"], part["recompilations"], part["graph_breaks"]) == (
-        len(own["compilations"]), len(own["recompilations"]), len(own["graph_breaks"]))
+        len(own["compilations"]),
+        len(own["recompilations"]),
+        len(own["graph_breaks"]),
+    )
     if "bare" in found:
         timeless = {key: value for key, value in own.items() if key != "compile_seconds"}
         assert timeless == {key: value for key, value in found["bare"].items() if key != "compile_seconds"}
@@ -112,17 +141,20 @@ def test_a_batch_size_that_changes_is_a_recompilation_by_size_mismatch_at_the_fu
     recompilations = len(found["torch"]["recompilations"])
     assert recompilations >= 1
     assert series(found["metrics"], "torch_compile_recompilations_total") == {
-        (function, "size_mismatch"): recompilations}
+        (function, "size_mismatch"): recompilations
+    }
     assert series(found["metrics"], "torch_compile_compilations_total") == {(function,): recompilations + 1}
     assert total(found["metrics"], "torch_compile_graph_breaks_total") == 0
     (entry,) = compile_part(found)["functions"]
     assert entry["function"] == "shapes" and entry["location"] == function
     last = 4 + recompilations
     assert entry["failed_guards"][-1]["guard"] == (
-        f"tensor 'x' size mismatch at index 0. expected {last - 1}, actual {last}")
+        f"tensor 'x' size mismatch at index 0. expected {last - 1}, actual {last}"
+    )
     plural = "s" if recompilations != 1 else ""  # one without torch_xla: the batch dimension is dynamic after it
-    assert (f"{function}: {recompilations} torch.compile recompilation{plural} of shapes(): size_mismatch"
-            in found["text"])
+    assert (
+        f"{function}: {recompilations} torch.compile recompilation{plural} of shapes(): size_mismatch" in found["text"]
+    )
 
 
 def test_a_python_int_that_changes_is_a_recompilation_by_value_changed():
@@ -138,10 +170,15 @@ def test_a_python_int_that_changes_is_a_recompilation_by_value_changed():
     assert entry["failed_guards"][-1]["guard"].startswith(f"n == {last} ")
 
 
-@pytest.mark.parametrize("scenario, reason, backend", [
-    ("print", "print", "eager"), ("branch", "data_dependent_branch", "eager"),
-    pytest.param("print", "print", "openxla", marks=needs_xla),
-    pytest.param("branch", "data_dependent_branch", "openxla", marks=needs_xla)])
+@pytest.mark.parametrize(
+    "scenario, reason, backend",
+    [
+        ("print", "print", "eager"),
+        ("branch", "data_dependent_branch", "eager"),
+        pytest.param("print", "print", "openxla", marks=needs_xla),
+        pytest.param("branch", "data_dependent_branch", "openxla", marks=needs_xla),
+    ],
+)
 def test_a_graph_break_is_named_by_its_line_and_reason(scenario, reason, backend):
     found = run(scenario, backend)
     assert_same_as_torch(found)
@@ -168,8 +205,10 @@ def test_a_function_at_the_recompile_limit_is_counted_once_at_its_line():
     command = found["command"]
     assert command.returncode == 0, command.stderr
     lines = command.stdout.splitlines()
-    assert lines[1] == ("torch.compile on 1 rank: 2 compilations, 1 recompilations, 0 graph breaks, 1 functions at "
-                        "the recompile limit, " + lines[1].split("limit, ")[1])
+    assert lines[1] == (
+        "torch.compile on 1 rank: 2 compilations, 1 recompilations, 0 graph breaks, 1 functions at "
+        "the recompile limit, " + lines[1].split("limit, ")[1]
+    )
     assert f"{function}: shifted() hit torch.compile's recompile limit" in command.stdout
     assert "failed guard (value_changed): n == 1 " in command.stdout
 
@@ -198,56 +237,77 @@ def test_an_unknown_torch_is_counted_without_lines_and_said_once():
     assert "torch_compile_recompilations_total" not in metrics and "torch_compile_graph_breaks_total" not in metrics
     assert total(metrics, "torch_compile_compile_seconds_total") > 0
     assert series(metrics, "neuron_exporter_torch_compile_readable") == {
-        ("compilations",): 1, ("compile_seconds",): 1, ("source_lines",): 0, ("recompilations",): 0,
-        ("recompile_limit_hits",): 0, ("graph_breaks",): 0}
+        ("compilations",): 1,
+        ("compile_seconds",): 1,
+        ("source_lines",): 0,
+        ("recompilations",): 0,
+        ("recompile_limit_hits",): 0,
+        ("graph_breaks",): 0,
+    }
     said = [line for line in found["stderr"].splitlines() if "neuron-exporter: torch.compile on torch" in line]
     assert len(said) == 1 and "CompilationMetrics lacks a_field_of_a_future_torch" in said[0]
     assert "a shape this exporter does not know" in said[0]
-    assert said[0].endswith("still counted: compilations, compile_seconds; not counted: source_lines, "
-                            "recompilations, recompile_limit_hits, graph_breaks")
+    assert said[0].endswith(
+        "still counted: compilations, compile_seconds; not counted: source_lines, "
+        "recompilations, recompile_limit_hits, graph_breaks"
+    )
     assert compile_part(found)["mode"] == "counting"
 
 
-@pytest.mark.parametrize("guard, reason", [
-    ("0/0: tensor 'x' size mismatch at index 0. expected 4, actual 5", "size_mismatch"),
-    ("3/1: tensor 'x' stride mismatch at index 1. expected 1, actual 4", "stride_mismatch"),
-    ("0/0: tensor 'x' rank mismatch. expected 2, actual 3", "rank_mismatch"),
-    ("7/0: tensor 'x' dtype mismatch. expected Float, actual Double", "dtype_mismatch"),
-    ("7/2: tensor 'x' requires_grad mismatch. expected requires_grad=1", "requires_grad_mismatch"),
-    ("0/0: tensor 'x' dispatch key set mismatch. expected DispatchKeySet(CPU), actual DispatchKeySet(XLA)",
-     "dispatch_key_mismatch"),
-    ("7/4: GLOBAL_STATE changed: grad_mode ", "global_state"),
-    ("1/0: n == 2                                  # return x * n  # train.py:10 in step", "value_changed"),
-    ("8/1: ___check_type_id(n, 140295891407360)    # def f(x, n): ...", "type_mismatch"),
-    ("2/0: ___check_obj_id(self.fn, 140295891407360)", "id_mismatch"),
-    ("0/1: 2 <= x.size()[0]", "size_mismatch"),
-    # torch 2.11 and later append the user's stack, whose code is not the guard's
-    ("0/0: n == 0  # return x + n  # train.py:94 in shifted\nUser stack trace:\n  File \"train.py\", line 94, in "
-     "shifted\n    return x.size()[0] + n", "value_changed"),
-    ("Unable to find recompilation reasons", "other"),
-    (None, "other"),
-])
+@pytest.mark.parametrize(
+    "guard, reason",
+    [
+        ("0/0: tensor 'x' size mismatch at index 0. expected 4, actual 5", "size_mismatch"),
+        ("3/1: tensor 'x' stride mismatch at index 1. expected 1, actual 4", "stride_mismatch"),
+        ("0/0: tensor 'x' rank mismatch. expected 2, actual 3", "rank_mismatch"),
+        ("7/0: tensor 'x' dtype mismatch. expected Float, actual Double", "dtype_mismatch"),
+        ("7/2: tensor 'x' requires_grad mismatch. expected requires_grad=1", "requires_grad_mismatch"),
+        (
+            "0/0: tensor 'x' dispatch key set mismatch. expected DispatchKeySet(CPU), actual DispatchKeySet(XLA)",
+            "dispatch_key_mismatch",
+        ),
+        ("7/4: GLOBAL_STATE changed: grad_mode ", "global_state"),
+        ("1/0: n == 2                                  # return x * n  # train.py:10 in step", "value_changed"),
+        ("8/1: ___check_type_id(n, 140295891407360)    # def f(x, n): ...", "type_mismatch"),
+        ("2/0: ___check_obj_id(self.fn, 140295891407360)", "id_mismatch"),
+        ("0/1: 2 <= x.size()[0]", "size_mismatch"),
+        # torch 2.11 and later append the user's stack, whose code is not the guard's
+        (
+            '0/0: n == 0  # return x + n  # train.py:94 in shifted\nUser stack trace:\n  File "train.py", line 94, in '
+            "shifted\n    return x.size()[0] + n",
+            "value_changed",
+        ),
+        ("Unable to find recompilation reasons", "other"),
+        (None, "other"),
+    ],
+)
 def test_a_failed_guard_is_reduced_to_a_bounded_reason(guard, reason):
     from neuron_exporter.training.torch_compile import RECOMPILE_REASONS, guard_reason
 
     assert guard_reason(guard) == reason and reason in RECOMPILE_REASONS
 
 
-@pytest.mark.parametrize("message, reason", [
-    ("Failed to trace builtin operator\n  Explanation: ... builtin operator `print` with argument types", "print"),
-    ("Data-dependent branching\n  Explanation: Detected data-dependent branching", "data_dependent_branch"),
-    ("Unsupported Tensor.item() call with capture_scalar_outputs=False\n", "tensor_value"),
-    ("Call to `torch._dynamo.graph_break()`\n", "explicit"),
-    ("Skip calling `torch.compiler.disable()`d function\n", "disabled_function"),
-    ("Unsupported Tensor.backward() call\n", "autograd"),
-    ("Failed to trace builtin operator\n  Explanation: ... builtin operator `setattr`", "store_attr"),
-    ("Failed to trace builtin operator\n  Explanation: ... builtin operator `ord`", "unsupported_builtin"),
-    ("Unsupported method call\n", "unsupported_call"),
-    # torch 2.10 and later say which instruction broke, before the reason
-    ("Encountered graph break when attempting to trace CALL: a function call, e.g. f(x, y):\n\nUnsupported method "
-     "call\n", "unsupported_call"),
-    ("Attempt to trace generator\n", "other"),
-])
+@pytest.mark.parametrize(
+    "message, reason",
+    [
+        ("Failed to trace builtin operator\n  Explanation: ... builtin operator `print` with argument types", "print"),
+        ("Data-dependent branching\n  Explanation: Detected data-dependent branching", "data_dependent_branch"),
+        ("Unsupported Tensor.item() call with capture_scalar_outputs=False\n", "tensor_value"),
+        ("Call to `torch._dynamo.graph_break()`\n", "explicit"),
+        ("Skip calling `torch.compiler.disable()`d function\n", "disabled_function"),
+        ("Unsupported Tensor.backward() call\n", "autograd"),
+        ("Failed to trace builtin operator\n  Explanation: ... builtin operator `setattr`", "store_attr"),
+        ("Failed to trace builtin operator\n  Explanation: ... builtin operator `ord`", "unsupported_builtin"),
+        ("Unsupported method call\n", "unsupported_call"),
+        # torch 2.10 and later say which instruction broke, before the reason
+        (
+            "Encountered graph break when attempting to trace CALL: a function call, e.g. f(x, y):\n\n"
+            "Unsupported method call\n",
+            "unsupported_call",
+        ),
+        ("Attempt to trace generator\n", "other"),
+    ],
+)
 def test_a_graph_break_reason_is_reduced_to_a_bounded_reason(message, reason):
     from neuron_exporter.training.torch_compile import GRAPH_BREAK_REASONS, break_reason
 
@@ -260,23 +320,55 @@ def test_the_diagnosis_ranks_compile_findings_over_ranks_and_ignores_parts_of_th
     def rank(name: str, part) -> dict:
         return {"rank": name, "local_rank": name, "steps": 10, "sites": [], "torch_compile": part}
 
-    part = {"mode": "full", "compilations": 3, "recompilations": 2, "graph_breaks": 1, "recompile_limit_hits": 0,
-            "compile_seconds": 1.25,
-            "functions": [{"location": "train.py:12", "function": "step", "compilations": 3,
-                           "recompilations": {"size_mismatch": 2}, "recompile_limit_hits": 0,
-                           "failed_guards": [{"reason": "size_mismatch", "compile_id": "0/2",
-                                              "guard": "tensor 'x' size mismatch at index 0. expected 5, actual 6"}]}],
-            "graph_break_sites": [{"location": "train.py:20", "reason": "print", "count": 1,
-                                   "message": "Failed to trace builtin operator\n  Explanation: print",
-                                   "frames": ["step (train.py:20)"], "compiling": "step (train.py:12, compile id 0/0)"}]}
-    document = diagnosis.merge([{"format": 1, "ranks": [rank("0", part), rank("1", part)]},
-                                {"format": 1, "ranks": [rank("2", "not a part"), rank("3", {"functions": [7]})]}])
+    part = {
+        "mode": "full",
+        "compilations": 3,
+        "recompilations": 2,
+        "graph_breaks": 1,
+        "recompile_limit_hits": 0,
+        "compile_seconds": 1.25,
+        "functions": [
+            {
+                "location": "train.py:12",
+                "function": "step",
+                "compilations": 3,
+                "recompilations": {"size_mismatch": 2},
+                "recompile_limit_hits": 0,
+                "failed_guards": [
+                    {
+                        "reason": "size_mismatch",
+                        "compile_id": "0/2",
+                        "guard": "tensor 'x' size mismatch at index 0. expected 5, actual 6",
+                    }
+                ],
+            }
+        ],
+        "graph_break_sites": [
+            {
+                "location": "train.py:20",
+                "reason": "print",
+                "count": 1,
+                "message": "Failed to trace builtin operator\n  Explanation: print",
+                "frames": ["step (train.py:20)"],
+                "compiling": "step (train.py:12, compile id 0/0)",
+            }
+        ],
+    }
+    document = diagnosis.merge(
+        [
+            {"format": 1, "ranks": [rank("0", part), rank("1", part)]},
+            {"format": 1, "ranks": [rank("2", "not a part"), rank("3", {"functions": [7]})]},
+        ]
+    )
     text = diagnosis.render_text(document)
     lines = text.splitlines()
-    assert lines[1] == ("torch.compile on 2 ranks: 6 compilations, 4 recompilations, 2 graph breaks, 0 functions at "
-                        "the recompile limit, 2.5 s compiling.")
-    assert lines[3] == ("1. train.py:12: 4 torch.compile recompilations of step(): size_mismatch 4 (ranks 0, 1): "
-                        "0.20 per step")
+    assert lines[1] == (
+        "torch.compile on 2 ranks: 6 compilations, 4 recompilations, 2 graph breaks, 0 functions at "
+        "the recompile limit, 2.5 s compiling."
+    )
+    assert lines[3] == (
+        "1. train.py:12: 4 torch.compile recompilations of step(): size_mismatch 4 (ranks 0, 1): 0.20 per step"
+    )
     assert "failed guard (size_mismatch): tensor 'x' size mismatch at index 0. expected 5, actual 6" in text
     assert "2. train.py:20: 2 torch.compile graph breaks (print or logging) (ranks 0, 1)\n" in text
     assert "while compiling step (train.py:12, compile id 0/0)" in text

@@ -38,8 +38,9 @@ class GraphBreakLog(logging.Handler):
         message = record.getMessage()
         where = re.search(r"in user code at (.+?):(\d+)", message)
         reason = re.search(r"Graph Break Reason: (.*)", message)
-        self.breaks.append((f"{Path(where.group(1)).name}:{where.group(2)}" if where else None,
-                            reason.group(1) if reason else None))
+        self.breaks.append(
+            (f"{Path(where.group(1)).name}:{where.group(2)}" if where else None, reason.group(1) if reason else None)
+        )
 
 
 @pytest.fixture
@@ -95,17 +96,18 @@ def dynamo_records() -> dict:
     code object (a backward graph's record shares its forward's id); compile time is the sum over all records."""
     records = [r for r in get_compilation_metrics() if not r.is_runtime]
     named = [r for r in records if r.co_filename]
-    return {"compilations": len({r.compile_id for r in named}),
-            "recompilations": len({r.compile_id for r in named if r.recompile_reason}),
-            "functions": {f"{Path(r.co_filename).name}:{r.co_firstlineno}" for r in named},
-            "compile_seconds": sum((r.duration_us or 0) / 1e6 for r in records),
-            "unnamed": [r for r in records if not r.co_filename]}
+    return {
+        "compilations": len({r.compile_id for r in named}),
+        "recompilations": len({r.compile_id for r in named if r.recompile_reason}),
+        "functions": {f"{Path(r.co_filename).name}:{r.co_firstlineno}" for r in named},
+        "compile_seconds": sum((r.duration_us or 0) / 1e6 for r in records),
+        "unnamed": [r for r in records if not r.co_filename],
+    }
 
 
 def assert_full(source: TorchCompileSource) -> None:
     assert source.mode == "full" and source.readable == torch_compile.READABLE
-    assert series(source, "neuron_exporter_torch_compile_readable") == {
-        (name,): 1.0 for name in torch_compile.READABLE}
+    assert series(source, "neuron_exporter_torch_compile_readable") == {(name,): 1.0 for name in torch_compile.READABLE}
 
 
 # -- the compiled code: each marked line is one the tests look for ---------------------------------------------------
@@ -179,15 +181,17 @@ def test_a_batch_size_that_changes_is_a_recompilation_by_size_mismatch_at_the_fu
     own = dynamo_records()
     function = marked("shapes function")
     assert own["functions"] == {function} and own["recompilations"] >= 1
-    assert series(source, "torch_compile_recompilations_total") == {
-        (function, "size_mismatch"): own["recompilations"]}
+    assert series(source, "torch_compile_recompilations_total") == {(function, "size_mismatch"): own["recompilations"]}
     assert series(source, "torch_compile_compilations_total") == {(function,): own["compilations"]}
     assert series(source, "torch_compile_graph_breaks_total") == {}
     assert series(source, "torch_compile_compile_seconds_total")[()] == pytest.approx(own["compile_seconds"])
     (entry,) = source.diagnosis()["functions"]
     assert entry["function"] == "shapes" and Path(entry["location"]).name == function
-    assert entry["failed_guards"][0] == {"reason": "size_mismatch", "compile_id": "0/1",
-                                         "guard": "tensor 'x' size mismatch at index 0. expected 4, actual 5"}
+    assert entry["failed_guards"][0] == {
+        "reason": "size_mismatch",
+        "compile_id": "0/1",
+        "guard": "tensor 'x' size mismatch at index 0. expected 4, actual 5",
+    }
     assert_full(source)
 
 
@@ -249,9 +253,13 @@ def workload() -> None:
 
 def own_account(graph_break_log: GraphBreakLog) -> dict:
     """Everything dynamo recorded, but times."""
-    return {"records": [(r.compile_id, r.co_name, r.co_firstlineno, r.is_forward, r.recompile_reason, r.fail_type,
-                         r.graph_op_count) for r in get_compilation_metrics()],
-            "graph_breaks": list(graph_break_log.breaks)}
+    return {
+        "records": [
+            (r.compile_id, r.co_name, r.co_firstlineno, r.is_forward, r.recompile_reason, r.fail_type, r.graph_op_count)
+            for r in get_compilation_metrics()
+        ],
+        "graph_breaks": list(graph_break_log.breaks),
+    }
 
 
 def test_the_exporter_adds_no_graph_break_and_no_recompilation(graph_break_log):
@@ -293,7 +301,8 @@ def test_an_unknown_graph_break_call_leaves_the_rest_counted_and_is_said_once(mo
         own = dynamo_records()
         assert sum(series(read, "torch_compile_compilations_total").values()) == own["compilations"]
         assert series(read, "torch_compile_recompilations_total") == {
-            (marked("shapes function"), "size_mismatch"): own["recompilations"]}
+            (marked("shapes function"), "size_mismatch"): own["recompilations"]
+        }
     finally:
         read.uninstall()
         fresh_dynamo()

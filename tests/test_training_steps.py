@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import pytest
 import json
 
+import pytest
 from conftest import SCRIPTS, TrainingRun, marked_line, scrape, series, total, value
 
 STEPS = 10

@@ -24,8 +24,10 @@ USER, PASSWORD = "prometheus", "s3cret"
 def web_config(directory: Path, cost: int = 4, users: dict[str, str] | None = None) -> Path:
     """A web config (no TLS) with ``users`` (name -> password), hashed at ``cost``."""
     users = users or {USER: PASSWORD}
-    lines = [f"  {name}: {bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=cost)).decode()}"
-             for name, password in users.items()]
+    lines = [
+        f"  {name}: {bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=cost)).decode()}"
+        for name, password in users.items()
+    ]
     path = directory / "web.yml"
     path.write_text("basic_auth_users:\n" + "\n".join(lines) + "\n")
     return path
@@ -62,15 +64,17 @@ def count_checks(monkeypatch):
     return start
 
 
-def request(connection: http.client.HTTPConnection, auth: tuple[str, str] | None, method: str = "GET",
-            path: str = "/metrics") -> tuple[int, bytes, http.client.HTTPResponse]:
+def request(
+    connection: http.client.HTTPConnection, auth: tuple[str, str] | None, method: str = "GET", path: str = "/metrics"
+) -> tuple[int, bytes, http.client.HTTPResponse]:
     connection.request(method, path, headers=authorization(*auth) if auth else {})
     response = connection.getresponse()
     return response.status, response.read(), response
 
 
-def test_a_wrong_password_flood_is_rate_limited_and_a_logged_in_scraper_keeps_scraping(server, tmp_path,
-                                                                                       count_checks, monkeypatch):
+def test_a_wrong_password_flood_is_rate_limited_and_a_logged_in_scraper_keeps_scraping(
+    server, tmp_path, count_checks, monkeypatch
+):
     monkeypatch.setattr(basic_auth, "CLIENT_REFILL_SECONDS", 3600.0)  # no refill during the test: exact counts
     monkeypatch.setattr(http_server, "REFUSALS_BURST", 10**6)  # this test is about bcrypt; see test_web_limits.py
     s = server(web_config=web_config(tmp_path, cost=6))
@@ -122,8 +126,9 @@ def connect(port: int, client: int) -> http.client.HTTPConnection:
     return http.client.HTTPConnection("127.0.0.1", port, timeout=30, source_address=(f"127.0.0.{client}", 0))
 
 
-def test_guesses_from_many_addresses_never_refuse_a_client_that_has_not_failed(server, tmp_path, count_checks,
-                                                                                  monkeypatch):
+def test_guesses_from_many_addresses_never_refuse_a_client_that_has_not_failed(
+    server, tmp_path, count_checks, monkeypatch
+):
     monkeypatch.setattr(basic_auth, "CLIENT_REFILL_SECONDS", 3600.0)
     monkeypatch.setattr(http_server, "REFUSALS_BURST", 10**6)  # this test is about bcrypt; see test_web_limits.py
     scrapers = {f"scraper{n}": f"password{n}" for n in range(5)}
@@ -235,8 +240,16 @@ def test_a_password_over_72_bytes_is_a_401(server, tmp_path, count_checks):
     assert len(checks.costs) == 2
 
 
-@pytest.mark.parametrize("header", ["Basic !!!", "Bearer abc", "Basic " + base64.b64encode(b"no-colon").decode(),
-                                    "Basic " + base64.b64encode(b"\xff\xfe:x").decode(), "Basic é"])
+@pytest.mark.parametrize(
+    "header",
+    [
+        "Basic !!!",
+        "Bearer abc",
+        "Basic " + base64.b64encode(b"no-colon").decode(),
+        "Basic " + base64.b64encode(b"\xff\xfe:x").decode(),
+        "Basic é",
+    ],
+)
 def test_a_malformed_authorization_is_a_401_without_bcrypt(server, tmp_path, count_checks, header):
     s = server(web_config=web_config(tmp_path))
     checks = count_checks()

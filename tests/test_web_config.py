@@ -27,10 +27,30 @@ bcrypt = pytest.importorskip("bcrypt", reason="basic auth needs the 'auth' extra
 
 def make_certificate(directory: Path, name: str = "server") -> bytes:
     """A self-signed certificate for 127.0.0.1 (``name``.crt, ``name``.key); returns it in DER form."""
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-                    "-nodes", "-days", "1", "-keyout", str(directory / f"{name}.key"),
-                    "-out", str(directory / f"{name}.crt"), "-subj", "/CN=localhost",
-                    "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-days",
+            "1",
+            "-keyout",
+            str(directory / f"{name}.key"),
+            "-out",
+            str(directory / f"{name}.crt"),
+            "-subj",
+            "/CN=localhost",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+        ],
+        check=True,
+        capture_output=True,
+    )
     return ssl.PEM_cert_to_DER_cert((directory / f"{name}.crt").read_text())
 
 
@@ -47,22 +67,31 @@ def certificate(tmp_path_factory) -> Path:
 
 # -- one line for every bad file -------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("data, expected", [
-    ("basic_auth_users: {}\n".encode("utf-16"), ":1: the file is UTF-16; a web config must be UTF-8"),
-    ("basic_auth_users: {}\n".encode("utf-16-le"), ":1: NUL byte (UTF-16 or a binary file?); a web config must"),
-    (b"basic_auth_users:\n  jos\xe9: x\n", ":2: not UTF-8 (byte 0xe9); a web config must be UTF-8"),
-    (b"tls_server_config:\n  cert_file: a\x00b\n", ":2: NUL byte"),
-    (b"basic_auth_users: " + b"[" * 5000 + b"]" * 5000 + b"\n", ":1: nested deeper than 50 levels"),
-    (b"a:\n" + b"".join(b" " * n + b"b:\n" for n in range(1, 200)), ":51: nested deeper than 50 levels"),
-    (b"# " + b"x" * (2 << 20) + b"\n", ": too large for a web config (more than 1048576 bytes)"),
-    (b"basic_auth_users:\n  alice: \x07\n", ":2: invalid YAML: character '\\x07' is not allowed"),
-    (b'"cipher\\nsuites": x\n', ':1: unsupported key "cipher\\nsuites"'),
-    (b"basic_auth_users:\n  alice: $2y$99$" + b"a" * 53 + b"\n", ":2: basic_auth_users.alice: bcrypt cost 99 is out"),
-    (b"basic_auth_users:\n  alice: $2y$10$" + b"z" * 53 + b"\n", ":2: basic_auth_users.alice: not a valid bcrypt"),
-    (b"tls_server_config:\n  cert_file: server.crt\n  key_file: .\n", ":3: tls_server_config.key_file: cannot read "
-                                                                        '".": not a regular file'),
-    (b"basic_auth_users: *nothing\n", ":1: invalid YAML: found undefined alias 'nothing'"),
-])
+
+@pytest.mark.parametrize(
+    "data, expected",
+    [
+        ("basic_auth_users: {}\n".encode("utf-16"), ":1: the file is UTF-16; a web config must be UTF-8"),
+        ("basic_auth_users: {}\n".encode("utf-16-le"), ":1: NUL byte (UTF-16 or a binary file?); a web config must"),
+        (b"basic_auth_users:\n  jos\xe9: x\n", ":2: not UTF-8 (byte 0xe9); a web config must be UTF-8"),
+        (b"tls_server_config:\n  cert_file: a\x00b\n", ":2: NUL byte"),
+        (b"basic_auth_users: " + b"[" * 5000 + b"]" * 5000 + b"\n", ":1: nested deeper than 50 levels"),
+        (b"a:\n" + b"".join(b" " * n + b"b:\n" for n in range(1, 200)), ":51: nested deeper than 50 levels"),
+        (b"# " + b"x" * (2 << 20) + b"\n", ": too large for a web config (more than 1048576 bytes)"),
+        (b"basic_auth_users:\n  alice: \x07\n", ":2: invalid YAML: character '\\x07' is not allowed"),
+        (b'"cipher\\nsuites": x\n', ':1: unsupported key "cipher\\nsuites"'),
+        (
+            b"basic_auth_users:\n  alice: $2y$99$" + b"a" * 53 + b"\n",
+            ":2: basic_auth_users.alice: bcrypt cost 99 is out",
+        ),
+        (b"basic_auth_users:\n  alice: $2y$10$" + b"z" * 53 + b"\n", ":2: basic_auth_users.alice: not a valid bcrypt"),
+        (
+            b"tls_server_config:\n  cert_file: server.crt\n  key_file: .\n",
+            ':3: tls_server_config.key_file: cannot read ".": not a regular file',
+        ),
+        (b"basic_auth_users: *nothing\n", ":1: invalid YAML: found undefined alias 'nothing'"),
+    ],
+)
 def test_a_bad_file_is_one_line(certificate, data, expected):
     path = certificate / "bad.yml"
     path.write_bytes(data)
@@ -82,9 +111,25 @@ def test_a_fifo_is_refused_without_blocking(tmp_path):
 def test_the_daemon_prints_one_line_for_a_bad_web_config(tmp_path, data):
     (tmp_path / "web.yml").write_bytes(data)
     result = subprocess.run(
-        [sys.executable, "-m", "neuron_exporter", "serve", "--addr", "127.0.0.1", "--port", "0", "--spool-dir",
-         str(tmp_path / "spool"), "--web.config.file", str(tmp_path / "web.yml")],
-        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=60)
+        [
+            sys.executable,
+            "-m",
+            "neuron_exporter",
+            "serve",
+            "--addr",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--spool-dir",
+            str(tmp_path / "spool"),
+            "--web.config.file",
+            str(tmp_path / "web.yml"),
+        ],
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr, result.stderr
     assert f"{tmp_path / 'web.yml'}:1: " in result.stderr
@@ -118,6 +163,7 @@ def test_fuzz_load_web_config(certificate):
 
 
 # -- re-read while serving ------------------------------------------------------------------------------------------
+
 
 def served_certificate(port: int) -> bytes:
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
@@ -174,7 +220,11 @@ def test_tls_cannot_be_turned_off_by_a_reload(certificate, tmp_path, caplog):
     config.write_text("tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n")
     with MetricsServer(lambda: b"ok\n", "127.0.0.1", 0, config) as s:
         config.write_text("basic_auth_users: {}\n")
-        wait_until(lambda: served_certificate(s.port) and any("TLS cannot be turned off" in r.getMessage()
-                                                              for r in caplog.records),
-                   timeout=30, what="the refused reload")
+        wait_until(
+            lambda: (
+                served_certificate(s.port) and any("TLS cannot be turned off" in r.getMessage() for r in caplog.records)
+            ),
+            timeout=30,
+            what="the refused reload",
+        )
         assert served_certificate(s.port) == ssl.PEM_cert_to_DER_cert((tmp_path / "server.crt").read_text())

@@ -67,8 +67,10 @@ def test_500_stalled_connections_leave_threads_bounded_and_a_scrape_answered(ser
         most_threads = max(most_threads, threading.active_count())
         assert most_threads - before <= 1 + WORKERS  # the loop thread and the workers, whatever the clients do
         # The server closed the connections that waited longest, to keep at most MAX_CONNECTIONS open.
-        wait_until(lambda: sum(map(closed_by_server, stalled)) >= len(stalled) - MAX_CONNECTIONS,
-                   what="the oldest stalled connections to be closed")
+        wait_until(
+            lambda: sum(map(closed_by_server, stalled)) >= len(stalled) - MAX_CONNECTIONS,
+            what="the oldest stalled connections to be closed",
+        )
     finally:
         scraper.close()
         for sock in stalled:
@@ -81,6 +83,7 @@ def test_a_trickling_client_is_closed_at_its_head_deadline(server, monkeypatch):
     request = b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nUser-Agent: " + b"x" * 200 + b"\r\n\r\n"
     closed = threading.Event()
     with socket.create_connection(("127.0.0.1", s.port), timeout=60) as sock:
+
         def read():
             try:
                 sock.recv(65536)  # nothing comes but the end of the connection
@@ -94,7 +97,7 @@ def test_a_trickling_client_is_closed_at_its_head_deadline(server, monkeypatch):
         # One byte every 50 ms: every read of the server finishes at once, the head never does.
         while sent < len(request) and not closed.wait(0.05):
             try:
-                sock.send(request[sent:sent + 1])
+                sock.send(request[sent : sent + 1])
             except OSError:
                 break
             sent += 1
@@ -189,7 +192,9 @@ def test_a_paused_client_is_answered_when_its_rate_allows(server, monkeypatch):
     monkeypatch.setattr(http_server, "REFUSAL_REFILL_SECONDS", 0.2)
     s = server()
     # Pipelined: after the first refusal the connection is paused; the rest wait in its buffer, unread.
-    reply = raw_exchange(s.port, b"GET /nope HTTP/1.1\r\nHost: x\r\n\r\n" * 3
-                                 + b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    reply = raw_exchange(
+        s.port,
+        b"GET /nope HTTP/1.1\r\nHost: x\r\n\r\n" * 3 + b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    )
     assert re.findall(rb"HTTP/1.1 (\d+)", reply) == [b"404", b"404", b"404", b"200"] and reply.endswith(BODY)
     assert scrape(s) == (200, BODY)  # a new connection of the paused client: parked at first, then answered

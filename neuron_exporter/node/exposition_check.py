@@ -4,8 +4,8 @@ A rank file is written by a training process, but anyone who can write to the sp
 The node endpoint serves a rank only if its exposition is what a rank writes: the text format 0.0.4 as
 prometheus_client renders it, line by line; only the exporter's own families, never one the node endpoint owns
 (``neuron_exporter_rank_up`` and the like); every sample labelled with the rank and local rank of the file's
-header (and its run), so a file cannot speak for another rank. One bad line and the whole rank is left out: a single malformed
-line would make Prometheus reject the whole node's scrape.
+header (and its run), so a file cannot speak for another rank. One bad line and the whole rank is left out: a single
+malformed line would make Prometheus reject the whole node's scrape.
 
 A rank rewrites its file every couple of seconds, usually with new values only. ``recheck`` compares a rewrite with
 the last checked exposition of the same file line by line: if every line but the sample values is the same, only the
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
 LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\\n]|\\[\\"n])*)"')
-LABELS = re.compile(rf'{LABEL.pattern}(?:,{LABEL.pattern})*,?')
+LABELS = re.compile(rf"{LABEL.pattern}(?:,{LABEL.pattern})*,?")
 SAMPLE = re.compile(rf"({NAME})(?:\{{(.*)\}})? ([^ ]+)")  # no timestamp: the endpoint serves the samples as now
 VALUE_PATTERN = r"[+-]?(?:Inf|NaN|(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?)"
 VALUE = re.compile(VALUE_PATTERN)
@@ -35,8 +35,12 @@ RESERVED_SUFFIXES = ("_bucket", "_sum", "_count")
 
 RANK_PREFIXES = ("xla_", "neuron_exporter_", "torch_compile_", "training_")
 # Families the node endpoint itself renders: a rank file must not publish them.
-NODE_FAMILIES = ("neuron_exporter_rank_up", "neuron_exporter_rank_state",
-                 "neuron_exporter_rank_last_report_timestamp_seconds", "neuron_exporter_ranks")
+NODE_FAMILIES = (
+    "neuron_exporter_rank_up",
+    "neuron_exporter_rank_state",
+    "neuron_exporter_rank_last_report_timestamp_seconds",
+    "neuron_exporter_ranks",
+)
 NODE_PREFIXES = ("neuron_exporter_host_", "neuron_exporter_spool_")
 SHOWN = 60  # characters of an offending line quoted in an error
 
@@ -66,8 +70,9 @@ def skeleton_and_values(exposition: bytes) -> tuple[bytes, list[bytes]]:
     return hashlib.sha256(b"\n".join(skeleton)).digest(), values
 
 
-def recheck(exposition: bytes, previous: CheckedExposition | None, rank: str, local_rank: str,
-            run_id: str) -> CheckedExposition:
+def recheck(
+    exposition: bytes, previous: CheckedExposition | None, rank: str, local_rank: str, run_id: str
+) -> CheckedExposition:
     """``exposition`` checked, by its values only when everything else is the same as ``previous`` (the same file's
     last checked exposition, for the same rank and run); ``ExpositionError`` if it is not served."""
     skeleton, values = skeleton_and_values(exposition)
@@ -91,7 +96,7 @@ def is_rank_family(name: str) -> bool:
 
 
 def _belongs(sample: str, family: str) -> bool:
-    if family.endswith("_total") and sample == family[:-len("_total")] + "_created":
+    if family.endswith("_total") and sample == family[: -len("_total")] + "_created":
         return True
     return any(sample == family + suffix for suffix in SAMPLE_SUFFIXES)
 
@@ -135,5 +140,6 @@ def check_exposition(exposition: bytes, rank: str, local_rank: str, run_id: str)
                 raise ExpositionError(f"{where}: malformed labels: {_shown(line)}")
             labels = dict(LABEL.findall(body))
             if labels.get("rank") != rank or labels.get("local_rank") != local_rank or labels.get("run_id") != run:
-                raise ExpositionError(f"{where}: a series of another rank in the file of rank {rank} of run {run_id}: "
-                                      f"{_shown(line)}")
+                raise ExpositionError(
+                    f"{where}: a series of another rank in the file of rank {rank} of run {run_id}: {_shown(line)}"
+                )

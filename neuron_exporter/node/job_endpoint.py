@@ -71,8 +71,14 @@ def main(argv: list[str] | None = None) -> int:
     options = Options(**config["options"])
     logging.basicConfig(level=options.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     endpoint = JobEndpoint(options, config["run_id"], Asker(link))
-    server = MetricsServer(endpoint.render, options.addr, options.port, options.web_config_file,
-                           pages={"/diagnosis": diagnosis.page(endpoint.diagnosis)}, listener=listener).start()
+    server = MetricsServer(
+        endpoint.render,
+        options.addr,
+        options.port,
+        options.web_config_file,
+        pages={"/diagnosis": diagnosis.page(endpoint.diagnosis)},
+        listener=listener,
+    ).start()
     while not stop.wait(PARENT_CHECK_SECONDS):
         if os.getppid() != parent or endpoint.asker.closed:
             break

@@ -22,21 +22,40 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
 from prometheus_client.utils import floatToGoString
 
-from .. import __version__
-from .. import diagnosis
+from .. import __version__, diagnosis
 from ..config import Options
 from .exposition_check import escape_label_value
 from .host_metrics import HostCollector
 from .spool import (
-    RankMeta, RankReport, RejectedFile, SpoolDirError, check_spool_dir, file_trust, is_expired, rank_order,
-    read_diagnosis, remove_rank_files, remove_stale_temp_files, trusted_owners, writer_alive)
+    RankMeta,
+    RankReport,
+    RejectedFile,
+    SpoolDirError,
+    check_spool_dir,
+    file_trust,
+    is_expired,
+    rank_order,
+    read_diagnosis,
+    remove_rank_files,
+    remove_stale_temp_files,
+    trusted_owners,
+    writer_alive,
+)
 from .spool_reader import SpoolReader
 
 log = logging.getLogger(__name__)
 
 STATES = ("running", "hung", "dead")
-REJECT_REASONS = ("not_regular", "too_large", "bad_header", "wrong_rank", "bad_exposition", "unreadable",
-                  "over_budget", "untrusted_owner")
+REJECT_REASONS = (
+    "not_regular",
+    "too_large",
+    "bad_header",
+    "wrong_rank",
+    "bad_exposition",
+    "unreadable",
+    "over_budget",
+    "untrusted_owner",
+)
 MAX_LOGGED_REJECTIONS = 100
 READ_INTERVAL_SECONDS = 0.25  # with start_reading(): how often changed files are checked
 IDLE_SECONDS = 600.0  # with start_reading(): no scrape for this long, no checking
@@ -104,8 +123,14 @@ class NodeView:
         self.run_id = run_id
         self._trusted = trusted_owners(options.spool_trusted_users)
         self._file_trust = file_trust(options.spool_mode, self._trusted)
-        self._reader = SpoolReader(options.spool_dir, options.spool_max_file_bytes, options.spool_max_total_bytes,
-                                   options.spool_max_files, run_id, self._file_trust)
+        self._reader = SpoolReader(
+            options.spool_dir,
+            options.spool_max_file_bytes,
+            options.spool_max_total_bytes,
+            options.spool_max_files,
+            run_id,
+            self._file_trust,
+        )
         self._split: dict[Path, tuple[bytes, list[Family]]] = {}  # rank file -> (exposition, its families)
         self._host = HostCollector()
         self._process = ProcessCollector(registry=None)
@@ -120,8 +145,9 @@ class NodeView:
         """Check changed rank files on a thread of their own, so that scrapes send what was already checked. While
         nobody scrapes (``IDLE_SECONDS``), nothing is read; the first scrape after that reads what changed itself."""
         if self._reading is None:
-            self._reading = threading.Thread(target=self._read_changed_files, name="neuron-exporter-spool-reader",
-                                             daemon=True)
+            self._reading = threading.Thread(
+                target=self._read_changed_files, name="neuron-exporter-spool-reader", daemon=True
+            )
             self._reading.start()
         return self
 
@@ -134,14 +160,15 @@ class NodeView:
                 except Exception as error:  # noqa: BLE001 (the scrape path reads what this could not)
                     self._log_once("", "reader", f"reading the spool directory failed: {error}")
 
-    def statuses(self, own: tuple[RankMeta | Mapping, bytes] | None = None, now: float | None = None,
-                 own_idle: bool = False) -> list[RankStatus]:
+    def statuses(
+        self, own: tuple[RankMeta | Mapping, bytes] | None = None, now: float | None = None, own_idle: bool = False
+    ) -> list[RankStatus]:
         """Every rank the endpoint serves, with its state; deletes the files of dead ranks past the expiry.
         ``own_idle``: the serving process has not trained, so another process that reports its rank (the worker a
         launcher started) is shown instead of it."""
         now = time.time() if now is None else now
         statuses = []
-        own_meta = RankMeta.of(own[0]) if own is not None else None
+        own_meta, own_exposition = (RankMeta.of(own[0]), own[1]) if own is not None else (None, b"")
         for report in self._spool_reports(now):
             alive = writer_alive(report, self._file_trust)
             if self.run_id is not None and report.meta.run_id != self.run_id:
@@ -156,7 +183,7 @@ class NodeView:
                 continue
             statuses.append(self._status(report.meta, report.exposition, alive, report.mtime, now, report.path))
         if own_meta is not None:
-            statuses.append(self._status(own_meta, own[1], alive=True, written=now, now=now))
+            statuses.append(self._status(own_meta, own_exposition, alive=True, written=now, now=now))
         return sorted(statuses, key=lambda s: (s.meta.run_id, rank_order(s.meta.rank)))
 
     def _spool_reports(self, now: float) -> list[RankReport]:
@@ -174,16 +201,20 @@ class NodeView:
         scraped, self._last_scrape = self._last_scrape, time.monotonic()
         background = self._reading is not None and self._last_scrape - scraped < IDLE_SECONDS
         reports, self.rejected = self._reader.refresh(read_changed=not background)
-        for name, error in self.rejected:
-            if error.reason != "over_budget":
-                self._log_once(name, error.reason, f"{name}: {error}")
+        for name, rejection in self.rejected:
+            if rejection.reason != "over_budget":
+                self._log_once(name, rejection.reason, f"{name}: {rejection}")
         if self._reader.over_budget and not self._budget_logged:
             self._budget_logged = True
-            log.warning("neuron-exporter: not serving %d files of the spool directory %s: it holds more than the %d "
-                        "files or %d bytes the endpoint reads (spool_max_files, spool_max_total_bytes); "
-                        "neuron_exporter_spool_rejected_files{reason=\"over_budget\"} counts them",
-                        self._reader.over_budget, directory, self.options.spool_max_files,
-                        self.options.spool_max_total_bytes)
+            log.warning(
+                "neuron-exporter: not serving %d files of the spool directory %s: it holds more than the %d "
+                "files or %d bytes the endpoint reads (spool_max_files, spool_max_total_bytes); "
+                'neuron_exporter_spool_rejected_files{reason="over_budget"} counts them',
+                self._reader.over_budget,
+                directory,
+                self.options.spool_max_files,
+                self.options.spool_max_total_bytes,
+            )
         return reports
 
     def _log_once(self, name: str, reason: str, message: str) -> None:
@@ -191,8 +222,15 @@ class NodeView:
             self._logged.add((name, reason))
             log.warning("neuron-exporter: not serving from the spool directory: %s", message)
 
-    def _status(self, meta: RankMeta, exposition: bytes, alive: bool | None, written: float,
-                now: float, path: Path | None = None) -> RankStatus:
+    def _status(
+        self,
+        meta: RankMeta,
+        exposition: bytes,
+        alive: bool | None,
+        written: float,
+        now: float,
+        path: Path | None = None,
+    ) -> RankStatus:
         progress = meta.last_step_time if meta.last_step_time is not None else written
         if meta.finished:
             state = None
@@ -211,9 +249,11 @@ class NodeView:
         own_ranks = {(str(r.get("run_id")), str(r.get("rank"))) for r in own.get("ranks", [])} if own else set()
         now = time.time()
         for report in self._spool_reports(now):
-            if (report.meta.run_id, report.meta.rank) in own_ranks or (
-                    self.run_id is not None and report.meta.run_id != self.run_id) or is_expired(
-                    report, self.options.expire_after_seconds, now):
+            if (
+                (report.meta.run_id, report.meta.rank) in own_ranks
+                or (self.run_id is not None and report.meta.run_id != self.run_id)
+                or is_expired(report, self.options.expire_after_seconds, now)
+            ):
                 continue
             try:
                 data = read_diagnosis(report, diagnosis.MAX_BYTES, self._file_trust)
@@ -228,8 +268,15 @@ class NodeView:
                 self._log_once(report.path.name, "bad_diagnosis", str(error))
                 continue
             # A rank file speaks only for its own rank.
-            documents.append({"ranks": [r for r in document["ranks"] if (str(r.get("run_id")), str(r.get("rank")))
-                                        == (report.meta.run_id, report.meta.rank)]})
+            documents.append(
+                {
+                    "ranks": [
+                        r
+                        for r in document["ranks"]
+                        if (str(r.get("run_id")), str(r.get("rank"))) == (report.meta.run_id, report.meta.rank)
+                    ]
+                }
+            )
         return diagnosis.merge(documents)
 
     def render(self, own: tuple[RankMeta | Mapping, bytes] | None = None, own_idle: bool = False) -> bytes:
@@ -239,8 +286,7 @@ class NodeView:
         # process_* metrics (a rank's are xla_process_*, and a rank file may hold no process_* family).
         daemon = self._process if own is None else None
         node = generate_latest(_NodeMetrics(statuses, self._host, self.rejected, self.spool_dir_ok, daemon))
-        return merge_families([*(self._families(s) for s in statuses), rank_families(statuses),
-                               split_families(node)])
+        return merge_families([*(self._families(s) for s in statuses), rank_families(statuses), split_families(node)])
 
     def _families(self, status: RankStatus) -> list[Family]:
         """A rank's families, split once per version of its file."""
@@ -272,23 +318,35 @@ def rank_families(statuses: list[RankStatus]) -> list[Family]:
     for status in statuses:
         meta = status.meta
         labels = f'run_id="{escape_label_value(meta.run_id)}",rank="{meta.rank}",local_rank="{meta.local_rank}"'
-        last.append(f"neuron_exporter_rank_last_report_timestamp_seconds{{{labels}}} "
-                    f"{floatToGoString(status.last_report)}".encode())
+        last.append(
+            f"neuron_exporter_rank_last_report_timestamp_seconds{{{labels}}} "
+            f"{floatToGoString(status.last_report)}".encode()
+        )
         if status.state is None:
             continue
         up.append(f"neuron_exporter_rank_up{{{labels}}} {'1.0' if status.state == 'running' else '0.0'}".encode())
         for name in STATES:
-            state.append(f'neuron_exporter_rank_state{{{labels},state="{name}"}} '
-                         f"{'1.0' if status.state == name else '0.0'}".encode())
-    return [(name, name + b" " + help_text, b"# TYPE " + name + b" gauge", b"\n".join(lines))
-            for (name, help_text), lines in zip(RANK_FAMILIES, (up, state, last))]
+            state.append(
+                f'neuron_exporter_rank_state{{{labels},state="{name}"}} '
+                f"{'1.0' if status.state == name else '0.0'}".encode()
+            )
+    return [
+        (name, name + b" " + help_text, b"# TYPE " + name + b" gauge", b"\n".join(lines))
+        for (name, help_text), lines in zip(RANK_FAMILIES, (up, state, last), strict=True)
+    ]
 
 
 class _NodeMetrics:
     """The endpoint's own families, as a collector for ``generate_latest``."""
 
-    def __init__(self, statuses: list[RankStatus], host: HostCollector, rejected: list[tuple[str, RejectedFile]],
-                 spool_dir_ok: bool, daemon: ProcessCollector | None = None):
+    def __init__(
+        self,
+        statuses: list[RankStatus],
+        host: HostCollector,
+        rejected: list[tuple[str, RejectedFile]],
+        spool_dir_ok: bool,
+        daemon: ProcessCollector | None = None,
+    ):
         self.statuses = statuses
         self.host = host
         self.rejected = rejected
@@ -296,22 +354,29 @@ class _NodeMetrics:
         self.daemon = daemon
 
     def collect(self) -> Iterator[Metric]:
-        yield GaugeMetricFamily("neuron_exporter_ranks", "Ranks the node endpoint knows (running, hung or dead)",
-                                value=len(self.statuses))
-        bad = GaugeMetricFamily("neuron_exporter_spool_rejected_files",
-                                "Files in the spool directory that are not served, by reason (see the log)",
-                                labels=["reason"])
+        yield GaugeMetricFamily(
+            "neuron_exporter_ranks", "Ranks the node endpoint knows (running, hung or dead)", value=len(self.statuses)
+        )
+        bad = GaugeMetricFamily(
+            "neuron_exporter_spool_rejected_files",
+            "Files in the spool directory that are not served, by reason (see the log)",
+            labels=["reason"],
+        )
         for reason in REJECT_REASONS:
             bad.add_metric([reason], sum(1 for _, error in self.rejected if error.reason == reason))
         yield bad
-        yield GaugeMetricFamily("neuron_exporter_spool_directory_ok",
-                                "0 if the spool directory is unsafe to read (see the log), else 1 (also before it "
-                                "exists)",
-                                value=1.0 if self.spool_dir_ok else 0.0)
+        yield GaugeMetricFamily(
+            "neuron_exporter_spool_directory_ok",
+            "0 if the spool directory is unsafe to read (see the log), else 1 (also before it exists)",
+            value=1.0 if self.spool_dir_ok else 0.0,
+        )
         yield from self.host.collect()
         if self.daemon is not None:  # no rank labels: the ranks' build_info series carry theirs
-            info = GaugeMetricFamily("neuron_exporter_build_info", "Versions of the exporter and of what it runs with",
-                                     labels=["version", "python_version"])
+            info = GaugeMetricFamily(
+                "neuron_exporter_build_info",
+                "Versions of the exporter and of what it runs with",
+                labels=["version", "python_version"],
+            )
             info.add_metric([__version__, platform.python_version()], 1)
             yield info
             yield from self.daemon.collect()

@@ -31,8 +31,19 @@ log = logging.getLogger("neuron_exporter")
 AUTOSTART_DIR = Path(__file__).resolve().parents[1] / "training" / "autostart_path"
 # Signals not passed on: its own children's, the terminal's job control (the command's group has the terminal), and
 # faults, which a Python handler cannot survive (the faulting instruction would run again and again).
-NOT_FORWARDED = {signal.SIGCHLD, signal.SIGTTIN, signal.SIGTTOU, signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE,
-                 signal.SIGILL, signal.SIGTRAP, signal.SIGSYS, signal.SIGKILL, signal.SIGSTOP}
+NOT_FORWARDED = {
+    signal.SIGCHLD,
+    signal.SIGTTIN,
+    signal.SIGTTOU,
+    signal.SIGSEGV,
+    signal.SIGBUS,
+    signal.SIGFPE,
+    signal.SIGILL,
+    signal.SIGTRAP,
+    signal.SIGSYS,
+    signal.SIGKILL,
+    signal.SIGSTOP,
+}
 PR_SET_CHILD_SUBREAPER, PR_SET_PDEATHSIG = 36, 1
 DEFAULT_GRACE_SECONDS = 10.0
 KILL_WAIT_SECONDS = 5.0  # after SIGKILL, for the group's last members to be gone
@@ -43,14 +54,20 @@ EXIT_USAGE = 2
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
-        "run", help="run a command with the exporter attached to every torch_xla process it starts",
+        "run",
+        help="run a command with the exporter attached to every torch_xla process it starts",
         description="Run COMMAND (python train.py, torchrun ..., accelerate launch ...) with the exporter attached "
-                    "in every Python process that imports torch_xla, and serve every rank on one /metrics "
-                    "while it runs. Exits with COMMAND's exit code.")
+        "in every Python process that imports torch_xla, and serve every rank on one /metrics "
+        "while it runs. Exits with COMMAND's exit code.",
+    )
     add_options(parser)
-    parser.add_argument("--grace-seconds", metavar="SECONDS", default=str(DEFAULT_GRACE_SECONDS),
-                        help="when COMMAND ends, how long the processes it left get between SIGTERM and SIGKILL "
-                             f"(default {DEFAULT_GRACE_SECONDS:g})")
+    parser.add_argument(
+        "--grace-seconds",
+        metavar="SECONDS",
+        default=str(DEFAULT_GRACE_SECONDS),
+        help="when COMMAND ends, how long the processes it left get between SIGTERM and SIGKILL "
+        f"(default {DEFAULT_GRACE_SECONDS:g})",
+    )
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
     parser.set_defaults(run=run)
 
@@ -76,8 +93,11 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     grace = _seconds(args.grace_seconds)
     if grace is None:
-        print(f"neuron-exporter run: --grace-seconds: expected a number of seconds from 0 to 3600, got "
-              f"{args.grace_seconds!r:.100}", file=sys.stderr)
+        print(
+            f"neuron-exporter run: --grace-seconds: expected a number of seconds from 0 to 3600, got "
+            f"{args.grace_seconds!r:.100}",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
     loaded = load_options(args, "run")
     if isinstance(loaded, int):
@@ -92,8 +112,12 @@ def run(args: argparse.Namespace) -> int:
         server = node_server(NodeView(options).start_reading(), options, web_config).start()
         print(f"neuron-exporter run: serving every rank on {server.url}", file=sys.stderr, flush=True)
     except OSError as error:
-        log.warning("neuron-exporter run: cannot listen on %s:%s (%s); the ranks report to whoever holds it",
-                    options.addr, options.port, error.strerror or error)
+        log.warning(
+            "neuron-exporter run: cannot listen on %s:%s (%s); the ranks report to whoever holds it",
+            options.addr,
+            options.port,
+            error.strerror or error,
+        )
     try:
         return Supervisor(command, child_environment(options), grace).run()
     except OSError as error:
@@ -231,6 +255,7 @@ def _prctl(option: int, value: int) -> None:
 
 try:
     import ctypes
+
     _libc = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
 except (ImportError, OSError):
     _libc = None

@@ -41,10 +41,12 @@ EXIT_CONFIG = 2
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
-        "serve", help="serve every rank of this machine on one /metrics (the node daemon)",
+        "serve",
+        help="serve every rank of this machine on one /metrics (the node daemon)",
         description="Serve the metrics of every training rank on this machine, with each rank's liveness and "
-                    "host metrics, on one /metrics endpoint. Flags override NEURON_EXPORTER_* environment "
-                    "variables, which override the config file.")
+        "host metrics, on one /metrics endpoint. Flags override NEURON_EXPORTER_* environment "
+        "variables, which override the config file.",
+    )
     add_options(parser)
     parser.set_defaults(run=run)
 
@@ -54,16 +56,30 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--addr", metavar="ADDRESS", help="address to bind (default 0.0.0.0)")
     parser.add_argument("--port", metavar="PORT", help="port to bind (default 19478)")
     parser.add_argument("--spool-dir", metavar="DIR", help="directory the training ranks write to")
-    parser.add_argument("--spool-mode", metavar="MODE",
-                        help="who may read and write it: private (default), group, readable, group-shared, shared")
-    parser.add_argument("--spool-trusted-users", metavar="USERS",
-                        help="users (names or uids, comma-separated) whose spool directory and files are served, "
-                             "beyond root and this user")
+    parser.add_argument(
+        "--spool-mode",
+        metavar="MODE",
+        help="who may read and write it: private (default), group, readable, group-shared, shared",
+    )
+    parser.add_argument(
+        "--spool-trusted-users",
+        metavar="USERS",
+        help="users (names or uids, comma-separated) whose spool directory and files are served, "
+        "beyond root and this user",
+    )
     parser.add_argument("--hung-after-seconds", metavar="SECONDS", help="a rank with no step for this long is hung")
-    parser.add_argument("--expire-after-seconds", metavar="SECONDS",
-                        help="a hung or dead rank is served until its last report is this old")
-    parser.add_argument("--web.config.file", "--web-config-file", dest="web_config_file", metavar="FILE",
-                        help="TLS and basic auth, in the format of Prometheus exporters' --web.config.file")
+    parser.add_argument(
+        "--expire-after-seconds",
+        metavar="SECONDS",
+        help="a hung or dead rank is served until its last report is this old",
+    )
+    parser.add_argument(
+        "--web.config.file",
+        "--web-config-file",
+        dest="web_config_file",
+        metavar="FILE",
+        help="TLS and basic auth, in the format of Prometheus exporters' --web.config.file",
+    )
     parser.add_argument("--log-level", metavar="LEVEL", help="debug, info, warning (default), error")
 
 
@@ -71,11 +87,16 @@ def load_options(args: argparse.Namespace, command: str):
     """(options, web config) from the flags, the environment and the config file; or, on a mistake, the exit code
     after one line on stderr."""
     try:
-        options = resolve_options(args.config, os.environ, {key: getattr(args, key) for key in FLAGS},
-                                  override_name=lambda key: FLAGS.get(key, f"option {key}"))
+        options = resolve_options(
+            args.config,
+            os.environ,
+            {key: getattr(args, key) for key in FLAGS},
+            override_name=lambda key: FLAGS.get(key, f"option {key}"),
+        )
         web_config = None
         if options.web_config_file is not None:
             from ..web.web_config import load_web_config
+
             web_config = load_web_config(options.web_config_file)
     except ConfigError as error:
         print(f"neuron-exporter {command}: {error}", file=sys.stderr)
@@ -98,8 +119,12 @@ def prepare_spool_dir(options: Options) -> str | None:
         if options.spool_mode in SHARED_MODES and not os.path.lexists(options.spool_dir):
             spool.prepare_spool_dir(options.spool_dir, options.spool_mode)
         if os.path.lexists(options.spool_dir):
-            spool.check_spool_dir(options.spool_dir, options.spool_mode, writer=False,
-                                  trusted=spool.trusted_owners(options.spool_trusted_users))
+            spool.check_spool_dir(
+                options.spool_dir,
+                options.spool_mode,
+                writer=False,
+                trusted=spool.trusted_owners(options.spool_trusted_users),
+            )
     except OSError as error:
         return str(error)
     return None
@@ -107,8 +132,9 @@ def prepare_spool_dir(options: Options) -> str | None:
 
 def node_server(view: NodeView, options: Options, web_config) -> MetricsServer:
     """The node endpoint's server, bound (``OSError`` if the port is taken) but not yet serving."""
-    return MetricsServer(view.render, options.addr, options.port, web_config,
-                         pages={"/diagnosis": diagnosis.page(view.diagnosis)})
+    return MetricsServer(
+        view.render, options.addr, options.port, web_config, pages={"/diagnosis": diagnosis.page(view.diagnosis)}
+    )
 
 
 def serve(options: Options, web_config=None) -> int:
@@ -127,13 +153,18 @@ def serve(options: Options, web_config=None) -> int:
             server = node_server(view, options, web_config)
         except OSError as error:
             if error.errno != errno.EADDRINUSE:
-                print(f"neuron-exporter serve: cannot listen on {options.addr}:{options.port}: "
-                      f"{error.strerror or error}", file=sys.stderr)
+                print(
+                    f"neuron-exporter serve: cannot listen on {options.addr}:{options.port}: {error.strerror or error}",
+                    file=sys.stderr,
+                )
                 return EXIT_CONFIG
             if not waiting:
                 # Under attach(), a training rank may hold the port and serve the node view itself.
-                log.warning("port %s is in use (a training rank serving the node view?); retrying every %gs",
-                            options.port, BIND_RETRY_SECONDS)
+                log.warning(
+                    "port %s is in use (a training rank serving the node view?); retrying every %gs",
+                    options.port,
+                    BIND_RETRY_SECONDS,
+                )
                 waiting = True
             stop.wait(BIND_RETRY_SECONDS)
     if server is None:

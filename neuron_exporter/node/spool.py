@@ -108,10 +108,15 @@ class RankMeta:
         if not isinstance(meta, Mapping):
             raise ValueError("the header is not a JSON object")
         last_step = meta.get("last_step_time")
-        return cls(_label(meta, "rank"), _label(meta, "local_rank"), _number(meta, "pid", int, 1, MAX_PID),
-                   _number(meta, "start_time", float, 0, MAX_TIME), _flag(meta, "finished"),
-                   None if last_step is None else _number(meta, "last_step_time", float, 0, MAX_TIME),
-                   _label(meta, "run_id") if "run_id" in meta else "")
+        return cls(
+            _label(meta, "rank"),
+            _label(meta, "local_rank"),
+            _number(meta, "pid", int, 1, MAX_PID),
+            _number(meta, "start_time", float, 0, MAX_TIME),
+            _flag(meta, "finished"),
+            None if last_step is None else _number(meta, "last_step_time", float, 0, MAX_TIME),
+            _label(meta, "run_id") if "run_id" in meta else "",
+        )
 
 
 def _label(meta: Mapping, key: str) -> str:
@@ -169,15 +174,17 @@ def file_stem(rank: str, run_id: str) -> str:
 def _name_part(text: str) -> str:
     """``text`` in a file name, one to one: A-Z a-z 0-9 _ - as they are, every other byte of its UTF-8 as %XX; past
     ``MAX_NAME_PART`` characters, cut and followed by ``~`` and a hash of the whole (``~`` is otherwise escaped)."""
-    escaped = "".join(chr(byte) if chr(byte) in _NAME_SAFE else f"%{byte:02X}"
-                      for byte in text.encode("utf-8", "surrogatepass"))
+    escaped = "".join(
+        chr(byte) if chr(byte) in _NAME_SAFE else f"%{byte:02X}" for byte in text.encode("utf-8", "surrogatepass")
+    )
     if len(escaped) <= MAX_NAME_PART:
         return escaped
     digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
-    return f"{escaped[:MAX_NAME_PART - 17]}~{digest}"
+    return f"{escaped[: MAX_NAME_PART - 17]}~{digest}"
 
 
 # -- the directory -----------------------------------------------------------------------------------------
+
 
 def file_mode(spool_mode: str) -> int:
     return SPOOL_MODES[spool_mode][1]
@@ -195,8 +202,9 @@ def file_trust(spool_mode: str, trusted: frozenset[int]) -> frozenset[int] | Non
     return None if SPOOL_MODES[spool_mode][0] & stat.S_ISVTX else trusted
 
 
-def check_spool_dir(spool_dir, spool_mode: str = DEFAULT_SPOOL_MODE, writer: bool = True,
-                    trusted: frozenset[int] | None = None) -> None:
+def check_spool_dir(
+    spool_dir, spool_mode: str = DEFAULT_SPOOL_MODE, writer: bool = True, trusted: frozenset[int] | None = None
+) -> None:
     """Raise ``SpoolDirError`` unless ``spool_dir`` is a real directory that nobody beyond ``spool_mode`` can write
     to. A writer also needs it to be its own (or, for the shared sticky modes, root's): a directory that another
     user made could hold links and files laid for the writer to trip on. A reader given ``trusted`` needs it to
@@ -214,17 +222,26 @@ def check_spool_dir(spool_dir, spool_mode: str = DEFAULT_SPOOL_MODE, writer: boo
     opened = actual & 0o022 & ~mode
     if opened or (actual & 0o002 and not actual & stat.S_ISVTX):
         who = "everyone" if actual & 0o002 else "its group"
-        raise SpoolDirError(errno.EPERM, f"spool directory {spool_dir} is writable by {who} (mode {actual:04o}; "
-                                         f"spool_mode {spool_mode} allows {mode:04o}): fix its mode or set spool_mode")
+        raise SpoolDirError(
+            errno.EPERM,
+            f"spool directory {spool_dir} is writable by {who} (mode {actual:04o}; "
+            f"spool_mode {spool_mode} allows {mode:04o}): fix its mode or set spool_mode",
+        )
     uid = os.geteuid()
     if not writer and trusted is not None and info.st_uid not in trusted:
-        raise SpoolDirError(errno.EPERM, f"spool directory {spool_dir} belongs to uid {info.st_uid}, whom this reader "
-                                         f"does not trust (root, uid {uid} and spool_trusted_users): set "
-                                         "spool_trusted_users to the user whose jobs write there, or use another "
-                                         "directory")
+        raise SpoolDirError(
+            errno.EPERM,
+            f"spool directory {spool_dir} belongs to uid {info.st_uid}, whom this reader "
+            f"does not trust (root, uid {uid} and spool_trusted_users): set "
+            "spool_trusted_users to the user whose jobs write there, or use another "
+            "directory",
+        )
     if writer and info.st_uid != uid and not (mode & stat.S_ISVTX and info.st_uid == 0):
-        raise SpoolDirError(errno.EPERM, f"spool directory {spool_dir} belongs to uid {info.st_uid}, not to this "
-                                         f"user (uid {uid}); use a directory of your own (spool_dir)")
+        raise SpoolDirError(
+            errno.EPERM,
+            f"spool directory {spool_dir} belongs to uid {info.st_uid}, not to this "
+            f"user (uid {uid}); use a directory of your own (spool_dir)",
+        )
 
 
 def prepare_spool_dir(spool_dir, spool_mode: str = DEFAULT_SPOOL_MODE) -> None:
@@ -246,8 +263,13 @@ _held_locks: dict[Path, tuple[int, int]] = {}  # lock file -> (pid that holds it
 _held_guard = threading.Lock()
 
 
-def write_rank_file(spool_dir, meta: RankMeta | Mapping, exposition: bytes,
-                    spool_mode: str = DEFAULT_SPOOL_MODE, diagnosis: bytes | None = None) -> Path:
+def write_rank_file(
+    spool_dir,
+    meta: RankMeta | Mapping,
+    exposition: bytes,
+    spool_mode: str = DEFAULT_SPOOL_MODE,
+    diagnosis: bytes | None = None,
+) -> Path:
     """Atomically replace this rank's file with ``meta`` and ``exposition``; returns its path.
 
     The directory is created (again) and checked at every write. The first write of a process takes the rank's
@@ -347,6 +369,7 @@ def release_rank_lock(spool_dir, rank: str, run_id: str | None = None) -> None:
 
 # -- reading -------------------------------------------------------------------------------------------------
 
+
 def _open_regular(path: Path, max_bytes: int, trusted: frozenset[int] | None = None) -> tuple[int, os.stat_result]:
     """An fd of ``path`` opened read-only without following a link or blocking on a FIFO, if it is a regular file
     of at most ``max_bytes`` (owned by one of ``trusted``, if given); ``RejectedFile`` otherwise, ``OSError`` if it
@@ -375,8 +398,9 @@ def file_identity(info: os.stat_result) -> tuple[int, int, int, int]:
     return info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns
 
 
-def read_rank_file(path, max_bytes: int = DEFAULT_MAX_BYTES, previous: RankReport | None = None,
-                   trusted: frozenset[int] | None = None) -> RankReport | None:
+def read_rank_file(
+    path, max_bytes: int = DEFAULT_MAX_BYTES, previous: RankReport | None = None, trusted: frozenset[int] | None = None
+) -> RankReport | None:
     """The report in ``path``; None if it vanished; ``RejectedFile`` if it is not a rank file to serve.
     ``previous``, the last report read from the same path, lets a rewrite that changed only values be checked by
     its values."""
@@ -404,17 +428,26 @@ def read_rank_file(path, max_bytes: int = DEFAULT_MAX_BYTES, previous: RankRepor
     if file_stem(meta.rank, meta.run_id) + DATA_SUFFIX != path.name:
         raise RejectedFile("wrong_rank", f"the header says rank {meta.rank} of run {meta.run_id}")
     same_rank = previous is not None and (previous.meta.rank, previous.meta.local_rank, previous.meta.run_id) == (
-        meta.rank, meta.local_rank, meta.run_id)
+        meta.rank,
+        meta.local_rank,
+        meta.run_id,
+    )
     try:
-        checked = recheck(exposition, previous.checked if same_rank else None, meta.rank, meta.local_rank,
-                          meta.run_id)
+        checked = recheck(
+            exposition,
+            previous.checked if previous is not None and same_rank else None,
+            meta.rank,
+            meta.local_rank,
+            meta.run_id,
+        )
     except ExpositionError as error:
         raise RejectedFile("bad_exposition", str(error)) from None
     return RankReport(meta, exposition, info.st_mtime, path, checked)
 
 
-def read_rank_files(spool_dir, max_bytes: int = DEFAULT_MAX_BYTES,
-                    rejected: list[tuple[str, RejectedFile]] | None = None) -> list[RankReport]:
+def read_rank_files(
+    spool_dir, max_bytes: int = DEFAULT_MAX_BYTES, rejected: list[tuple[str, RejectedFile]] | None = None
+) -> list[RankReport]:
     """Every good rank file in ``spool_dir``, ordered by run and rank (numerically where ranks are numbers). Files that
     are rejected are left out, and appended to ``rejected`` as (file name, error) when it is given."""
     try:
@@ -466,7 +499,7 @@ def writer_alive(report: RankReport, trusted: frozenset[int] | None = None) -> b
         os.close(fd)
 
 
-_own = {}
+_own: dict[str, float] = {}  # pid, start_time
 
 
 def _own_start_time() -> float:
@@ -488,6 +521,7 @@ def _pid_alive(meta: RankMeta) -> bool | None:
 
 # -- expiry --------------------------------------------------------------------------------------------------
 
+
 def remove_rank_files(report: RankReport) -> None:
     """Delete a rank's files (best effort: a reader without write access to the directory leaves them)."""
     diagnosis = report.path.with_name(report.stem + DIAGNOSIS_SUFFIX)
@@ -507,8 +541,11 @@ def remove_stale_temp_files(spool_dir, now: float | None = None) -> None:
     now = time.time() if now is None else now
     try:
         for entry in os.scandir(spool_dir):
-            if entry.name.startswith("." + PREFIX) and entry.name.endswith(TEMP_SUFFIX) \
-                    and now - entry.stat(follow_symlinks=False).st_mtime > STALE_TEMP_SECONDS:
+            if (
+                entry.name.startswith("." + PREFIX)
+                and entry.name.endswith(TEMP_SUFFIX)
+                and now - entry.stat(follow_symlinks=False).st_mtime > STALE_TEMP_SECONDS
+            ):
                 os.unlink(entry.path)
     except OSError:
         pass

@@ -22,8 +22,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from .spool import (
-    DATA_SUFFIX, PREFIX, RankReport, RejectedFile, file_identity, file_stem, rank_order, read_rank_file)
+from .spool import DATA_SUFFIX, PREFIX, RankReport, RejectedFile, file_identity, file_stem, rank_order, read_rank_file
 
 DEFAULT_MAX_FILES = 1024
 DEFAULT_MAX_TOTAL_BYTES = 64 * 1024 * 1024
@@ -37,9 +36,15 @@ class _Entry:
 
 
 class SpoolReader:
-    def __init__(self, directory, max_file_bytes: int, max_total_bytes: int = DEFAULT_MAX_TOTAL_BYTES,
-                 max_files: int = DEFAULT_MAX_FILES, run_id: str | None = None,
-                 trusted: frozenset[int] | None = None):
+    def __init__(
+        self,
+        directory,
+        max_file_bytes: int,
+        max_total_bytes: int = DEFAULT_MAX_TOTAL_BYTES,
+        max_files: int = DEFAULT_MAX_FILES,
+        run_id: str | None = None,
+        trusted: frozenset[int] | None = None,
+    ):
         """``trusted``: the uids whose files are served (``spool.file_trust``); None: anyone's."""
         self.directory = Path(directory)
         self.trusted = trusted
@@ -47,7 +52,7 @@ class SpoolReader:
         self.max_total_bytes = max_total_bytes
         self.max_files = max_files
         # A run's files end with its part of the file name; the header, checked on reading, has the last word.
-        self._suffix = "." + file_stem("0", run_id).split(".", 1)[1] + DATA_SUFFIX if run_id is not None else DATA_SUFFIX
+        self._suffix = DATA_SUFFIX if run_id is None else "." + file_stem("0", run_id).split(".", 1)[1] + DATA_SUFFIX
         self._entries: dict[str, _Entry] = {}
         self._lock = threading.Lock()
         self.over_budget = 0  # files left out by the last refresh for the budget
@@ -61,8 +66,9 @@ class SpoolReader:
 
     def _refresh(self, read_changed: bool) -> tuple[list[RankReport], list[tuple[str, RejectedFile]]]:
         try:
-            names = [name for name in os.listdir(self.directory)
-                     if name.startswith(PREFIX) and name.endswith(self._suffix)]
+            names = [
+                name for name in os.listdir(self.directory) if name.startswith(PREFIX) and name.endswith(self._suffix)
+            ]
         except OSError:
             names = []
         names.sort(key=_order)
@@ -79,9 +85,17 @@ class SpoolReader:
                 continue  # gone since the listing
             if index >= self.max_files or (stat.S_ISREG(info.st_mode) and info.st_size > budget):
                 self.over_budget += 1
-                rejected.append((name, RejectedFile("over_budget", "the spool directory holds more than the "
-                                                    f"{self.max_files} files or {self.max_total_bytes} bytes "
-                                                    "the endpoint reads")))
+                rejected.append(
+                    (
+                        name,
+                        RejectedFile(
+                            "over_budget",
+                            "the spool directory holds more than the "
+                            f"{self.max_files} files or {self.max_total_bytes} bytes "
+                            "the endpoint reads",
+                        ),
+                    )
+                )
                 continue
             entry = self._entries.get(name)
             identity = file_identity(info)
@@ -117,8 +131,9 @@ class SpoolReader:
 
     def _read(self, path: Path, identity: tuple[int, int, int, int], previous: _Entry | None) -> _Entry:
         try:
-            report = read_rank_file(path, self.max_file_bytes, previous.report if previous is not None else None,
-                                    self.trusted)
+            report = read_rank_file(
+                path, self.max_file_bytes, previous.report if previous is not None else None, self.trusted
+            )
         except RejectedFile as error:
             return _Entry(identity, None, error)
         except OSError as error:
@@ -128,5 +143,5 @@ class SpoolReader:
 
 def _order(name: str):
     """Files in the order of their runs, then ranks (numerically where ranks are numbers), from their names."""
-    rank, _, run = name[len(PREFIX):-len(DATA_SUFFIX)].partition(".")
+    rank, _, run = name[len(PREFIX) : -len(DATA_SUFFIX)].partition(".")
     return run, rank_order(rank)

@@ -24,10 +24,12 @@ PASSWORD_ENV = "NEURON_EXPORTER_PASSWORD"
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
-        "diagnose", help="list what to fix first in a live job: graph cuts, recompilations, CPU fallbacks by line",
+        "diagnose",
+        help="list what to fix first in a live job: graph cuts, recompilations, CPU fallbacks by line",
         description="Read the /diagnosis page of a running job's endpoint (a rank's, or the node endpoint with "
-                    "every rank of the machine) and print its problems, the costliest first, each with its source "
-                    "line, ranks and what to do.")
+        "every rank of the machine) and print its problems, the costliest first, each with its source "
+        "line, ranks and what to do.",
+    )
     parser.add_argument("url", help="the endpoint, e.g. http://localhost:19478 (a /metrics URL works too)")
     parser.add_argument("--format", choices=("text", "json"), default="text")
     parser.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS")

@@ -33,12 +33,16 @@ EXECUTE_METRICS = ("ExecuteTime", "ExecuteReplicatedTime")
 # What met.short_metrics_report() holds by default, besides every aten:: counter.
 SHORT_REPORT_COUNTERS = frozenset({"CachedCompile", "MarkStep", "DynamoSyncInputExecuteTime"})
 
-EMPTY_SYNCS = ("torch_xla.step() and torch_xla.compile() also sync when they start, and MpDeviceLoader before "
-               "every batch and once at the end")
-NOT_TRAINING_STEPS = ("A report knows nothing of optimizer steps, so the figures here are per step marker that ran "
-                      "a graph, not per training step: with gradient accumulation and a sync per micro-batch, each "
-                      "micro-batch counts, and so do evaluation or logging markers that run a graph. Give the "
-                      "number of training steps with --steps N for figures per training step.")
+EMPTY_SYNCS = (
+    "torch_xla.step() and torch_xla.compile() also sync when they start, and MpDeviceLoader before "
+    "every batch and once at the end"
+)
+NOT_TRAINING_STEPS = (
+    "A report knows nothing of optimizer steps, so the figures here are per step marker that ran "
+    "a graph, not per training step: with gradient accumulation and a sync per micro-batch, each "
+    "micro-batch counts, and so do evaluation or logging markers that run a graph. Give the "
+    "number of training steps with --steps N for figures per training step."
+)
 
 
 @dataclass
@@ -119,64 +123,91 @@ def step_count(markers: int, graphs: int, host_reads: int, history: SyncHistory 
     a graph (or followed a graph cut) directly.
     """
     if markers == 0:
-        return StepCount(0, "no step markers", [
-            "The report has no MarkStep counter: no step was ended with torch_xla.sync() (xm.mark_step()), or "
-            "the report is of an older format. So there is no per-step figure."])
+        return StepCount(
+            0,
+            "no step markers",
+            [
+                "The report has no MarkStep counter: no step was ended with torch_xla.sync() (xm.mark_step()), or "
+                "the report is of an older format. So there is no per-step figure."
+            ],
+        )
     if graphs == 0:
-        return StepCount(0, "no graphs", [
-            f"No graph ran in the {_count(markers, 'step marker')}, so there is no per-step figure."])
+        return StepCount(
+            0, "no graphs", [f"No graph ran in the {_count(markers, 'step marker')}, so there is no per-step figure."]
+        )
     if history is not None and history.usable:
         steps = history.syncs_with_graph
-        explanation = [f"{_count(steps, 'step')}: the syncs after which more graphs had run than before, counted "
-                       f"over the {history.reports} reports of the XLA_METRICS_FILE dump, one per sync. A sync "
-                       f"that follows a graph cut counts even if it ran no graph itself."]
+        explanation = [
+            f"{_count(steps, 'step')}: the syncs after which more graphs had run than before, counted "
+            f"over the {history.reports} reports of the XLA_METRICS_FILE dump, one per sync. A sync "
+            f"that follows a graph cut counts even if it ran no graph itself."
+        ]
         if markers > steps:
-            explanation.append(f"The other {markers - steps} of the {_count(markers, 'step marker')} (MarkStep) "
-                               f"ran no graph: {EMPTY_SYNCS}.")
+            explanation.append(
+                f"The other {markers - steps} of the {_count(markers, 'step marker')} (MarkStep) "
+                f"ran no graph: {EMPTY_SYNCS}."
+            )
         return StepCount(steps, "syncs that ran a graph, from the dump", explanation + [NOT_TRAINING_STEPS])
 
     unused = []
     if history is not None and history.seen > 1:
-        unused = ["The reports of the XLA_METRICS_FILE dump were not used to count steps: those of its last run do "
-                  "not start at the first sync or skip syncs. The steps are worked out from its last report alone."]
+        unused = [
+            "The reports of the XLA_METRICS_FILE dump were not used to count steps: those of its last run do "
+            "not start at the first sync or skip syncs. The steps are worked out from its last report alone."
+        ]
     low, high = max(graphs - host_reads, 0), min(markers, graphs)
-    bounds = (f"A graph runs either when a step ends, at a step marker, or before, when the host needs a value "
-              f"(a host read). Of the {_count(graphs, 'graph')}, at most {host_reads} ran for host reads, so at "
-              f"least {low} ran at step markers; and at most {high} can have, one per marker.")
+    bounds = (
+        f"A graph runs either when a step ends, at a step marker, or before, when the host needs a value "
+        f"(a host read). Of the {_count(graphs, 'graph')}, at most {host_reads} ran for host reads, so at "
+        f"least {low} ran at step markers; and at most {high} can have, one per marker."
+    )
     alternative = None
     if low >= high:
         steps, basis = high, "step markers that ran a graph"
         if host_reads == 0 and markers >= graphs:
-            explanation = [f"{_count(steps, 'step')}: the step markers that ran a graph, one per graph: with no "
-                           f"host read, no graph ran before a step's end."]
+            explanation = [
+                f"{_count(steps, 'step')}: the step markers that ran a graph, one per graph: with no "
+                f"host read, no graph ran before a step's end."
+            ]
         else:
-            explanation = [f"{_count(steps, 'step')}: the step markers that ran a graph, which the report pins "
-                           f"down. {bounds}"]
+            explanation = [
+                f"{_count(steps, 'step')}: the step markers that ran a graph, which the report pins down. {bounds}"
+            ]
         if low > high:
-            explanation.append(f"{_count(low - high, 'graph')} ran neither at a step marker nor for a host read; "
-                               f"the report does not say what ran them.")
+            explanation.append(
+                f"{_count(low - high, 'graph')} ran neither at a step marker nor for a host read; "
+                f"the report does not say what ran them."
+            )
     elif low == 0:
         steps, basis = high, "one per graph, at most one per step marker"
-        explanation = [f"{_count(steps, 'step')}: one per graph, at most one per step marker. The "
-                       f"{_count(host_reads, 'host read')} cannot all have cut a graph before their step's end "
-                       f"(no graph would then be left for the step markers), so they are taken as reads after "
-                       f"their step had ended, such as a loss.item() after torch_xla.sync(), which run no graph."]
+        explanation = [
+            f"{_count(steps, 'step')}: one per graph, at most one per step marker. The "
+            f"{_count(host_reads, 'host read')} cannot all have cut a graph before their step's end "
+            f"(no graph would then be left for the step markers), so they are taken as reads after "
+            f"their step had ended, such as a loss.item() after torch_xla.sync(), which run no graph."
+        ]
     elif host_reads >= low:
         steps, basis, alternative = low, "graphs that no host read explains", high
-        explanation = [f"{_count(steps, 'step')}: the graphs that no host read explains ({graphs} graphs - "
-                       f"{host_reads} host reads). {bounds} Counted here as if every read came before its step's "
-                       f"end and cut a graph, as the reads are at least one per step. If some came after their "
-                       f"step had ended (a loss.item() after torch_xla.sync() runs no graph), there were more "
-                       f"steps, up to {high}."]
+        explanation = [
+            f"{_count(steps, 'step')}: the graphs that no host read explains ({graphs} graphs - "
+            f"{host_reads} host reads). {bounds} Counted here as if every read came before its step's "
+            f"end and cut a graph, as the reads are at least one per step. If some came after their "
+            f"step had ended (a loss.item() after torch_xla.sync() runs no graph), there were more "
+            f"steps, up to {high}."
+        ]
     else:
         steps, basis, alternative = high, "one per graph, at most one per step marker", low
-        explanation = [f"{_count(steps, 'step')}: one per graph, at most one per step marker, as if the "
-                       f"{_count(host_reads, 'host read')} came after their step had ended (a loss.item() after "
-                       f"torch_xla.sync() runs no graph). {bounds} If every read came before its step's end "
-                       f"instead, each cutting a graph, there were {low} steps."]
+        explanation = [
+            f"{_count(steps, 'step')}: one per graph, at most one per step marker, as if the "
+            f"{_count(host_reads, 'host read')} came after their step had ended (a loss.item() after "
+            f"torch_xla.sync() runs no graph). {bounds} If every read came before its step's end "
+            f"instead, each cutting a graph, there were {low} steps."
+        ]
     if markers > steps:
-        explanation.append(f"The {_count(markers, 'step marker')} (MarkStep) count every sync, also those that ran "
-                           f"no graph: {EMPTY_SYNCS}.")
+        explanation.append(
+            f"The {_count(markers, 'step marker')} (MarkStep) count every sync, also those that ran "
+            f"no graph: {EMPTY_SYNCS}."
+        )
     return StepCount(steps, basis, explanation + unused + [NOT_TRAINING_STEPS], alternative)
 
 
@@ -225,8 +256,9 @@ def _figures(snapshot: Snapshot, history: SyncHistory | None, training_steps: in
     executions = sum(snapshot.metric(name).total_samples for name in EXECUTE_METRICS)
     executions = executions or snapshot.counter("ExecuteComputation")
     fallback = [(name, value) for name, value in snapshot.counters.items() if is_cpu_fallback_op(name) and value > 0]
-    short = bool(snapshot.counters) and all(name in SHORT_REPORT_COUNTERS or name.startswith("aten::")
-                                            for name in snapshot.counters)
+    short = bool(snapshot.counters) and all(
+        name in SHORT_REPORT_COUNTERS or name.startswith("aten::") for name in snapshot.counters
+    )
     graphs = _graphs(snapshot) or executions  # executions finish asynchronously: the lookups are the surer count
     host_reads = sum(snapshot.metric(name).total_samples for name in HOST_READ_METRICS)
     markers = snapshot.counter("MarkStep")
@@ -275,9 +307,11 @@ def _fallback(f: _Figures, listed: set[str]) -> Finding | None:
         return None
     width = max(len(name) for name, _ in f.fallback)
     details = [f"  {name:<{width}}  {count:>8}  ({f.per_step(count)})" for name, count in f.fallback]
-    details.append("These operators have no XLA lowering, so torch_xla runs them on the CPU: each call copies its "
-                   "inputs to the host, first running the pending graph if they are not computed yet (a graph "
-                   "cut), runs the operator there and copies its result back to the device.")
+    details.append(
+        "These operators have no XLA lowering, so torch_xla runs them on the CPU: each call copies its "
+        "inputs to the host, first running the pending graph if they are not computed yet (a graph "
+        "cut), runs the operator there and copies its result back to the device."
+    )
     if any("backward" in name for name, _ in f.fallback):
         details.append("An operator named ..._backward runs when the gradient of its forward operator is computed.")
     namespaces = {name.partition("::")[0] + "::" for name, _ in f.fallback}
@@ -285,15 +319,28 @@ def _fallback(f: _Figures, listed: set[str]) -> Finding | None:
     return Finding(
         f"CPU fallback: {_count(len(f.fallback), 'operator')} without an XLA lowering ran on the CPU",
         details,
-        ["Replace each operator with an equivalent made of supported operators, or move it out of the training "
-         "step (compute it on CPU tensors before .to(device), or once instead of every step).",
-         "On AWS Neuron, list the operators your model uses, and which ones are unsupported, with: "
-         "neuron_parallel_compile --command analyze python <your training script>"]
-        + (["If you need an aten:: operator that has no lowering, ask the torch_xla project (or your device's "
-            "plugin) for one, naming the operator as above."] if len(others) < len(namespaces) else [])
-        + ([f"An operator of another library ({', '.join(others)}) runs on the CPU until it has an implementation "
-            f"for the XLA device: one made of supported operators can be registered with torch.library."]
-           if others else []),
+        [
+            "Replace each operator with an equivalent made of supported operators, or move it out of the training "
+            "step (compute it on CPU tensors before .to(device), or once instead of every step).",
+            "On AWS Neuron, list the operators your model uses, and which ones are unsupported, with: "
+            "neuron_parallel_compile --command analyze python <your training script>",
+        ]
+        + (
+            [
+                "If you need an aten:: operator that has no lowering, ask the torch_xla project (or your device's "
+                "plugin) for one, naming the operator as above."
+            ]
+            if len(others) < len(namespaces)
+            else []
+        )
+        + (
+            [
+                f"An operator of another library ({', '.join(others)}) runs on the CPU until it has an implementation "
+                f"for the XLA device: one made of supported operators can be registered with torch.library."
+            ]
+            if others
+            else []
+        ),
     )
 
 
@@ -303,26 +350,39 @@ def _host_reads(f: _Figures, listed: set[str]) -> Finding | None:
         return None
     parts = []
     if f.scalar_reads:
-        parts.append(f"{f.scalar_reads} are .item() calls ({HOST_SCALAR_READ_OP}; also float(), int() or bool() of "
-                     f"a one-element tensor, as in `if tensor:`)")
+        parts.append(
+            f"{f.scalar_reads} are .item() calls ({HOST_SCALAR_READ_OP}; also float(), int() or bool() of "
+            f"a one-element tensor, as in `if tensor:`)"
+        )
     if f.fallback_copies:
-        parts.append(f"{f.fallback_copies} copy the inputs of the CPU fallback operators"
-                     f"{' above' if 'fallback' in listed else ''} (counted as at most one per call)")
+        parts.append(
+            f"{f.fallback_copies} copy the inputs of the CPU fallback operators"
+            f"{' above' if 'fallback' in listed else ''} (counted as at most one per call)"
+        )
     other = f.host_reads - f.scalar_reads - f.fallback_copies
     if other:
-        parts.append(f"{other} come from print of a device tensor, .cpu(), .tolist() or .numpy()"
-                     + (", or from CPU fallback operators outside aten::, which a short report does not list"
-                        if f.short_report else ""))
+        parts.append(
+            f"{other} come from print of a device tensor, .cpu(), .tolist() or .numpy()"
+            + (
+                ", or from CPU fallback operators outside aten::, which a short report does not list"
+                if f.short_report
+                else ""
+            )
+        )
     details = [f"Of the {f.host_reads} device-to-host transfers, " + _join(parts) + "."]
-    details.append("Each read makes the host wait for the device. A read before the step's end also cuts the "
-                   "step's graph: what the step computed so far runs as a graph of its own. A read after the "
-                   "step's end only waits for the copy.")
+    details.append(
+        "Each read makes the host wait for the device. A read before the step's end also cuts the "
+        "step's graph: what the step computed so far runs as a graph of its own. A read after the "
+        "step's end only waits for the copy."
+    )
     return Finding(
         f"Host reads: the host read device values {f.user_reads} times ({f.per_step(f.user_reads)})",
         details,
-        ["Read values after the step has ended: call loss.item() or print after torch_xla.sync() "
-         "(xm.mark_step()), and only every N steps; or hand the tensors to xm.add_step_closure() so they are "
-         "read once the step's graph has run."],
+        [
+            "Read values after the step has ended: call loss.item() or print after torch_xla.sync() "
+            "(xm.mark_step()), and only every N steps; or hand the tensors to xm.add_step_closure() so they are "
+            "read once the step's graph has run."
+        ],
     )
 
 
@@ -339,21 +399,30 @@ def _fragmentation(f: _Figures, listed: set[str]) -> Finding | None:
     if causes:
         cause = f"The report has {_join(causes)}: each cuts the graph when it needs a value before the step's end."
     else:
-        cause = ("The report has no host read, so no .item(), print or CPU fallback operator cut these graphs: "
-                 "they ran neither at a step's end nor for a host read.")
-    details = ["A step should run as one graph, ended by its step marker (torch_xla.sync(), xm.mark_step()); a "
-               "step cut into several graphs runs them one after the other, and the host waits in between.", cause]
+        cause = (
+            "The report has no host read, so no .item(), print or CPU fallback operator cut these graphs: "
+            "they ran neither at a step's end nor for a host read."
+        )
+    details = [
+        "A step should run as one graph, ended by its step marker (torch_xla.sync(), xm.mark_step()); a "
+        "step cut into several graphs runs them one after the other, and the host waits in between.",
+        cause,
+    ]
     if f.count.alternative is not None and f.count.alternative > f.steps:
-        details.append(f"If some host reads came after their step had ended, there were more steps (up to "
-                       f"{f.count.alternative}) and fewer graphs per step: see Steps.")
+        details.append(
+            f"If some host reads came after their step had ended, there were more steps (up to "
+            f"{f.count.alternative}) and fewer graphs per step: see Steps."
+        )
     return Finding(
         f"Graph fragmentation: {f.graphs / f.steps:.1f} graphs per {f.unit} ({f.graphs} graphs in "
         f"{_count(f.steps, f.unit)})",
         details,
-        ["Remove the graph cuts so that the whole step is traced into one graph: read values after the step's "
-         "end, and replace CPU fallback operators.",
-         "To see the Python line that made each graph, run once with PT_XLA_DEBUG_LEVEL=1: every compilation "
-         "then prints its cause and the frame that triggered it."],
+        [
+            "Remove the graph cuts so that the whole step is traced into one graph: read values after the step's "
+            "end, and replace CPU fallback operators.",
+            "To see the Python line that made each graph, run once with PT_XLA_DEBUG_LEVEL=1: every compilation "
+            "then prints its cause and the frame that triggered it.",
+        ],
     )
 
 
@@ -368,37 +437,46 @@ def _late_compiles(f: _Figures, listed: set[str]) -> Finding | None:
     share = f"{100 * f.compile_seconds / busy:.0f}%" if busy > 0 else "most"
     return Finding(
         f"Compilations after the first steps: {late} ({f.compiles} compilations in {_count(f.steps, f.unit)})",
-        [f"At {f.graphs / f.steps:.1f} graphs per {f.unit}, the first steps need about "
-         f"{_count(graphs_per_step, 'compilation')}; the other {late} came later. Compiling took "
-         f"{f.compile_seconds:.3f} s, {share} of compile + execute time; {f.cache_hits} of the {f.graphs} graphs came "
-         f"from the compile cache.",
-         "A report counts compilations but cannot say why a graph was compiled. Either the same code ran with "
-         "new shapes (a recompilation: input shapes that vary, such as a last partial batch or variable sequence "
-         "lengths, or Python numbers that change every step and are part of the graph), or code ran that had not "
-         "run before (a new graph: an evaluation loop, a logging or checkpointing step, a change of learning "
-         "rate, or the optimizer's state appearing at its first step)."],
-        ["Find out which: run once with PT_XLA_DEBUG_LEVEL=1. Every compilation then prints its cause, its graph "
-         "hash and the Python frames that triggered it: the same frames with a new hash are a recompilation, "
-         "new frames a new graph.",
-         "For shapes that change: pad inputs to one fixed shape, or to a few bucket sizes (e.g. sequence lengths "
-         "rounded up to a multiple of 64); drop the last partial batch (DataLoader(..., drop_last=True)); pass "
-         "values that change every step (learning rate, step count) as device tensors, not Python numbers; "
-         "under torch.compile, mark the changing dimension dynamic (torch._dynamo.mark_dynamic).",
-         "For new graphs: each kind of step compiles its graphs once, so these compilations stop once every kind "
-         "of step (training, evaluation, logging) has run. If they keep growing with the steps, something in "
-         "the step changes the graph every time.",
-         "Keep compiled graphs from one run to the next: torch_xla.runtime.initialize_cache(path) on any "
-         "device; on AWS Neuron the compile cache does it, and neuron_parallel_compile compiles the graphs "
-         "ahead of time."],
+        [
+            f"At {f.graphs / f.steps:.1f} graphs per {f.unit}, the first steps need about "
+            f"{_count(graphs_per_step, 'compilation')}; the other {late} came later. Compiling took "
+            f"{f.compile_seconds:.3f} s, {share} of compile + execute time; {f.cache_hits} of the {f.graphs} graphs "
+            f"came from the compile cache.",
+            "A report counts compilations but cannot say why a graph was compiled. Either the same code ran with "
+            "new shapes (a recompilation: input shapes that vary, such as a last partial batch or variable sequence "
+            "lengths, or Python numbers that change every step and are part of the graph), or code ran that had not "
+            "run before (a new graph: an evaluation loop, a logging or checkpointing step, a change of learning "
+            "rate, or the optimizer's state appearing at its first step).",
+        ],
+        [
+            "Find out which: run once with PT_XLA_DEBUG_LEVEL=1. Every compilation then prints its cause, its graph "
+            "hash and the Python frames that triggered it: the same frames with a new hash are a recompilation, "
+            "new frames a new graph.",
+            "For shapes that change: pad inputs to one fixed shape, or to a few bucket sizes (e.g. sequence lengths "
+            "rounded up to a multiple of 64); drop the last partial batch (DataLoader(..., drop_last=True)); pass "
+            "values that change every step (learning rate, step count) as device tensors, not Python numbers; "
+            "under torch.compile, mark the changing dimension dynamic (torch._dynamo.mark_dynamic).",
+            "For new graphs: each kind of step compiles its graphs once, so these compilations stop once every kind "
+            "of step (training, evaluation, logging) has run. If they keep growing with the steps, something in "
+            "the step changes the graph every time.",
+            "Keep compiled graphs from one run to the next: torch_xla.runtime.initialize_cache(path) on any "
+            "device; on AWS Neuron the compile cache does it, and neuron_parallel_compile compiles the graphs "
+            "ahead of time.",
+        ],
     )
 
 
-CHECKS = (("fallback", _fallback), ("host_reads", _host_reads), ("fragmentation", _fragmentation),
-          ("late_compiles", _late_compiles))
+CHECKS = (
+    ("fallback", _fallback),
+    ("host_reads", _host_reads),
+    ("fragmentation", _fragmentation),
+    ("late_compiles", _late_compiles),
+)
 
 
 def _findings(f: _Figures) -> list[Finding]:
-    found, listed = [], set()
+    found: list[Finding] = []
+    listed: set[str] = set()
     for name, check in CHECKS:
         finding = check(f, listed)
         if finding:
@@ -407,8 +485,9 @@ def _findings(f: _Figures) -> list[Finding]:
     return found
 
 
-def findings(snapshot: Snapshot, history: SyncHistory | None = None,
-             training_steps: int | None = None) -> list[Finding]:
+def findings(
+    snapshot: Snapshot, history: SyncHistory | None = None, training_steps: int | None = None
+) -> list[Finding]:
     """Every problem the snapshot shows, most harmful first."""
     return _findings(_figures(snapshot, history, training_steps))
 
@@ -422,21 +501,40 @@ def explain(snapshot: Snapshot, history: SyncHistory | None = None, training_ste
     f = _figures(snapshot, history, training_steps)
     lines = ["Overview", *_overview(f)]
     if f.short_report:
-        lines += ["", _wrap("This is a short_metrics_report(): it lists only the aten:: operators that ran on the "
-                            "CPU, not those of other namespaces (torchvision::, custom ops), and few other counters. "
-                            "Save met.metrics_report() to see them all.", "")]
-    given = [f"The per-step figures are per training step: {f.training_steps}, as given with --steps."] \
-        if f.training_steps else []
+        lines += [
+            "",
+            _wrap(
+                "This is a short_metrics_report(): it lists only the aten:: operators that ran on the "
+                "CPU, not those of other namespaces (torchvision::, custom ops), and few other counters. "
+                "Save met.metrics_report() to see them all.",
+                "",
+            ),
+        ]
+    given = (
+        [f"The per-step figures are per training step: {f.training_steps}, as given with --steps."]
+        if f.training_steps
+        else []
+    )
     lines += ["", "Steps", *[_wrap(text, "   ") for text in given + f.count.explanation], ""]
     found = _findings(f)
     if not found:
         if f.steps:
-            lines.append(_wrap("Nothing wrong found: no CPU fallback operator, no more than "
-                               f"{HOST_READS_PER_STEP} host reads per {f.unit}, one graph per {f.unit}, and no "
-                               "compilations after the first steps.", ""))
+            lines.append(
+                _wrap(
+                    "Nothing wrong found: no CPU fallback operator, no more than "
+                    f"{HOST_READS_PER_STEP} host reads per {f.unit}, one graph per {f.unit}, and no "
+                    "compilations after the first steps.",
+                    "",
+                )
+            )
         else:
-            lines.append(_wrap("Nothing wrong found: no CPU fallback operator and no .item() call. Without a step "
-                               "count, the per-step checks (graphs, host reads, compilations) could not run.", ""))
+            lines.append(
+                _wrap(
+                    "Nothing wrong found: no CPU fallback operator and no .item() call. Without a step "
+                    "count, the per-step checks (graphs, host reads, compilations) could not run.",
+                    "",
+                )
+            )
         return "\n".join(lines) + "\n"
     lines.append(f"Findings ({len(found)})")
     for number, finding in enumerate(found, 1):
@@ -458,5 +556,11 @@ def _count(number: int, noun: str) -> str:
 def _wrap(text: str, first: str, rest: str | None = None) -> str:
     if text.startswith("  "):  # a table row: keep it as it is
         return first + text
-    return textwrap.fill(text, WIDTH, initial_indent=first, subsequent_indent=rest or first,
-                         break_long_words=False, break_on_hyphens=False)
+    return textwrap.fill(
+        text,
+        WIDTH,
+        initial_indent=first,
+        subsequent_indent=rest or first,
+        break_long_words=False,
+        break_on_hyphens=False,
+    )

@@ -20,8 +20,10 @@ from .report_parser import ReportParseError, parse_report_stream, printable
 # stops there, so an endless input (a pipe that never ends, /dev/zero as standard input) ends in an error.
 MAX_REPORT_BYTES = 64 * 1024 * 1024
 
-REPORT_HELP = ("a saved met.metrics_report() (or short_metrics_report()) text, or an XLA_METRICS_FILE dump, "
-               "whose last report is used; - reads standard input")
+REPORT_HELP = (
+    "a saved met.metrics_report() (or short_metrics_report()) text, or an XLA_METRICS_FILE dump, "
+    "whose last report is used; - reads standard input"
+)
 PARSE_DESCRIPTION = """\
 Read a saved torch_xla metrics report and print it in the Prometheus text exposition
 format, with the metric names attach() serves (xla_compilations_total,
@@ -90,12 +92,15 @@ def register(subparsers) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parse.add_argument("report", metavar="REPORT", help=REPORT_HELP)
-    parse.add_argument("--format", choices=("prometheus", "json"), default="prometheus",
-                       help="prometheus: text exposition format, every series labelled rank and local_rank "
-                            "(default); json: the counters, and each metric's total samples, accumulator in base "
-                            "units (seconds, bytes), unit and percentiles")
-    parse.add_argument("--rank", type=_rank, default="0",
-                       help="value of the rank and local_rank labels (default 0)")
+    parse.add_argument(
+        "--format",
+        choices=("prometheus", "json"),
+        default="prometheus",
+        help="prometheus: text exposition format, every series labelled rank and local_rank "
+        "(default); json: the counters, and each metric's total samples, accumulator in base "
+        "units (seconds, bytes), unit and percentiles",
+    )
+    parse.add_argument("--rank", type=_rank, default="0", help="value of the rank and local_rank labels (default 0)")
     parse.set_defaults(run=run_parse)
 
     explain_parser = subparsers.add_parser(
@@ -106,9 +111,13 @@ def register(subparsers) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     explain_parser.add_argument("report", metavar="REPORT", help=REPORT_HELP)
-    explain_parser.add_argument("--steps", type=_positive, metavar="N",
-                                help="the training (optimizer) steps the report covers, as you counted them: the "
-                                     "figures are then per training step, not per step marker")
+    explain_parser.add_argument(
+        "--steps",
+        type=_positive,
+        metavar="N",
+        help="the training (optimizer) steps the report covers, as you counted them: the "
+        "figures are then per training step, not per step marker",
+    )
     explain_parser.set_defaults(run=run_explain)
 
 
@@ -126,8 +135,10 @@ def _read(path: str) -> tuple[str, str]:
     except OSError as error:
         raise CommandError(f"{source}: cannot read the file: {error.strerror or error}") from None
     if len(data) > MAX_REPORT_BYTES:
-        raise CommandError(f"{source}: larger than 64 MiB, too large for a report (of a long XLA_METRICS_FILE "
-                           f"dump, keep the part from its last [MetricsData; step=N] line)")
+        raise CommandError(
+            f"{source}: larger than 64 MiB, too large for a report (of a long XLA_METRICS_FILE "
+            f"dump, keep the part from its last [MetricsData; step=N] line)"
+        )
     nul = data.find(b"\0")
     if nul >= 0:
         raise CommandError(f"{source}: not a text report (byte {nul} is a NUL byte)")
@@ -151,8 +162,9 @@ def _read_file(path: str, source: str) -> bytes:
         if stat.S_ISDIR(mode):
             raise IsADirectoryError
         if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode)):
-            raise CommandError(f"{source}: not a regular file (a device or a socket); give a report file, "
-                               f"or - to read standard input")
+            raise CommandError(
+                f"{source}: not a regular file (a device or a socket); give a report file, or - to read standard input"
+            )
         os.set_blocking(fd, True)  # a pipe without a writer then reads as empty
         with os.fdopen(fd, "rb", closefd=False) as file:
             return file.read(MAX_REPORT_BYTES + 1)
@@ -168,6 +180,7 @@ def _last_report(path: str, history: SyncHistory | None = None) -> tuple[int | N
         count += 1
         if history is not None:
             history.add(step, snapshot)
+    assert snapshot is not None  # parse_report_stream raises on an input without a report
     return step, count, snapshot, source
 
 

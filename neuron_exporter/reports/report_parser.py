@@ -37,8 +37,14 @@ from ..snapshot import BYTES, NUMBER, SECONDS, MetricValue, Snapshot
 STREAM_HEADER = re.compile(r"\[MetricsData; step=(\d{1,19})\]", re.ASCII)
 
 # Duration fields, largest first: (suffix, seconds per unit, range within the next larger unit).
-DURATION_FIELDS = (("d", 86400.0, None), ("h", 3600.0, 24), ("m", 60.0, 60), ("s", 1.0, 60),
-                   ("ms", 1e-3, 1000), ("us", 1e-6, 1000))
+DURATION_FIELDS = (
+    ("d", 86400.0, None),
+    ("h", 3600.0, 24),
+    ("m", 60.0, 60),
+    ("s", 1.0, 60),
+    ("ms", 1e-3, 1000),
+    ("us", 1e-6, 1000),
+)
 # Values are printed with fixed decimals (3 for microseconds, 2 otherwise); holding to that catches a
 # value cut in the middle, as in a truncated file.
 DURATION = re.compile(r"(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?(?:(\d+)ms)?(\d+\.\d{3}|0*nan)us", re.ASCII)
@@ -48,8 +54,8 @@ BYTE_SIZE = re.compile(rf"({_TWO_DECIMALS})(B|KB|MB|GB|TB|PB)", re.ASCII)
 NUMBER_VALUE = re.compile(_TWO_DECIMALS, re.ASCII)
 NUMBER_TEXT = re.compile(r"-?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|-?nan|-?inf", re.ASCII)  # Rate, percent
 INTEGER = re.compile(r"-?\d+", re.ASCII)
-LARGEST_COUNT = 2 ** 64 - 1  # torch_xla's counters and sample counts are 64-bit integers
-LARGEST_VALUE = 2.0 ** 64
+LARGEST_COUNT = 2**64 - 1  # torch_xla's counters and sample counts are 64-bit integers
+LARGEST_VALUE = 2.0**64
 SHOWN_CHARACTERS = 80  # of a line or value quoted in an error
 PER_SECOND = re.compile(r"(\S+) / second")
 
@@ -109,9 +115,11 @@ def parse_duration(text: str) -> float:
     for i in range(len(DURATION_FIELDS) - 2, first - 1, -1):
         # The first field is printed only when it is at least 1, so a 1 there was never rounded up;
         # neither was a 0 further down. Either means the text came from a formatter without the quirk.
-        if values[i + 1] >= DURATION_FIELDS[i + 1][2] / 2 and values[i] >= (2 if i == first else 1):
+        below = DURATION_FIELDS[i + 1][2]  # how many of the unit below make one of this
+        assert below is not None  # only the first unit, days, has none above it
+        if values[i + 1] >= below / 2 and values[i] >= (2 if i == first else 1):
             values[i] -= 1
-    return sum(value * scale for value, (_, scale, _) in zip(values, DURATION_FIELDS))
+    return sum(value * scale for value, (_, scale, _) in zip(values, DURATION_FIELDS, strict=True))
 
 
 def parse_bytes(text: str) -> float:
@@ -172,7 +180,9 @@ class _Reader:
             if self.next == len(self.lines):
                 break
             start = self.next + 1
-            step = int(STREAM_HEADER.fullmatch(self.lines[self.next].strip()).group(1))
+            header = STREAM_HEADER.fullmatch(self.lines[self.next].strip())
+            assert header is not None  # blocks() stops at a stream header or at the end
+            step = int(header.group(1))
             self.next += 1
         if not found:
             raise self.error(1, f"no report here: the text has no {BLOCK_FORM} block")
@@ -222,15 +232,19 @@ class _Reader:
         (previous_block, previous_metric), (last_block, last_metric) = previous, last
         found, expected = len(last_metric.percentiles), len(previous_metric.percentiles)
         if found < expected:
-            raise self.error(len(self.lines), f"Metric block {quoted(last_block.name)} is truncated: the text stops "
-                                              f"in the middle of its Percentiles line ({found} percentiles where "
-                                              f"{quoted(previous_block.name)} has {expected})")
+            raise self.error(
+                len(self.lines),
+                f"Metric block {quoted(last_block.name)} is truncated: the text stops "
+                f"in the middle of its Percentiles line ({found} percentiles where "
+                f"{quoted(previous_block.name)} has {expected})",
+            )
 
     def field(self, block: _Block, form: str, *keys: str) -> tuple[str, str, int]:
         """The next line of ``block``, which must be ``<key>: <text>`` for one of ``keys``."""
         if self.next == len(self.lines):
-            raise self.error(block.line, f"{block.kind} block {quoted(block.name)} is truncated: "
-                                         f"the text ends before {form}")
+            raise self.error(
+                block.line, f"{block.kind} block {quoted(block.name)} is truncated: the text ends before {form}"
+            )
         line = self.lines[self.next]
         self.next += 1
         key, sep, text = line.strip().partition(":")
@@ -249,8 +263,10 @@ class _Reader:
         if math.isnan(accumulator):
             raise self.error(line, f"bad Accumulator of {what}: {quoted(text)} is not a number")
         if math.copysign(1.0, accumulator) < 0:
-            raise self.error(line, f"bad Accumulator of {what}: {quoted(text)} is negative, and a sum of times, "
-                                   f"sizes or counts cannot be")
+            raise self.error(
+                line,
+                f"bad Accumulator of {what}: {quoted(text)} is negative, and a sum of times, sizes or counts cannot be",
+            )
         optional = ["Mean", "StdDev", "ValueRate", "Rate"]
         while True:
             key, text, line = self.field(block, PERCENTILES_FORM, "Percentiles", *optional)
@@ -326,6 +342,9 @@ def parse_report(text: str, source: str = "<report>") -> Snapshot:
     reports = _Reader(text, source).reports()
     _, _, snapshot = next(reports)
     for _, line, _ in reports:
-        raise ReportParseError(source, line, "a second report starts here; a multi-report XLA_METRICS_FILE dump "
-                                             "is read with parse_report_stream")
+        raise ReportParseError(
+            source,
+            line,
+            "a second report starts here; a multi-report XLA_METRICS_FILE dump is read with parse_report_stream",
+        )
     return snapshot

@@ -34,12 +34,13 @@ import os
 import sys
 import threading
 import time
+from typing import TYPE_CHECKING
 
 import psutil
 from prometheus_client import CollectorRegistry, generate_latest
 
-from ..config import AUTO_ENV, ENV_PREFIX, Options, auto_enabled, resolve_options
 from .. import diagnosis
+from ..config import AUTO_ENV, ENV_PREFIX, Options, auto_enabled, resolve_options
 from ..node.job_link import DIAGNOSIS, METRICS
 from ..node.spool import write_rank_file
 from ..web.http_server import MetricsServer
@@ -54,6 +55,9 @@ from .self_metrics import SelfStats
 from .step_tracker import StepState
 from .torch_compile import TorchCompileSource
 from .training_steps import TrainingSteps
+
+if TYPE_CHECKING:
+    from .xla_source import XlaSource
 
 AUTOSTART_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "autostart_path")
 
@@ -73,7 +77,7 @@ class ExporterHandle:
         self.options = options
         self.auto = auto  # started by the import of torch in a child process, not by a call in the script
         self.stats = SelfStats()
-        self.xla = None  # the XlaSource, once torch_xla is imported
+        self.xla: XlaSource | None = None  # once torch_xla is imported
         self.steps = TrainingSteps(self._lazy_steps)
         self.torch_compile = TorchCompileSource(options.max_site_series, self._step_error)
         self.collector = RankCollector(self.stats)
@@ -153,8 +157,9 @@ class ExporterHandle:
         """time.perf_counter() at the end of the last step, torch_xla's (or its last marker while its first steps
         are held as possible setup) or a training step's."""
         xla = self.xla
-        ends = [end for end in (xla.last_active if xla is not None else None, self.steps.last_step_end)
-                if end is not None]
+        ends = [
+            end for end in (xla.last_active if xla is not None else None, self.steps.last_step_end) if end is not None
+        ]
         return max(ends) if ends else None
 
     # -- life cycle ---------------------------------------------------------------------------------------
@@ -182,14 +187,22 @@ class ExporterHandle:
                 tls = self._web_config is not None and bool(self._web_config.tls)
                 self._server = NodeEndpointProcess(options, rank_labels()["run_id"], tls, AUTOSTART_DIR)
             else:
-                self._server = MetricsServer(self._rank_registry, options.addr, options.port, self._web_config,
-                                             pages={"/diagnosis": diagnosis.page(self.diagnosis)}).start()
+                self._server = MetricsServer(
+                    self._rank_registry,
+                    options.addr,
+                    options.port,
+                    self._web_config,
+                    pages={"/diagnosis": diagnosis.page(self.diagnosis)},
+                ).start()
         except OSError as error:
             if first_try and not self.auto:
                 log.warning(
                     "neuron-exporter: cannot listen on %s:%s (%s); training goes on, and this rank's metrics reach "
                     "the node endpoint that holds that port through the spool directory",
-                    options.addr, options.port, error.strerror or error)
+                    options.addr,
+                    options.port,
+                    error.strerror or error,
+                )
 
     def _endpoint_ended(self, endpoint: NodeEndpointProcess) -> None:
         """An endpoint process that keeps ending soon after it started (it cannot start here) is not started again:
@@ -199,8 +212,11 @@ class ExporterHandle:
         self._endpoint_failures += 1
         self.stats.record_error("scrape", RuntimeError("the node endpoint process ended right after it started"))
         if self._endpoint_failures == ENDPOINT_MAX_FAILURES:
-            log.warning("neuron-exporter: the node endpoint process ended %d times right after it started (see its "
-                        "lines above); this process now serves its own rank only", ENDPOINT_MAX_FAILURES)
+            log.warning(
+                "neuron-exporter: the node endpoint process ended %d times right after it started (see its "
+                "lines above); this process now serves its own rank only",
+                ENDPOINT_MAX_FAILURES,
+            )
 
     def diagnosis(self) -> dict:
         """This process's diagnosis document: its own rank only (``neuron_exporter.diagnosis``)."""
@@ -228,15 +244,25 @@ class ExporterHandle:
         # A hung training thread still lets the spool thread write, so liveness is judged by the last step.
         last_step = self.last_active
         last_step_time = None if last_step is None else time.time() - (time.perf_counter() - last_step)
-        return {**rank_labels(), "pid": os.getpid(), "start_time": self._process_start, "finished": finished,
-                "last_step_time": last_step_time}
+        return {
+            **rank_labels(),
+            "pid": os.getpid(),
+            "start_time": self._process_start,
+            "finished": finished,
+            "last_step_time": last_step_time,
+        }
 
     def _write_spool(self, finished: bool = False) -> None:
         if not self.options.spool_dir or not self.claimed:
             return  # a process that has not trained (a launcher, a DataLoader worker) reports no rank
         try:
-            write_rank_file(self.options.spool_dir, self._meta(finished), generate_latest(self._rank_registry),
-                            self.options.spool_mode, json.dumps(self.diagnosis()).encode())
+            write_rank_file(
+                self.options.spool_dir,
+                self._meta(finished),
+                generate_latest(self._rank_registry),
+                self.options.spool_mode,
+                json.dumps(self.diagnosis()).encode(),
+            )
         except Exception as error:  # noqa: BLE001
             self.stats.record_error("spool", error)
 
@@ -325,8 +351,13 @@ class ExporterHandle:
         self.detach()
 
 
-def attach(port: int | None = None, addr: str | None = None, registry: CollectorRegistry | None = None,
-           _auto: bool = False, **options) -> ExporterHandle:
+def attach(
+    port: int | None = None,
+    addr: str | None = None,
+    registry: CollectorRegistry | None = None,
+    _auto: bool = False,
+    **options,
+) -> ExporterHandle:
     """Start exporting this process's training metrics (every backend; torch_xla's and torch.compile's once they are
     imported); a second call returns the same handle.
 
@@ -336,8 +367,10 @@ def attach(port: int | None = None, addr: str | None = None, registry: Collector
     """
     global _current, _starting
     with _lock:
-        if _current is not None or (_auto and _starting):
+        if _current is not None:
             return _current
+        if _auto and _starting:  # attach() is importing torch: the autostart watcher fires inside it
+            return None  # type: ignore[return-value]
         overrides = {key: value for key, value in {"port": port, "addr": addr, **options}.items() if value is not None}
         _starting = True
         try:
@@ -361,7 +394,8 @@ def attach(port: int | None = None, addr: str | None = None, registry: Collector
 def _detach_at_the_end_of_multiprocessing_children(handle: ExporterHandle) -> None:
     multiprocessing.util.Finalize(None, handle.detach, exitpriority=100)
     multiprocessing.util.register_after_fork(
-        handle, lambda handle: multiprocessing.util.Finalize(None, handle.detach, exitpriority=100))
+        handle, lambda handle: multiprocessing.util.Finalize(None, handle.detach, exitpriority=100)
+    )
 
 
 def _attach_children(overrides: dict) -> None:
@@ -388,7 +422,7 @@ def _watch_for_a_crash() -> None:
             _current._crashed = True
         previous(kind, value, traceback)
 
-    excepthook._neuron_exporter = True
+    excepthook._neuron_exporter = True  # type: ignore[attr-defined]
     sys.excepthook = excepthook
 
 

@@ -59,9 +59,15 @@ class SiteRecord:
     changes: deque = field(default_factory=lambda: deque(maxlen=MAX_CHANGES))  # recent recompilations' causes
 
     def as_dict(self) -> dict:
-        return {"location": self.location, "host_reads": dict(self.causes), "graph_cuts": dict(self.cuts),
-                "new_graphs": self.new_graphs, "recompilations": self.recompilations, "frames": list(self.frames),
-                "recompilation_causes": list(self.changes)}
+        return {
+            "location": self.location,
+            "host_reads": dict(self.causes),
+            "graph_cuts": dict(self.cuts),
+            "new_graphs": self.new_graphs,
+            "recompilations": self.recompilations,
+            "frames": list(self.frames),
+            "recompilation_causes": list(self.changes),
+        }
 
 
 @dataclass
@@ -117,8 +123,9 @@ class Attribution:
         return record
 
     # -- events ---------------------------------------------------------------------------------------------
-    def host_read(self, cause: str, location: str, frames, graphs: int, compiles: int,
-                  traits: tuple = ((), ())) -> None:
+    def host_read(
+        self, cause: str, location: str, frames, graphs: int, compiles: int, traits: tuple = ((), ())
+    ) -> None:
         """A host read of device data at ``location``, which ran ``graphs`` graphs and ``compiles`` compilations;
         ``traits``: (sizes, aliases) of those graphs and compilations (``XlaReader.graph_traits``)."""
         with self._lock:
@@ -150,8 +157,9 @@ class Attribution:
                 # The distinct shapes: a parallel loader sends a varying number of batches of the same shapes at once.
                 self._uploads[location] = tuple(sorted(set(shapes)))
 
-    def step_marker(self, cuts: int, compiles_before: int, graphs_at_marker: int, compiles_at_marker: int,
-                    extra: tuple | None) -> None:
+    def step_marker(
+        self, cuts: int, compiles_before: int, graphs_at_marker: int, compiles_at_marker: int, extra: tuple | None
+    ) -> None:
         """A step marker that found ``cuts`` graphs and ``compiles_before`` compilations since the previous one and
         ran ``graphs_at_marker`` graphs and ``compiles_at_marker`` compilations itself. ``extra`` is what the marker's
         hook saw: ((site, frames) of the marker if it compiled, else None; CPU-fallback executions so far if graphs
@@ -166,8 +174,11 @@ class Attribution:
                 cause = CPU_FALLBACK if fallback_ran else UNATTRIBUTED
                 record = self._site(UNKNOWN)
                 record.cuts[cause] = record.cuts.get(cause, 0) + unattributed
-                self._compile(UNKNOWN, max(0, compiles_before - self._attributed_compiles),
-                              (sizes[:split], aliases[:split_aliases]))
+                self._compile(
+                    UNKNOWN,
+                    max(0, compiles_before - self._attributed_compiles),
+                    (sizes[:split], aliases[:split_aliases]),
+                )
                 if len(self._prior) < MAX_PRIOR:
                     self._prior.append(UNKNOWN)
             if fallbacks is not None:
@@ -222,30 +233,50 @@ class Attribution:
         return any(site in before and before[site] != shapes for site, shapes in self._uploads.items())
 
     def _what_changed(self, before: dict[str, tuple]) -> dict:
-        changed = {site: {"before": _shown(before.get(site)), "now": _shown(shapes)}
-                   for site, shapes in self._uploads.items() if site in before and before[site] != shapes}
+        changed = {
+            site: {"before": _shown(before.get(site)), "now": _shown(shapes)}
+            for site, shapes in self._uploads.items()
+            if site in before and before[site] != shapes
+        }
         if not changed:
-            return {"uploads": {}, "cause": "the graph changed without any upload changing shape: a Python value "
-                                            "baked into the graph (x[:, :n])"}
+            return {
+                "uploads": {},
+                "cause": "the graph changed without any upload changing shape: a Python value "
+                "baked into the graph (x[:, :n])",
+            }
         return {"uploads": changed, "cause": "uploads changed shape"}
 
     # -- reading --------------------------------------------------------------------------------------------
     def diagnosis(self, labels: dict[str, str], steps: int, fallback_ops: dict[str, int]) -> dict:
         """This rank's part of the diagnosis document (see ``neuron_exporter.diagnosis``)."""
         records = self.records()
-        return {**labels, "pid": os.getpid(), "steps": steps,
-                "graph_cuts": sum(sum(r.cuts.values()) for r in records),
-                "new_graphs": sum(r.new_graphs for r in records),
-                "recompilations": sum(r.recompilations for r in records),
-                "cpu_fallback_ops": dict(fallback_ops),
-                "cpu_fallback_sites": [site.as_dict() for site in self.fallback_sites()],
-                "sites": [r.as_dict() for r in records]}
+        return {
+            **labels,
+            "pid": os.getpid(),
+            "steps": steps,
+            "graph_cuts": sum(sum(r.cuts.values()) for r in records),
+            "new_graphs": sum(r.new_graphs for r in records),
+            "recompilations": sum(r.recompilations for r in records),
+            "cpu_fallback_ops": dict(fallback_ops),
+            "cpu_fallback_sites": [site.as_dict() for site in self.fallback_sites()],
+            "sites": [r.as_dict() for r in records],
+        }
 
     def records(self) -> list[SiteRecord]:
         """A copy of every site's record, for a scrape or the detailed view."""
         with self._lock:
-            return [SiteRecord(r.location, dict(r.causes), dict(r.cuts), r.new_graphs, r.recompilations,
-                               list(r.frames), deque(r.changes, maxlen=MAX_CHANGES)) for r in self.sites.values()]
+            return [
+                SiteRecord(
+                    r.location,
+                    dict(r.causes),
+                    dict(r.cuts),
+                    r.new_graphs,
+                    r.recompilations,
+                    list(r.frames),
+                    deque(r.changes, maxlen=MAX_CHANGES),
+                )
+                for r in self.sites.values()
+            ]
 
 
 def _shown(shapes: tuple | None) -> str | None:

@@ -37,8 +37,12 @@ class _Watch(TorchDispatchMode):
 
 
 class FallbackProbe:
-    def __init__(self, sites: SiteFinder, on_site: Callable[[str, str, list[str], bool], None],
-                 on_error: Callable[[BaseException], None]):
+    def __init__(
+        self,
+        sites: SiteFinder,
+        on_site: Callable[[str, str, list[str], bool], None],
+        on_error: Callable[[BaseException], None],
+    ):
         """``on_site(op, location, frames, backward)`` records where an operator was called (any thread; it must not
         raise); ``on_error`` an exporter failure."""
         self._sites = sites

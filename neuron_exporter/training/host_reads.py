@@ -55,11 +55,12 @@ class HostReadHook:
         self._on_upload = on_upload
         self._local = threading.local()
         self._originals: dict[str, object] = {}  # method -> the class attribute it replaced, MISSING if inherited
-        self._from_aten = None
-        self._sync_multi = None
-        self._next_item = self._next_item_wrapper = None
+        self._from_aten: Callable | None = None
+        self._sync_multi: Callable | None = None
+        self._next_item: Callable | None = None
+        self._next_item_wrapper: Callable | None = None
         self._compiling = 0
-        self._dynamo_callbacks = None
+        self._dynamo_callbacks: tuple[Callable, Callable] | None = None
 
     # -- wrappers -------------------------------------------------------------------------------------------
     def _read(self, original, cause: str, tensor, args, kwargs):
@@ -152,7 +153,7 @@ class HostReadHook:
 
         self._next_item = ParallelLoader.__dict__["next_item"]
         self._next_item_wrapper = self._wrap_next_item(self._next_item)
-        ParallelLoader.next_item = self._next_item_wrapper
+        setattr(ParallelLoader, "next_item", self._next_item_wrapper)  # noqa: B010 (typed as a method)
         self._watch_dynamo()
 
     def uninstall(self) -> None:
@@ -166,7 +167,7 @@ class HostReadHook:
             from torch_xla.distributed.parallel_loader import ParallelLoader
 
             if ParallelLoader.__dict__.get("next_item") is self._next_item_wrapper:
-                ParallelLoader.next_item = self._next_item
+                setattr(ParallelLoader, "next_item", self._next_item)  # noqa: B010 (typed as a method)
             self._next_item = self._next_item_wrapper = None
         if self._dynamo_callbacks is not None:
             from torch._dynamo.callback import callback_handler

@@ -39,7 +39,7 @@ class _ImportWatcher:
             for function in functions:
                 function()
 
-        spec.loader.exec_module = exec_then_run
+        spec.loader.exec_module = exec_then_run  # type: ignore[method-assign]
         return spec
 
 

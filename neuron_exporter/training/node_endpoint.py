@@ -26,8 +26,10 @@ SEND_TIMEOUT_SECONDS = 5.0
 # The folder holding the neuron_exporter this process imported, searched last: an installed package is found as
 # usual, and a source checkout that the training script put on its path is found too.
 PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-ENDPOINT_MAIN = (f"import sys; sys.path.append({PACKAGE_PARENT!r}); "
-                 "from neuron_exporter.node.job_endpoint import main; sys.exit(main())")
+ENDPOINT_MAIN = (
+    f"import sys; sys.path.append({PACKAGE_PARENT!r}); "
+    "from neuron_exporter.node.job_endpoint import main; sys.exit(main())"
+)
 
 
 class NodeEndpointProcess:
@@ -41,13 +43,26 @@ class NodeEndpointProcess:
             self.port: int = listener.getsockname()[1]
             self.url = url_of(listener, options.addr, tls)
             self._process = subprocess.Popen(
-                [sys.executable, "-c", ENDPOINT_MAIN, "--listen-fd", str(listener.fileno()),
-                 "--link-fd", str(theirs.fileno())],
-                pass_fds=(listener.fileno(), theirs.fileno()), env=_endpoint_environment(autostart_dir),
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True)
+                [
+                    sys.executable,
+                    "-c",
+                    ENDPOINT_MAIN,
+                    "--listen-fd",
+                    str(listener.fileno()),
+                    "--link-fd",
+                    str(theirs.fileno()),
+                ],
+                pass_fds=(listener.fileno(), theirs.fileno()),
+                env=_endpoint_environment(autostart_dir),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                start_new_session=True,
+            )
             self.link.settimeout(SEND_TIMEOUT_SECONDS)
-            send_answer(self.link, {"sequence": 0, "run_id": run_id,
-                                    "options": {**dataclasses.asdict(options), "port": self.port}})
+            send_answer(
+                self.link,
+                {"sequence": 0, "run_id": run_id, "options": {**dataclasses.asdict(options), "port": self.port}},
+            )
         except BaseException:
             if theirs is not None:
                 self.link.close()

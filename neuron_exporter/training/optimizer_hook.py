@@ -10,19 +10,20 @@ and the first optimizer step (setup, a first eval, micro-batches) are not taken 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from .dynamo_skip import never_compiled
 
 
 class OptimizerHook:
-    def __init__(self, on_created: Callable[[], None], on_step: Callable[[], None]):
+    def __init__(self, on_created: Callable[[], None], on_step: Callable[[Any, Any, Any], None]):
         """``on_created()`` runs when an optimizer is made, ``on_step(optimizer, args, kwargs)`` after every optimizer
         step (it is the post hook itself, one call fewer per step), on the thread that made or stepped it; neither may
         raise."""
         self._on_created = on_created
         self._on_step = on_step
-        self._handle = None
-        self._original_patch = None
+        self._handle: Any = None
+        self._original_patch: Any = None
 
     def install(self) -> None:
         from torch.optim.optimizer import Optimizer, register_optimizer_step_post_hook
@@ -40,7 +41,7 @@ class OptimizerHook:
 
         never_compiled(patch_step_function)
         self._original_patch = original
-        Optimizer._patch_step_function = patch_step_function
+        setattr(Optimizer, "_patch_step_function", patch_step_function)  # noqa: B010 (typed as a method)
 
     def uninstall(self) -> None:
         if self._handle is not None:
@@ -49,5 +50,5 @@ class OptimizerHook:
         if self._original_patch is not None:
             from torch.optim.optimizer import Optimizer
 
-            Optimizer._patch_step_function = self._original_patch
+            setattr(Optimizer, "_patch_step_function", self._original_patch)  # noqa: B010 (typed as a method)
             self._original_patch = None

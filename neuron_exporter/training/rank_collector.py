@@ -35,11 +35,16 @@ class RankCollector:
     def collect(self) -> Iterator[Metric]:
         labels = rank_labels()
         names = list(labels)
-        success = GaugeMetricFamily("neuron_exporter_collector_success",
-                                    "1 if the collector's last scrape succeeded, 0 if it failed",
-                                    labels=names + ["collector"])
-        duration = GaugeMetricFamily("neuron_exporter_collector_duration_seconds",
-                                     "Time the collector's last scrape took", labels=names + ["collector"])
+        success = GaugeMetricFamily(
+            "neuron_exporter_collector_success",
+            "1 if the collector's last scrape succeeded, 0 if it failed",
+            labels=names + ["collector"],
+        )
+        duration = GaugeMetricFamily(
+            "neuron_exporter_collector_duration_seconds",
+            "Time the collector's last scrape took",
+            labels=names + ["collector"],
+        )
         for part, collect_part in {**self._parts, "process": self._process_families}.items():
             start = time.perf_counter()
             try:
@@ -61,26 +66,52 @@ class RankCollector:
             memory = process.memory_info().rss
             cpu = process.cpu_times()
             threads = process.num_threads()
-        yield single_series(GaugeMetricFamily, "xla_process_resident_memory_bytes",
-                            "Resident memory of the training process", labels, memory)
-        yield single_series(CounterMetricFamily, "xla_process_cpu_seconds",
-                            "CPU time of the training process (user + system)", labels, cpu.user + cpu.system)
-        yield single_series(GaugeMetricFamily, "xla_process_threads", "Threads of the training process", labels,
-                            threads)
+        yield single_series(
+            GaugeMetricFamily,
+            "xla_process_resident_memory_bytes",
+            "Resident memory of the training process",
+            labels,
+            memory,
+        )
+        yield single_series(
+            CounterMetricFamily,
+            "xla_process_cpu_seconds",
+            "CPU time of the training process (user + system)",
+            labels,
+            cpu.user + cpu.system,
+        )
+        yield single_series(
+            GaugeMetricFamily, "xla_process_threads", "Threads of the training process", labels, threads
+        )
 
     def _self_families(self, labels: dict[str, str]) -> Iterator[Metric]:
-        yield single_series(GaugeMetricFamily, "neuron_exporter_rank_info",
-                            "Where the rank runs: Kubernetes pod, namespace, node and container (from the downward "
-                            "API variables POD_NAME, POD_NAMESPACE, NODE_NAME, CONTAINER_NAME); always 1",
-                            {**labels, **workload_labels()}, 1)
-        yield single_series(GaugeMetricFamily, "neuron_exporter_build_info",
-                            "Versions of the exporter and of what it runs with", {**labels, **build_labels()}, 1)
-        family = CounterMetricFamily("neuron_exporter_collection_errors",
-                                     "Failures inside the exporter, by stage (step hook, scrape, spool write)",
-                                     labels=list(labels) + ["stage"])
+        yield single_series(
+            GaugeMetricFamily,
+            "neuron_exporter_rank_info",
+            "Where the rank runs: Kubernetes pod, namespace, node and container (from the downward "
+            "API variables POD_NAME, POD_NAMESPACE, NODE_NAME, CONTAINER_NAME); always 1",
+            {**labels, **workload_labels()},
+            1,
+        )
+        yield single_series(
+            GaugeMetricFamily,
+            "neuron_exporter_build_info",
+            "Versions of the exporter and of what it runs with",
+            {**labels, **build_labels()},
+            1,
+        )
+        family = CounterMetricFamily(
+            "neuron_exporter_collection_errors",
+            "Failures inside the exporter, by stage (step hook, scrape, spool write)",
+            labels=list(labels) + ["stage"],
+        )
         for stage in STAGES:
             family.add_metric(list(labels.values()) + [stage], self.stats.errors[stage])
         yield family
-        yield single_series(CounterMetricFamily, "neuron_exporter_step_hook_seconds",
-                            "Time the exporter spent in its step hook, on the training thread", labels,
-                            self.stats.hook_seconds)
+        yield single_series(
+            CounterMetricFamily,
+            "neuron_exporter_step_hook_seconds",
+            "Time the exporter spent in its step hook, on the training thread",
+            labels,
+            self.stats.hook_seconds,
+        )

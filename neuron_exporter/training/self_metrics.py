@@ -37,9 +37,16 @@ class SelfStats:
             if first:
                 self._logged.add(key)
         if first:
-            log.warning("neuron-exporter: %s failed, training goes on (logged once; "
-                        "neuron_exporter_collection_errors_total{stage=\"%s\"} counts every failure, %d so far): "
-                        "%s: %s", STAGE_NAMES[stage], stage, count, type(error).__name__, message)
+            log.warning(
+                "neuron-exporter: %s failed, training goes on (logged once; "
+                'neuron_exporter_collection_errors_total{stage="%s"} counts every failure, %d so far): '
+                "%s: %s",
+                STAGE_NAMES[stage],
+                stage,
+                count,
+                type(error).__name__,
+                message,
+            )
             log.debug("neuron-exporter: %s failure", STAGE_NAMES[stage], exc_info=error)
 
 

@@ -3,16 +3,16 @@
 A site is the innermost frame that is not in torch, torch_xla, this package, the standard library (``functools``
 wrappers among it) or a package of decorators (``typing_extensions``, whose ``deprecated`` wraps ``xm.mark_step`` in
 torch_xla 2.9). Library code such as transformers counts (a cut inside ``transformers/masking_utils.py`` is reported
-there). Whether a code object is skipped, and how its file is written, is decided once per code object and cached, so a walk costs well
-under a microsecond for a short stack; no traceback is ever built.
+there). Whether a code object is skipped, and how its file is written, is decided once per code object and cached,
+so a walk costs well under a microsecond for a short stack; no traceback is ever built.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
-import sys
 import site
+import sys
 import sysconfig
 import weakref
 from types import CodeType, FrameType
@@ -69,8 +69,9 @@ class SiteFinder:
         self._site_packages = _site_packages()
         paths = sysconfig.get_paths()
         self._stdlib = tuple({os.path.abspath(paths[key]) + os.sep for key in ("stdlib", "platstdlib")})
-        self._roots = sorted({os.path.abspath(p) + os.sep for p in sys.path if p and os.path.isdir(p)},
-                             key=len, reverse=True)
+        self._roots = sorted(
+            {os.path.abspath(p) + os.sep for p in sys.path if p and os.path.isdir(p)}, key=len, reverse=True
+        )
         self._cwd = os.path.abspath(cwd or os.getcwd()) + os.sep
         self._files: dict[str, tuple[str, bool, bool]] = {}  # file -> (as shown, skipped, in an installed package)
         # Keyed by id(): a code object's own hash covers its constants and bytecode, and costs up to a microsecond.
@@ -104,11 +105,21 @@ class SiteFinder:
         known = self._names.get(id(code))
         if known is None:
             shown, skipped, library = self._file(code.co_filename)
-            known = None, None if skipped else shown, library, {}
-            if len(self._names) < MAX_CODES:
-                key = id(code)
-                known = weakref.ref(code, lambda _, key=key: self._forget(key)), *known[1:]
-                self._names[key] = known
+            unnamed: tuple[weakref.ref | None, str | None, bool, dict[int, str]] = (
+                None,
+                None if skipped else shown,
+                library,
+                {},
+            )
+            if len(self._names) >= MAX_CODES:
+                return unnamed
+            key = id(code)
+
+            def forget(_: weakref.ref, key: int = key) -> None:
+                self._forget(key)
+
+            known = (weakref.ref(code, forget), *unnamed[1:])
+            self._names[key] = known
         return known
 
     def _forget(self, key: int) -> None:
@@ -121,12 +132,12 @@ class SiteFinder:
         # lives under the working directory (a .venv in the repository).
         for directory in self._site_packages:
             if path.startswith(directory):
-                return path[len(directory):]
+                return path[len(directory) :]
         if path.startswith(self._cwd):
-            return path[len(self._cwd):]
+            return path[len(self._cwd) :]
         for directory in self._roots:  # the longest sys.path entry holding it: the package's root
             if path.startswith(directory):
-                return path[len(directory):]
+                return path[len(directory) :]
         return path
 
     def site(self, frame: FrameType | None) -> str:
@@ -151,7 +162,8 @@ class SiteFinder:
         """The site and the frames above it, innermost first, for the detailed view: ``limit`` of them, and if they
         are all in installed packages (a cut inside transformers), the first frame outside one too: the line of the
         user's script that led there."""
-        found, user_seen = [], False
+        found: list[str] = []
+        user_seen = False
         for _ in range(MAX_WALK):
             if frame is None or (len(found) >= limit and user_seen):
                 break

@@ -28,8 +28,8 @@ class StepHook:
         ``hook.active`` is False it does nothing else. The owner writes the whole wrapper, so that the step marker
         pays for one Python call, not three."""
         self._make_wrapper = make_wrapper
-        self._original = None
-        self._wrapper = None
+        self._original: Callable | None = None
+        self._wrapper: Callable | None = None
         self.active = False
 
     @property

@@ -14,8 +14,28 @@ from collections import deque
 from dataclasses import dataclass, field
 
 # Up to 30 minutes: the steps of large models on many devices take minutes.
-STEP_DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
-                         120.0, 300.0, 600.0, 1800.0, float("inf"))
+STEP_DURATION_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+    600.0,
+    1800.0,
+    float("inf"),
+)
 GRAPHS_PER_STEP_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, float("inf"))
 FLUSH_EVERY = 64  # events recorded before the training thread accounts them itself
 # Steps held back while no optimizer exists: setup (a broadcast of the initial weights, a checkpoint load) if one
@@ -57,7 +77,7 @@ class Histogram:
     def cumulative(self) -> list[tuple[str, int]]:
         """[(le, cumulative count)], the form Prometheus exposes."""
         result, running = [], 0
-        for bound, count in zip(self.upper_bounds, self.counts):
+        for bound, count in zip(self.upper_bounds, self.counts, strict=False):
             running += count
             result.append(("+Inf" if bound == float("inf") else repr(float(bound)), running))
         return result
@@ -91,8 +111,9 @@ class StepTracker:
     fallback) needed a value before the step ended. A step with a cut is fragmented.
     """
 
-    def __init__(self, warmup_steps: int, graphs_seen: int, compiles_seen: int, attribution=None,
-                 clock=time.perf_counter):
+    def __init__(
+        self, warmup_steps: int, graphs_seen: int, compiles_seen: int, attribution=None, clock=time.perf_counter
+    ):
         """``graphs_seen``/``compiles_seen``: the counters at attach time, so earlier work is not a step.
         ``attribution`` (an ``Attribution``) is told of markers, host reads and uploads in the order they happened,
         as they are accounted. ``clock``: what the markers' times are read with."""
@@ -129,8 +150,9 @@ class StepTracker:
         """The fallback probe starts (after a marker) or stops (after the next one) watching a step."""
         self.pending.append((PROBE_ON if watching else PROBE_OFF,))
 
-    def on_sync(self, graphs_before: int, compiles_before: int, graphs_total: int, compiles_total: int,
-                now: float, extra=None) -> None:
+    def on_sync(
+        self, graphs_before: int, compiles_before: int, graphs_total: int, compiles_total: int, now: float, extra=None
+    ) -> None:
         """One step marker, given CachedCompile+UncachedCompile and UncachedCompile before it and after it."""
         stepped, self.optimizer_steps = self.optimizer_steps, 0
         self._record((SYNC, graphs_before, compiles_before, graphs_total, compiles_total, now, extra, stepped))
@@ -256,9 +278,12 @@ class StepTracker:
             self._settle(self._clock())
             state = self._state
             return StepState(
-                syncs=state.syncs, markers=state.markers, steps=state.steps,
+                syncs=state.syncs,
+                markers=state.markers,
+                steps=state.steps,
                 fragmented_steps=state.fragmented_steps,
-                optimizer_steps=state.optimizer_steps, last_step_end=state.last_step_end,
-                step_duration=state.step_duration.copy(), graphs_per_step=state.graphs_per_step.copy(),
+                optimizer_steps=state.optimizer_steps,
+                last_step_end=state.last_step_end,
+                step_duration=state.step_duration.copy(),
+                graphs_per_step=state.graphs_per_step.copy(),
             )
-

@@ -32,6 +32,7 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
@@ -51,11 +52,21 @@ FROM_CALLBACKS = ("compilations", "compile_seconds")  # counted without the reco
 # (fullgraph=True, or config.fail_on_recompile_limit_hit).
 LIMIT_FAILURES = ("RecompileLimitExceeded", "FailOnRecompileLimitHit")
 LIMIT_BREAK = "Dynamo recompile limit exceeded"
-RECORD_FIELDS = ("compile_id", "co_name", "co_filename", "co_firstlineno", "recompile_reason", "fail_type",
-                 "fail_reason", "entire_frame_compile_time_s", "duration_us", "is_forward", "is_runtime",
-                 "start_time_us")
-CALLBACK_METHODS = ("register_start_callback", "register_end_callback", "remove_start_callback",
-                    "remove_end_callback")
+RECORD_FIELDS = (
+    "compile_id",
+    "co_name",
+    "co_filename",
+    "co_firstlineno",
+    "recompile_reason",
+    "fail_type",
+    "fail_reason",
+    "entire_frame_compile_time_s",
+    "duration_us",
+    "is_forward",
+    "is_runtime",
+    "start_time_us",
+)
+CALLBACK_METHODS = ("register_start_callback", "register_end_callback", "remove_start_callback", "remove_end_callback")
 MAX_FUNCTIONS = 1000  # compiled functions remembered (the metrics' label budget is separate and smaller)
 MAX_BREAK_SITES = 1000
 MAX_FRAMES = 10_000  # dynamo frame ids remembered, to name the function of a backward or recompile-limit record
@@ -86,16 +97,26 @@ RECOMPILE_REASONS = tuple(name for name, _ in GUARD_REASONS) + ("other",)
 BREAK_REASONS = (
     ("print", re.compile(r"builtin operator `print`|`print`|\blogging\b|reorderable_logging_functions")),
     ("data_dependent_branch", re.compile(r"^Data-dependent (branching|assertion)|attempted to jump with")),
-    ("tensor_value", re.compile(r"Tensor\.item\(\)|Tensor\.tolist\(\)|Tensor\.numpy\(\)|^Data dependent operator|"
-                                r"^Dynamic shape operator|^Dynamic slicing|unbacked|capture_scalar_outputs")),
+    (
+        "tensor_value",
+        re.compile(
+            r"Tensor\.item\(\)|Tensor\.tolist\(\)|Tensor\.numpy\(\)|^Data dependent operator|"
+            r"^Dynamic shape operator|^Dynamic slicing|unbacked|capture_scalar_outputs"
+        ),
+    ),
     ("explicit", re.compile(r"torch\._dynamo\.graph_break\(\)")),
     ("disabled_function", re.compile(r"torch\.compiler\.disable\(\)|marked as skipped|^Forced graph break")),
     ("autograd", re.compile(r"Tensor\.backward\(\)|_ImperativeEngine|autograd\.Function|^Tensor with grad_fn")),
     ("context_manager", re.compile(r"context manager|GenericContextWrappingVariable|contextlib")),
     ("store_attr", re.compile(r"STORE_ATTR|attribute assignment|setattr")),
     ("unsupported_builtin", re.compile(r"builtin")),
-    ("unsupported_call", re.compile(r"^Unsupported (function|method) call|not implemented in python|"
-                                    r"implemented in C/C\+\+|^Unsupported")),
+    (
+        "unsupported_call",
+        re.compile(
+            r"^Unsupported (function|method) call|not implemented in python|"
+            r"implemented in C/C\+\+|^Unsupported"
+        ),
+    ),
 )
 GRAPH_BREAK_REASONS = tuple(name for name, _ in BREAK_REASONS) + ("other",)
 # From torch 2.10, a graph break at a call or a comparison says so before the reason itself.
@@ -130,7 +151,7 @@ def _failed_guard(text: str) -> str:
 
 def _shortened(text: str, limit: int = MAX_TEXT) -> str:
     text = re.sub(r"[ \t]+", " ", text.strip())
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def torch_version() -> str:
@@ -197,8 +218,10 @@ def probe_graph_breaks() -> tuple[BreakHook | None, str | None]:
             return None, f"{where}.log_graph_break has no signature"
         read = BREAK_SHAPES.get((where, tuple(signature.parameters)))
         if read is None:
-            return None, (f"{where}.log_graph_break takes ({', '.join(signature.parameters)}), a shape this "
-                          "exporter does not know")
+            return None, (
+                f"{where}.log_graph_break takes ({', '.join(signature.parameters)}), a shape this "
+                "exporter does not know"
+            )
         return BreakHook(owner, signature, read), None
     return None, "torch._dynamo.symbolic_convert has no log_graph_break"
 
@@ -210,8 +233,11 @@ def _break_with_stack(arguments: dict) -> tuple | None:
     from torch._guards import TracingContext
 
     stack = arguments.get("user_stack")
-    return (arguments["code_options"], arguments.get("reason", ""),
-            TracingContext.extract_stack() if stack is None else stack)
+    return (
+        arguments["code_options"],
+        arguments.get("reason", ""),
+        TracingContext.extract_stack() if stack is None else stack,
+    )
 
 
 def _break_with_exception(arguments: dict) -> tuple | None:
@@ -223,12 +249,15 @@ def _break_with_exception(arguments: dict) -> tuple | None:
     if getattr(exception, "logged", False):
         return None
     stack = getattr(exception, "real_stack", None)
-    return (arguments["code_options"], arguments.get("reason", ""),
-            TracingContext.extract_stack() if stack is None else stack)
+    return (
+        arguments["code_options"],
+        arguments.get("reason", ""),
+        TracingContext.extract_stack() if stack is None else stack,
+    )
 
 
 # (where log_graph_break is, its parameters) -> its adapter, for every torch from 2.9.0 to 2.14.1
-BREAK_SHAPES = {
+BREAK_SHAPES: dict[tuple[str, tuple[str, ...]], Callable] = {
     ("symbolic_convert", ("code_options", "reason", "exc_info", "user_stack")): _break_with_stack,  # 2.9
     ("InstructionTranslatorBase", ("self", "code_options", "reason", "user_stack")): _break_with_stack,  # 2.10
     ("InstructionTranslatorBase", ("self", "code_options", "reason", "exc")): _break_with_exception,  # 2.11-2.14
@@ -260,7 +289,8 @@ class Places(SiteFinder):
         """(site, frames) of a stack of (file, line, function), outermost first: the site is the innermost frame
         outside torch, this package and the standard library (the innermost frame if all are); frames are the user
         frames, innermost first."""
-        frames, site = [], None
+        frames: list[str] = []
+        site = None
         for filename, line, name in reversed(stack):
             shown, skipped, _ = self._file(filename)
             if skipped:
@@ -287,13 +317,26 @@ class FunctionRecord:
     guards: deque = field(default_factory=lambda: deque(maxlen=MAX_GUARDS))  # recent failed guards
 
     def copy(self) -> FunctionRecord:
-        return FunctionRecord(self.location, self.name, self.compilations, dict(self.recompilations),
-                              self.limit_hits, self.compile_seconds, deque(self.guards, maxlen=MAX_GUARDS))
+        return FunctionRecord(
+            self.location,
+            self.name,
+            self.compilations,
+            dict(self.recompilations),
+            self.limit_hits,
+            self.compile_seconds,
+            deque(self.guards, maxlen=MAX_GUARDS),
+        )
 
     def as_dict(self) -> dict:
-        return {"location": self.location, "function": self.name, "compilations": self.compilations,
-                "recompilations": dict(self.recompilations), "recompile_limit_hits": self.limit_hits,
-                "compile_seconds": round(self.compile_seconds, 6), "failed_guards": list(self.guards)}
+        return {
+            "location": self.location,
+            "function": self.name,
+            "compilations": self.compilations,
+            "recompilations": dict(self.recompilations),
+            "recompile_limit_hits": self.limit_hits,
+            "compile_seconds": round(self.compile_seconds, 6),
+            "failed_guards": list(self.guards),
+        }
 
 
 @dataclass
@@ -311,19 +354,35 @@ class BreakRecord:
         return BreakRecord(self.location, self.reason, self.count, self.message, list(self.frames), self.function)
 
     def as_dict(self) -> dict:
-        return {"location": self.location, "reason": self.reason, "count": self.count, "message": self.message,
-                "frames": list(self.frames), "compiling": self.function}
+        return {
+            "location": self.location,
+            "reason": self.reason,
+            "count": self.count,
+            "message": self.message,
+            "frames": list(self.frames),
+            "compiling": self.function,
+        }
 
 
 FAMILIES = {
-    "torch_compile_compilations": ("Frames compiled by torch.compile (dynamo), by the compiled function's first "
-                                   "line", ["location"]),
-    "torch_compile_recompilations": ("Recompilations by torch.compile after a guard failed, by the compiled "
-                                     "function's first line and the kind of guard", ["location", "reason"]),
-    "torch_compile_graph_breaks": ("Graph breaks found by torch.compile while compiling, by the user line that "
-                                   "broke the graph and the kind of reason", ["location", "reason"]),
-    "torch_compile_recompile_limit_hits": ("Functions that hit torch.compile's recompile limit and run eagerly "
-                                           "from then on, by the function's first line", ["location"]),
+    "torch_compile_compilations": (
+        "Frames compiled by torch.compile (dynamo), by the compiled function's first line",
+        ["location"],
+    ),
+    "torch_compile_recompilations": (
+        "Recompilations by torch.compile after a guard failed, by the compiled "
+        "function's first line and the kind of guard",
+        ["location", "reason"],
+    ),
+    "torch_compile_graph_breaks": (
+        "Graph breaks found by torch.compile while compiling, by the user line that "
+        "broke the graph and the kind of reason",
+        ["location", "reason"],
+    ),
+    "torch_compile_recompile_limit_hits": (
+        "Functions that hit torch.compile's recompile limit and run eagerly from then on, by the function's first line",
+        ["location"],
+    ),
 }
 
 
@@ -336,9 +395,9 @@ class TorchCompileSource:
         self._on_error = on_error or (lambda error: log.debug("neuron-exporter: torch.compile: %s", error))
         self._budgets = {name: LabelBudget(max_site_series) for name in FAMILIES}
         self._lock = threading.RLock()
-        self._places: Places | None = None
-        self._utils = None  # torch._dynamo.utils, whose _compilation_metrics may be replaced by a new deque
-        self._callbacks = None
+        self._places = Places()
+        self._utils: Any = None  # torch._dynamo.utils, whose _compilation_metrics may be replaced by a new deque
+        self._callbacks: tuple[Callable, Callable] | None = None
         self._hook: tuple | None = None  # (owner of log_graph_break, the original, the wrapper)
         self.readable: tuple[str, ...] = ()  # of READABLE
         self.record_pending = False  # a compilation ended whose record may not have been read yet
@@ -352,7 +411,7 @@ class TorchCompileSource:
         self._frames: dict[str, tuple[str, str]] = {}  # dynamo frame id -> (location, function name)
         self._callers: OrderedDict = OrderedDict()  # compile id -> the user line that called what is compiled
         self._seen: OrderedDict = OrderedDict()
-        self._newest = None  # the newest record taken from the ring
+        self._newest: Any = None  # the newest record taken from the ring
         self._counting_since: float | None = None
         self.missed = 0  # records that left the ring before they were read
 
@@ -368,8 +427,13 @@ class TorchCompileSource:
             if records is None:
                 self._read_records()
             if callbacks is None:
-                self._register_callbacks(*((self._on_compile_start, self._on_compile_end) if records is None
-                                           else (self._counting_start, self._counting_end)))
+                self._register_callbacks(
+                    *(
+                        (self._on_compile_start, self._on_compile_end)
+                        if records is None
+                        else (self._counting_start, self._counting_end)
+                    )
+                )
             if hook is not None:
                 self._wrap_graph_breaks(hook)
             self.readable = readable(records is None, callbacks is None, hook is not None)
@@ -405,16 +469,20 @@ class TorchCompileSource:
                 source._on_error(error)
             return original(*args, **kwargs)
 
-        setattr(hook.owner, "log_graph_break", log_graph_break)
+        setattr(hook.owner, "log_graph_break", log_graph_break)  # noqa: B010 (torch's module or class)
         self._hook = (hook.owner, original, log_graph_break)
 
     def _say_unreadable(self, problems: list[str]) -> None:
         """One log line, if any private API could not be read."""
         if problems:
             unread = [name for name in READABLE if name not in self.readable]
-            log.warning("neuron-exporter: torch.compile on torch %s: %s; still counted: %s; not counted: %s",
-                        self.version, "; ".join(problems), ", ".join(self.readable) or "nothing",
-                        ", ".join(unread) or "nothing")
+            log.warning(
+                "neuron-exporter: torch.compile on torch %s: %s; still counted: %s; not counted: %s",
+                self.version,
+                "; ".join(problems),
+                ", ".join(self.readable) or "nothing",
+                ", ".join(unread) or "nothing",
+            )
 
     def _register_callbacks(self, start, end) -> None:
         from torch._dynamo.callback import callback_handler
@@ -429,8 +497,10 @@ class TorchCompileSource:
             from torch._dynamo.callback import callback_handler
 
             start, end = self._callbacks
-            for remove, callback in ((callback_handler.remove_start_callback, start),
-                                     (callback_handler.remove_end_callback, end)):
+            for remove, callback in (
+                (callback_handler.remove_start_callback, start),
+                (callback_handler.remove_end_callback, end),
+            ):
                 try:
                     remove(callback)
                 except ValueError:
@@ -439,7 +509,7 @@ class TorchCompileSource:
         if self._hook is not None:
             owner, original, wrapper = self._hook
             if vars(owner).get("log_graph_break") is wrapper:
-                setattr(owner, "log_graph_break", original)
+                owner.log_graph_break = original
             self._hook = None
         self.poll()  # what was compiled before detach() is still served; nothing compiled after it
         self._utils = None
@@ -515,9 +585,11 @@ class TorchCompileSource:
         kind = break_reason(reason)
         compiling = ""
         if code_options.get("co_filename"):
-            compiling = (f"{code_options.get('co_name', '?')} "
-                         f"({self._places.function(code_options['co_filename'], code_options.get('co_firstlineno'))}"
-                         f", compile id {CompileContext.current_compile_id()})")
+            compiling = (
+                f"{code_options.get('co_name', '?')} "
+                f"({self._places.function(code_options['co_filename'], code_options.get('co_firstlineno'))}"
+                f", compile id {CompileContext.current_compile_id()})"
+            )
         with self._lock:
             key = (location, kind)
             record = self.breaks.get(key)
@@ -590,8 +662,9 @@ class TorchCompileSource:
     def _account(self, record) -> None:
         if record.is_runtime:
             return  # runtime autotuning and the like: not a compilation
-        seconds = (record.duration_us / 1e6 if record.duration_us is not None
-                   else record.entire_frame_compile_time_s or 0.0)
+        seconds = (
+            record.duration_us / 1e6 if record.duration_us is not None else record.entire_frame_compile_time_s or 0.0
+        )
         self.compile_seconds += seconds
         location, name = self._remember_frame(record) or (UNKNOWN, "")
         function = self._function(location, name)
@@ -601,10 +674,15 @@ class TorchCompileSource:
         guard = _shortened(_failed_guard(record.recompile_reason)) if record.recompile_reason else None
         if limit_hit(record):
             function.limit_hits += 1
-            function.guards.append({"reason": guard_reason(record.recompile_reason), "guard": guard,
-                                    "compile_id": record.compile_id, "recompile_limit_hit": True})
-            log.info("neuron-exporter: torch.compile: %s at %s hit the recompile limit", name or "a function",
-                     location)
+            function.guards.append(
+                {
+                    "reason": guard_reason(record.recompile_reason),
+                    "guard": guard,
+                    "compile_id": record.compile_id,
+                    "recompile_limit_hit": True,
+                }
+            )
+            log.info("neuron-exporter: torch.compile: %s at %s hit the recompile limit", name or "a function", location)
             return
         function.compilations += 1
         if record.recompile_reason:
@@ -623,18 +701,25 @@ class TorchCompileSource:
         """Copies of (functions, graph-break sites, compile seconds, compilations counted without records)."""
         self.poll()
         with self._lock:
-            return ([f.copy() for f in self.functions.values()], [b.copy() for b in self.breaks.values()],
-                    self.compile_seconds, self.compilations)
+            return (
+                [f.copy() for f in self.functions.values()],
+                [b.copy() for b in self.breaks.values()],
+                self.compile_seconds,
+                self.compilations,
+            )
 
     def families(self, labels: dict[str, str]) -> Iterator[Metric]:
         """The ``torch_compile_*`` families of this rank that this torch lets it read, and which those are."""
         if not self.version:
             return  # never installed
         names, values = list(labels), list(labels.values())
-        family = GaugeMetricFamily("neuron_exporter_torch_compile_readable", "1 if the exporter reads this record "
-                                   "of torch.compile on this torch, 0 if the private API of torch it comes from is "
-                                   "missing or of a shape the exporter does not know (the log says which), by record",
-                                   labels=names + ["record"])
+        family = GaugeMetricFamily(
+            "neuron_exporter_torch_compile_readable",
+            "1 if the exporter reads this record "
+            "of torch.compile on this torch, 0 if the private API of torch it comes from is "
+            "missing or of a shape the exporter does not know (the log says which), by record",
+            labels=names + ["record"],
+        )
         for name in READABLE:
             family.add_metric(values + [name], float(name in self.readable))
         yield family
@@ -651,13 +736,16 @@ class TorchCompileSource:
             for key, value in _values(name, functions, breaks):
                 key = (budget.label_for(key[0]), *key[1:])
                 totals[key] = totals.get(key, 0) + value
-            family = CounterMetricFamily(name, documentation, labels=names + extra)
+            counter = CounterMetricFamily(name, documentation, labels=names + extra)
             for key, value in sorted(totals.items()):
-                family.add_metric(values + list(key), value)
-            yield family
+                counter.add_metric(values + list(key), value)
+            yield counter
         if "compile_seconds" in self.readable:
-            total = CounterMetricFamily("torch_compile_compile_seconds", "Time torch.compile spent compiling (dynamo "
-                                        "and the backend, forward and backward graphs)", labels=names)
+            total = CounterMetricFamily(
+                "torch_compile_compile_seconds",
+                "Time torch.compile spent compiling (dynamo and the backend, forward and backward graphs)",
+                labels=names,
+            )
             total.add_metric(values, seconds)
             yield total
 
@@ -665,7 +753,8 @@ class TorchCompileSource:
         """This rank's ``torch_compile`` part of the diagnosis document (see ``neuron_exporter.diagnosis``)."""
         functions, breaks, seconds, counted = self.snapshot()
         return {
-            "mode": self.mode, "torch_version": self.version,
+            "mode": self.mode,
+            "torch_version": self.version,
             "compilations": sum(f.compilations for f in functions) if "source_lines" in self.readable else counted,
             "recompilations": sum(sum(f.recompilations.values()) for f in functions),
             "graph_breaks": sum(b.count for b in breaks),

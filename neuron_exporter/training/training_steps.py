@@ -24,10 +24,14 @@ from prometheus_client.core import CounterMetricFamily, Metric
 from ..metric_family import histogram_family, single_series
 from .step_tracker import STEP_DURATION_BUCKETS, Histogram, StepState
 
-STEPS_HELP = ("Training steps: rounds of torch.optim optimizer steps (each optimizer at most once), whatever runs "
-              "the model; on an XLA device, the same steps as xla_steps_total")
-DURATION_HELP = ("Wall time of a training step, from the end of the step before (the first from the optimizer's "
-                 "creation); on an XLA device, up to the step marker that runs its graph")
+STEPS_HELP = (
+    "Training steps: rounds of torch.optim optimizer steps (each optimizer at most once), whatever runs "
+    "the model; on an XLA device, the same steps as xla_steps_total"
+)
+DURATION_HELP = (
+    "Wall time of a training step, from the end of the step before (the first from the optimizer's "
+    "creation); on an XLA device, up to the step marker that runs its graph"
+)
 
 
 class TrainingSteps:

@@ -31,19 +31,36 @@ class XlaFamilies:
         def counter(name: str, documentation: str, value: float) -> Metric:
             return single_series(CounterMetricFamily, name, documentation, labels, value)
 
-        yield counter("xla_steps", "Training steps: optimizer steps once the process steps a torch.optim optimizer, "
-                                   "else step markers that ran a graph", state.steps)
-        yield histogram_family("xla_step_duration_seconds", "Wall time from one step end to the next (a training "
-                               "step's first from the optimizer's creation)", labels, state.step_duration)
-        yield histogram_family("xla_graphs_per_step", "Graphs run in a step, at step markers and cut off before "
-                               "them", labels, state.graphs_per_step)
+        yield counter(
+            "xla_steps",
+            "Training steps: optimizer steps once the process steps a torch.optim optimizer, "
+            "else step markers that ran a graph",
+            state.steps,
+        )
+        yield histogram_family(
+            "xla_step_duration_seconds",
+            "Wall time from one step end to the next (a training step's first from the optimizer's creation)",
+            labels,
+            state.step_duration,
+        )
+        yield histogram_family(
+            "xla_graphs_per_step",
+            "Graphs run in a step, at step markers and cut off before them",
+            labels,
+            state.graphs_per_step,
+        )
         yield counter("xla_fragmented_steps", "Steps in which a graph was cut", state.fragmented_steps)
         yield counter("xla_step_markers", "Step markers that ran a graph (mark_step, sync, loaders)", state.markers)
-        yield counter("neuron_exporter_syncs", "Step markers seen, including empty syncs that are not steps",
-                      state.syncs)
-        yield single_series(GaugeMetricFamily, "neuron_exporter_warmup_steps",
-                            "Steps a rank makes before its recompilations alert (XlaRecompilationStorm)", labels,
-                            self.source.tracker.warmup_steps)
+        yield counter(
+            "neuron_exporter_syncs", "Step markers seen, including empty syncs that are not steps", state.syncs
+        )
+        yield single_series(
+            GaugeMetricFamily,
+            "neuron_exporter_warmup_steps",
+            "Steps a rank makes before its recompilations alert (XlaRecompilationStorm)",
+            labels,
+            self.source.tracker.warmup_steps,
+        )
 
     def _site_families(self, labels: dict[str, str]) -> Iterator[Metric]:
         records = self.source.attribution.records()
@@ -54,20 +71,27 @@ class XlaFamilies:
             for record in records:
                 location = budget.label_for(record.location)
                 for key, value in _site_values(name, record):
-                    values[(*key, location)] = values.get((*key, location), 0) + value
+                    index = (*key, location)
+                    values[index] = values.get(index, 0) + value
             for key, value in sorted(values.items()):
                 family.add_metric(list(labels.values()) + list(key), value)
             yield family
-        family = GaugeMetricFamily(FALLBACK_SITES, "Where a CPU-fallback operator was called, as the fallback_sites "
-                                                   "option's probe saw it (pass: forward, or backward for a call from "
-                                                   "the backward pass, named by the line that called backward()); "
-                                                   "always 1", labels=list(labels) + ["op", "location", "pass"])
+        sites_family = GaugeMetricFamily(
+            FALLBACK_SITES,
+            "Where a CPU-fallback operator was called, as the fallback_sites "
+            "option's probe saw it (pass: forward, or backward for a call from "
+            "the backward pass, named by the line that called backward()); "
+            "always 1",
+            labels=list(labels) + ["op", "location", "pass"],
+        )
         budget = self._site_budgets[FALLBACK_SITES]
-        shown = {(self._fallback_budget.label_for(site.op), budget.label_for(site.location), site.pass_name)
-                 for site in self.source.attribution.fallback_sites()}
+        shown = {
+            (self._fallback_budget.label_for(site.op), budget.label_for(site.location), site.pass_name)
+            for site in self.source.attribution.fallback_sites()
+        }
         for key in sorted(shown):
-            family.add_metric(list(labels.values()) + list(key), 1)
-        yield family
+            sites_family.add_metric(list(labels.values()) + list(key), 1)
+        yield sites_family
 
     def _xla_families(self, labels: dict[str, str]) -> Iterator[Metric]:
         snapshot = self._totals.read(self.source.reader.snapshot)
@@ -76,14 +100,25 @@ class XlaFamilies:
 
 FALLBACK_SITES = "xla_cpu_fallback_site_info"
 SITE_FAMILIES = {
-    "xla_graph_cuts": ("Graphs run before a step marker, by cause (the host read: item, bool, print, ...; "
-                       "cpu_fallback; unattributed) and source line", ["cause", "location"]),
-    "xla_host_reads": ("Reads of device data by the host, by cause and source line, whether or not they ran a graph",
-                       ["cause", "location"]),
-    "xla_new_graphs": ("First compilations of a computation (a new code path: the first step, an eval loop, a "
-                       "logging step), by the source line that ran it", ["location"]),
-    "xla_recompilations": ("Compilations of a computation that compiled before, for other input shapes or Python "
-                           "values, by the source line that ran it", ["location"]),
+    "xla_graph_cuts": (
+        "Graphs run before a step marker, by cause (the host read: item, bool, print, ...; "
+        "cpu_fallback; unattributed) and source line",
+        ["cause", "location"],
+    ),
+    "xla_host_reads": (
+        "Reads of device data by the host, by cause and source line, whether or not they ran a graph",
+        ["cause", "location"],
+    ),
+    "xla_new_graphs": (
+        "First compilations of a computation (a new code path: the first step, an eval loop, a "
+        "logging step), by the source line that ran it",
+        ["location"],
+    ),
+    "xla_recompilations": (
+        "Compilations of a computation that compiled before, for other input shapes or Python "
+        "values, by the source line that ran it",
+        ["location"],
+    ),
 }
 
 
@@ -95,4 +130,3 @@ def _site_values(family: str, record: SiteRecord):
         return [((cause,), count) for cause, count in record.causes.items()]
     count = record.new_graphs if family == "xla_new_graphs" else record.recompilations
     return [((), count)] if count else []
-

@@ -23,7 +23,7 @@ MAX_TRAITS = 16
 
 class XlaReader:
     def __init__(self):
-        import torch_xla  # noqa: F401  (the bindings below live in torch_xla._XLAC)
+        import torch_xla
 
         xlac = torch_xla._XLAC
         self.counter_value = xlac._xla_counter_value  # name -> value, None if unknown or 0; the hot paths call it
@@ -63,7 +63,7 @@ class XlaReader:
         if not data:
             return []
         # A sample older than the last one taken belongs to an earlier compilation: a path that samples none.
-        return [sample for sample in data[2][-min(count, MAX_TRAITS):] if sample[0] > after]
+        return [sample for sample in data[2][-min(count, MAX_TRAITS) :] if sample[0] > after]
 
     def snapshot(self) -> Snapshot:
         snapshot = Snapshot()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from ..config import Options
 from .attribution import Attribution
@@ -23,6 +24,9 @@ from .step_hook import StepHook
 from .step_tracker import FLUSH_EVERY, READ, SYNC, StepTracker
 from .xla_families import XlaFamilies
 from .xla_reader import CACHED_COMPILE, UNCACHED_COMPILE, XlaReader
+
+if TYPE_CHECKING:
+    from .fallback_probe import FallbackProbe
 
 
 class XlaSource:
@@ -37,7 +41,7 @@ class XlaSource:
         self.families = XlaFamilies(self, options.max_op_series, options.max_site_series)
         self._hook = StepHook(self._step_marker)
         self._host_reads = HostReadHook(self._host_read, self._on_upload)
-        self._probe = None
+        self._probe: FallbackProbe | None = None
         if options.fallback_sites:
             from .fallback_probe import FallbackProbe
 
@@ -119,8 +123,15 @@ class XlaSource:
                 compiled = compiles != compiles_seen  # at the marker or at a cut no host read explains
                 source._graphs_seen, source._compiles_seen = graphs, compiles
                 if compiled or unexplained or source._probe is not None:
-                    source._unusual_sync(graphs_before, compiles_before, graphs, compiles, now, unexplained,
-                                         (graphs - graphs_seen, compiles - compiles_seen) if compiled else None)
+                    source._unusual_sync(
+                        graphs_before,
+                        compiles_before,
+                        graphs,
+                        compiles,
+                        now,
+                        unexplained,
+                        (graphs - graphs_seen, compiles - compiles_seen) if compiled else None,
+                    )
                 else:  # tracker.on_sync(graphs_before, compiles_before, graphs, compiles, now), inlined
                     tracker = source.tracker
                     stepped, tracker.optimizer_steps = tracker.optimizer_steps, 0
@@ -135,8 +146,16 @@ class XlaSource:
 
         return step_marker
 
-    def _unusual_sync(self, graphs_before: int, compiles_before: int, graphs: int, compiles: int, now: float,
-                      unexplained: bool, compiled: tuple[int, int] | None) -> None:
+    def _unusual_sync(
+        self,
+        graphs_before: int,
+        compiles_before: int,
+        graphs: int,
+        compiles: int,
+        now: float,
+        unexplained: bool,
+        compiled: tuple[int, int] | None,
+    ) -> None:
         """A marker that compiled, or after a cut no host read explains, or with the fallback probe on. ``compiled``:
         the graphs run and the compilations since the last marker or host read, if any compiled."""
         frame = sys._getframe(2)  # the step marker's caller (past this and the wrapper)
@@ -153,9 +172,12 @@ class XlaSource:
     def _watch_fallbacks(self, fallbacks: dict[str, int] | None) -> None:
         """After a marker: end the fallback probe's watch of the step that ended, and watch the next one if an
         operator fell back that the probe has not watched."""
-        if self._probe.active and self._probe.disarm():
+        probe = self._probe
+        if probe is None:
+            return
+        if probe.active and probe.disarm():
             self.tracker.on_probe(False)
-        if fallbacks and self._probe.arm(fallbacks):
+        if fallbacks and probe.arm(fallbacks):
             self.tracker.on_probe(True)
 
     def _on_fallback_site(self, op: str, location: str, frames: list[str], backward: bool) -> None:

@@ -47,8 +47,9 @@ class BcryptSlots:
     def acquire(self, failed_before: bool) -> bool:
         with self._changed:
             if failed_before:
-                if not self._changed.wait_for(lambda: self._running < BCRYPT_AT_ONCE and not self._first_waiting,
-                                              BCRYPT_WAIT_SECONDS):
+                if not self._changed.wait_for(
+                    lambda: self._running < BCRYPT_AT_ONCE and not self._first_waiting, BCRYPT_WAIT_SECONDS
+                ):
                     return False
             else:
                 self._first_waiting += 1
@@ -115,6 +116,7 @@ class BasicAuth:
 
     def _checkpw(self, password: bytes, hashed: bytes) -> bool:
         import bcrypt
+
         try:
             return bcrypt.checkpw(password, hashed)
         except ValueError as error:  # load_web_config checks every hash, so this is a bug: say so once

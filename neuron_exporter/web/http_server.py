@@ -28,6 +28,7 @@ from collections.abc import Callable
 from email.utils import formatdate
 from http import HTTPStatus
 from os import PathLike
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from prometheus_client.exposition import choose_encoder, gzip_accepted
@@ -82,13 +83,18 @@ class MetricsServer:
     file (same format as Prometheus exporters' ``--web.config.file``); its files are re-read when they change.
     """
 
-    def __init__(self, source: Callable[[], bytes] | object, addr: str = "0.0.0.0", port: int = 19478,
-                 web_config: WebConfig | str | PathLike | None = None,
-                 pages: dict[str, Callable[[dict[str, list[str]]], tuple[bytes, str]]] | None = None,
-                 listener: socket.socket | None = None):
+    def __init__(
+        self,
+        source: Callable[[], bytes] | object,
+        addr: str = "0.0.0.0",
+        port: int = 19478,
+        web_config: WebConfig | str | PathLike | None = None,
+        pages: dict[str, Callable[[dict[str, list[str]]], tuple[bytes, str]]] | None = None,
+        listener: socket.socket | None = None,
+    ):
         if isinstance(web_config, (str, PathLike)):
             web_config = load_web_config(web_config)
-        self._source = source
+        self._source: Any = source  # a collector (it has collect()) or a function that renders the exposition
         self._pages = dict(pages or {})  # path -> page(query parameters) -> (body, content type)
         self._configs = WebConfigReloader(web_config)
         self._config = web_config
@@ -139,9 +145,11 @@ class MetricsServer:
             self._thread.join()
             self._thread = None
         for connection in list(self._busy):
+            sock = connection.sock  # None if its worker closed it already
             try:
-                connection.sock.shutdown(socket.SHUT_RDWR)  # the worker answering it fails and closes it
-            except (OSError, AttributeError):
+                if sock is not None:
+                    sock.shutdown(socket.SHUT_RDWR)  # the worker answering it fails and closes it
+            except OSError:
                 pass
         for _ in self._workers:
             self._jobs.put(None)
@@ -174,7 +182,7 @@ class MetricsServer:
     def _loop(self) -> None:
         while not self._stopping:
             try:
-                for key, events in self._selector.select(timeout=0.25):
+                for key, _events in self._selector.select(timeout=0.25):
                     if key.data is None:
                         self._accept()
                     elif key.data is _WAKE:
@@ -185,7 +193,7 @@ class MetricsServer:
                 if now >= self._next_sweep:
                     self._next_sweep = now + 0.25
                     self._sweep(now)
-            except Exception as error:  # noqa: BLE001 - the endpoint must outlive any one connection
+            except Exception as error:  # the endpoint must outlive any one connection
                 self._log_once(f"HTTP server loop: {type(error).__name__}: {error}")
                 log.debug("HTTP server loop", exc_info=True)
 
@@ -204,6 +212,7 @@ class MetricsServer:
             if HEAD_END.search(connection.buffer):  # it sent its next request during the pause
                 self._hand_over(connection)
             else:
+                assert connection.sock is not None  # open until _close() takes it out of _paused
                 self._selector.register(connection.sock, selectors.EVENT_READ, connection)
 
     def _accept(self) -> None:
@@ -229,7 +238,7 @@ class MetricsServer:
             connection = _Connection(sock, client_key(address[0]), time.monotonic() + HEAD_TIMEOUT_SECONDS)
             if tls is not None:
                 try:
-                    connection.sock = tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+                    connection.sock = sock = tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
                 except (OSError, ValueError):
                     sock.close()
                     continue
@@ -240,7 +249,7 @@ class MetricsServer:
                 self._paused[connection] = None
                 continue
             self._waiting[connection] = None
-            self._selector.register(connection.sock, selectors.EVENT_READ, connection)
+            self._selector.register(sock, selectors.EVENT_READ, connection)
 
     def _connection_to_close(self) -> _Connection | None:
         """To make room: a paused one (its client was refused too often), else the one that has waited longest,
@@ -254,8 +263,10 @@ class MetricsServer:
 
     def _read(self, connection: _Connection) -> None:
         sock = connection.sock
+        assert sock is not None  # open while in the selector
         try:
             if connection.handshaking:
+                assert isinstance(sock, ssl.SSLSocket)
                 sock.do_handshake()
                 connection.handshaking = False
                 self._selector.modify(sock, selectors.EVENT_READ, connection)
@@ -312,6 +323,7 @@ class MetricsServer:
     def _close(self, connection: _Connection) -> None:
         self._waiting.pop(connection, None)
         self._paused.pop(connection, None)
+        assert connection.sock is not None  # closed once only
         try:
             self._selector.unregister(connection.sock)
         except (KeyError, ValueError):
@@ -364,8 +376,8 @@ class MetricsServer:
                     return True  # part of the next request: back to the loop
                 self._send(connection, "GET", 431, b"Request Header Fields Too Large\n", TEXT, {}, False)
                 return False
-            head = bytes(connection.buffer[:end.start()])
-            del connection.buffer[:end.end()]
+            head = bytes(connection.buffer[: end.start()])
+            del connection.buffer[: end.end()]
             if not self._answer(connection, head):
                 return False
             if connection.paused_until:
@@ -382,22 +394,35 @@ class MetricsServer:
         method, target, version, headers = request
         status, body, content_type, extra = self._respond(method, target, headers, connection.client)
         # Request bodies are never read: after one, the connection cannot be reused.
-        keep_alive = (version == "HTTP/1.1" and headers.get("connection", "").lower() != "close"
-                      and headers.get("content-length", "0") == "0" and "transfer-encoding" not in headers)
+        keep_alive = (
+            version == "HTTP/1.1"
+            and headers.get("connection", "").lower() != "close"
+            and headers.get("content-length", "0") == "0"
+            and "transfer-encoding" not in headers
+        )
         self._send(connection, method, status, body, content_type, extra, keep_alive)
         return keep_alive
 
-    def _respond(self, method: str, target: str, headers: dict[str, str],
-                 client: str) -> tuple[int, bytes, str, dict[str, str]]:
+    def _respond(
+        self, method: str, target: str, headers: dict[str, str], client: str
+    ) -> tuple[int, bytes, str, dict[str, str]]:
         config = self._config
         if config is not None and config.users:
             verdict = self._auth.check(config, headers.get("authorization"), client)
             if verdict == LIMITED:
-                return (429, b"Too Many Requests: too many failed logins from your address, retry later\n", TEXT,
-                        {"Retry-After": str(round(CLIENT_REFILL_SECONDS))})
+                return (
+                    429,
+                    b"Too Many Requests: too many failed logins from your address, retry later\n",
+                    TEXT,
+                    {"Retry-After": str(round(CLIENT_REFILL_SECONDS))},
+                )
             if verdict != OK:
-                return (401, b"Unauthorized\n", TEXT,
-                        {"WWW-Authenticate": 'Basic realm="neuron-exporter", charset="UTF-8"'})
+                return (
+                    401,
+                    b"Unauthorized\n",
+                    TEXT,
+                    {"WWW-Authenticate": 'Basic realm="neuron-exporter", charset="UTF-8"'},
+                )
         # Everything, health paths included, is behind basic auth when it is configured, as in Prometheus'
         # exporter-toolkit (which exempts no path): a probe sends the credentials, or probes the TCP port.
         if method not in ("GET", "HEAD"):
@@ -442,11 +467,24 @@ class MetricsServer:
         extra = {"Content-Encoding": "gzip"} if body is not render.body else {}
         return 200, body, render.content_type, extra
 
-    def _send(self, connection: _Connection, method: str, status: int, body: bytes, content_type: str,
-              extra: dict[str, str], keep_alive: bool) -> None:
-        lines = [f"HTTP/1.1 {status} {HTTPStatus(status).phrase}", "Server: neuron-exporter",
-                 f"Date: {formatdate(usegmt=True)}", f"Content-Type: {content_type}",
-                 f"Content-Length: {len(body)}", *(f"{name}: {value}" for name, value in extra.items())]
+    def _send(
+        self,
+        connection: _Connection,
+        method: str,
+        status: int,
+        body: bytes,
+        content_type: str,
+        extra: dict[str, str],
+        keep_alive: bool,
+    ) -> None:
+        lines = [
+            f"HTTP/1.1 {status} {HTTPStatus(status).phrase}",
+            "Server: neuron-exporter",
+            f"Date: {formatdate(usegmt=True)}",
+            f"Content-Type: {content_type}",
+            f"Content-Length: {len(body)}",
+            *(f"{name}: {value}" for name, value in extra.items()),
+        ]
         if not keep_alive:
             lines.append("Connection: close")
         data = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (b"" if method == "HEAD" else body)
@@ -456,6 +494,7 @@ class MetricsServer:
             # A client refused as fast as it asks (guessing passwords, say) would cost the process a request each
             # time: its next request waits, unread, where closing would make it reconnect (a TLS handshake each).
             connection.paused_until = time.monotonic() + self._refusals.seconds_until_token(connection.client)
+        assert connection.sock is not None  # open until the worker that sends this closes it
         _send_all(connection.sock, data, time.monotonic() + WRITE_TIMEOUT_SECONDS)
         connection.served = connection.served or 200 <= status < 300
 
@@ -523,7 +562,7 @@ def _send_all(sock: socket.socket, data: bytes, deadline: float) -> None:
         if remaining <= 0:
             raise TimeoutError("the client did not read the response in time")
         sock.settimeout(remaining)
-        view = view[sock.send(view):]
+        view = view[sock.send(view) :]
 
 
 def _url_host(addr: str) -> str:

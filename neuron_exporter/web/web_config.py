@@ -39,8 +39,12 @@ CLIENT_AUTH_TYPES = {
     "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
     "RequireAndVerifyClientCert": ssl.CERT_REQUIRED,
 }
-TLS_VERSIONS = {"TLS10": ssl.TLSVersion.TLSv1, "TLS11": ssl.TLSVersion.TLSv1_1,
-                "TLS12": ssl.TLSVersion.TLSv1_2, "TLS13": ssl.TLSVersion.TLSv1_3}
+TLS_VERSIONS = {
+    "TLS10": ssl.TLSVersion.TLSv1,
+    "TLS11": ssl.TLSVersion.TLSv1_1,
+    "TLS12": ssl.TLSVersion.TLSv1_2,
+    "TLS13": ssl.TLSVersion.TLSv1_3,
+}
 BCRYPT_HASH = re.compile(r"\$2[aby]\$(\d\d)\$[./A-Za-z0-9]{53}")
 BCRYPT_COSTS = range(4, 32)
 # Salt and digest of a bcrypt hash of nothing anyone knows. With the configured users' cost in front it is the hash
@@ -86,10 +90,11 @@ def load_web_config(path) -> WebConfig:
         if root is None:
             return config
         top = _mapping(path, root, "web config")
-        for key, (key_node, value_node) in top.items():
+        for key, (key_node, _value_node) in top.items():
             if key not in TOP_KEYS:
-                raise WebConfigError(f"{path}:{_line(key_node)}: unsupported key {_quote(key)} "
-                                     f"(supported: {', '.join(TOP_KEYS)})")
+                raise WebConfigError(
+                    f"{path}:{_line(key_node)}: unsupported key {_quote(key)} (supported: {', '.join(TOP_KEYS)})"
+                )
         if "tls_server_config" in top:
             config.ssl_context = _tls_context(path, config, *top["tls_server_config"])
         if "basic_auth_users" in top:
@@ -113,11 +118,12 @@ def _read_text(path: Path, config: WebConfig) -> str:
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        line = data[:exc.start].count(b"\n") + 1
-        raise WebConfigError(f"{path}:{line}: not UTF-8 (byte 0x{data[exc.start]:02x}); a web config must be "
-                             "UTF-8") from None
+        line = data[: exc.start].count(b"\n") + 1
+        raise WebConfigError(
+            f"{path}:{line}: not UTF-8 (byte 0x{data[exc.start]:02x}); a web config must be UTF-8"
+        ) from None
     if "\0" in text:
-        line = text[:text.index("\0")].count("\n") + 1
+        line = text[: text.index("\0")].count("\n") + 1
         raise WebConfigError(f"{path}:{line}: NUL byte (UTF-16 or a binary file?); a web config must be UTF-8 text")
     return text
 
@@ -138,13 +144,12 @@ def _compose(path: Path, text: str):
             if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
                 depth += 1
                 if depth > MAX_NESTING:
-                    raise WebConfigError(f"{path}:{event.start_mark.line + 1}: nested deeper than {MAX_NESTING} "
-                                         "levels")
+                    raise WebConfigError(f"{path}:{_line(event)}: nested deeper than {MAX_NESTING} levels")
             elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
                 depth -= 1
         return yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.reader.ReaderError as exc:
-        line = text[:exc.position].count("\n") + 1
+        line = text[: exc.position].count("\n") + 1
         character = chr(exc.character) if isinstance(exc.character, int) else exc.character
         raise WebConfigError(f"{path}:{line}: invalid YAML: character {character!r} is not allowed") from None
     except yaml.YAMLError as exc:
@@ -195,8 +200,10 @@ def _tls_context(path: Path, config: WebConfig, section_node, node) -> ssl.SSLCo
     values = {}
     for key, (key_node, value_node) in items.items():
         if key not in TLS_KEYS:
-            raise WebConfigError(f"{path}:{_line(key_node)}: unsupported key {_quote(key)} in {section} "
-                                 f"(supported: {', '.join(TLS_KEYS)})")
+            raise WebConfigError(
+                f"{path}:{_line(key_node)}: unsupported key {_quote(key)} in {section} "
+                f"(supported: {', '.join(TLS_KEYS)})"
+            )
         values[key] = (value_node, _string(path, section, key, value_node))
     for required in ("cert_file", "key_file"):
         if required not in values:
@@ -210,8 +217,10 @@ def _tls_context(path: Path, config: WebConfig, section_node, node) -> ssl.SSLCo
             with open(resolved, "rb"):
                 pass
         except (OSError, ValueError) as exc:  # ValueError: a NUL in the name
-            raise WebConfigError(f"{path}:{_line(value_node)}: {section}.{key}: cannot read {_quote(name)}: "
-                                 f"{getattr(exc, 'strerror', None) or exc}") from None
+            raise WebConfigError(
+                f"{path}:{_line(value_node)}: {section}.{key}: cannot read {_quote(name)}: "
+                f"{getattr(exc, 'strerror', None) or exc}"
+            ) from None
         return str(resolved)
 
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -220,45 +229,54 @@ def _tls_context(path: Path, config: WebConfig, section_node, node) -> ssl.SSLCo
     try:
         context.load_cert_chain(cert, key)
     except (ssl.SSLError, OSError, ValueError) as exc:
-        raise WebConfigError(f"{path}:{_line(values['cert_file'][0])}: {section}: cannot load the certificate "
-                             f"and key: {getattr(exc, 'reason', None) or exc}") from None
+        raise WebConfigError(
+            f"{path}:{_line(values['cert_file'][0])}: {section}: cannot load the certificate "
+            f"and key: {getattr(exc, 'reason', None) or exc}"
+        ) from None
     for bound in ("min_version", "max_version"):
         if bound in values:
             value_node, name = values[bound]
             if name not in TLS_VERSIONS:
-                raise WebConfigError(f"{path}:{_line(value_node)}: {section}.{bound}: unknown version {_quote(name)} "
-                                     f"(known: {', '.join(TLS_VERSIONS)})")
+                raise WebConfigError(
+                    f"{path}:{_line(value_node)}: {section}.{bound}: unknown version {_quote(name)} "
+                    f"(known: {', '.join(TLS_VERSIONS)})"
+                )
             try:
-                setattr(context, "minimum_version" if bound == "min_version" else "maximum_version",
-                        TLS_VERSIONS[name])
+                setattr(context, "minimum_version" if bound == "min_version" else "maximum_version", TLS_VERSIONS[name])
             except (ValueError, ssl.SSLError) as exc:
                 raise WebConfigError(f"{path}:{_line(value_node)}: {section}.{bound}: {exc}") from None
     auth_type = values.get("client_auth_type", (None, "NoClientCert"))
     if auth_type[1] not in CLIENT_AUTH_TYPES:
-        raise WebConfigError(f"{path}:{_line(auth_type[0])}: {section}.client_auth_type: unknown value "
-                             f"{_quote(auth_type[1])} (known: {', '.join(CLIENT_AUTH_TYPES)})")
+        raise WebConfigError(
+            f"{path}:{_line(auth_type[0])}: {section}.client_auth_type: unknown value "
+            f"{_quote(auth_type[1])} (known: {', '.join(CLIENT_AUTH_TYPES)})"
+        )
     context.verify_mode = CLIENT_AUTH_TYPES[auth_type[1]]
     if "client_ca_file" in values:
         try:
             context.load_verify_locations(cafile=file("client_ca_file"))
         except (ssl.SSLError, OSError, ValueError) as exc:
-            raise WebConfigError(f"{path}:{_line(values['client_ca_file'][0])}: {section}.client_ca_file: "
-                                 f"not a CA certificate: {getattr(exc, 'reason', None) or exc}") from None
+            raise WebConfigError(
+                f"{path}:{_line(values['client_ca_file'][0])}: {section}.client_ca_file: "
+                f"not a CA certificate: {getattr(exc, 'reason', None) or exc}"
+            ) from None
     elif context.verify_mode != ssl.CERT_NONE:
-        raise WebConfigError(f"{path}:{_line(auth_type[0])}: {section}.client_auth_type {auth_type[1]} "
-                             "needs client_ca_file")
+        raise WebConfigError(
+            f"{path}:{_line(auth_type[0])}: {section}.client_auth_type {auth_type[1]} needs client_ca_file"
+        )
     return context
 
 
 def _users(path: Path, node) -> dict[str, bytes]:
     users, lines = {}, {}
-    for user, (key_node, value_node) in _mapping(path, node, "basic_auth_users").items():
+    for user, (_key_node, value_node) in _mapping(path, node, "basic_auth_users").items():
         hashed = _string(path, "basic_auth_users", user, value_node)
         where = f"{path}:{_line(value_node)}: basic_auth_users.{user}"
         match = BCRYPT_HASH.fullmatch(hashed)
         if not match:
-            raise WebConfigError(f"{where}: expected a bcrypt hash ($2y$10$ and 53 more characters, e.g. from "
-                                 "htpasswd -nBC 10)")
+            raise WebConfigError(
+                f"{where}: expected a bcrypt hash ($2y$10$ and 53 more characters, e.g. from htpasswd -nBC 10)"
+            )
         if int(match.group(1)) not in BCRYPT_COSTS:
             raise WebConfigError(f"{where}: bcrypt cost {match.group(1)} is out of range (4 to 31)")
         users[user] = hashed.encode()
@@ -267,14 +285,16 @@ def _users(path: Path, node) -> dict[str, bytes]:
         try:
             import bcrypt
         except ImportError:
-            raise WebConfigError(f"{path}:{_line(node)}: basic_auth_users needs the bcrypt package: "
-                                 "pip install 'neuron-exporter[auth]'") from None
-        for user, hashed in users.items():
+            raise WebConfigError(
+                f"{path}:{_line(node)}: basic_auth_users needs the bcrypt package: pip install 'neuron-exporter[auth]'"
+            ) from None
+        for user, encoded in users.items():
             try:  # the same hash at the lowest cost: bcrypt reads the salt as it would at a login, in 1 ms
-                bcrypt.checkpw(b"", hashed[:4] + b"04" + hashed[6:])
+                bcrypt.checkpw(b"", encoded[:4] + b"04" + encoded[6:])
             except ValueError:
-                raise WebConfigError(f"{path}:{lines[user]}: basic_auth_users.{user}: not a valid bcrypt hash "
-                                     "(its salt does not decode)") from None
+                raise WebConfigError(
+                    f"{path}:{lines[user]}: basic_auth_users.{user}: not a valid bcrypt hash (its salt does not decode)"
+                ) from None
     return users
 
 
@@ -304,8 +324,9 @@ class WebConfigReloader:
         try:
             new = load_web_config(config.path)
             if new.tls != config.tls:
-                raise WebConfigError(f"{config.path}: TLS cannot be turned {'on' if new.tls else 'off'} without "
-                                     "a restart")
+                raise WebConfigError(
+                    f"{config.path}: TLS cannot be turned {'on' if new.tls else 'off'} without a restart"
+                )
         except WebConfigError as error:
             if str(error) != self._last_error:
                 self._last_error = str(error)

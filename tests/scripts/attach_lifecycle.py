@@ -41,7 +41,9 @@ def values(exposition: str) -> dict[str, float]:
     result = {}
     for family in text_string_to_metric_families(exposition):
         for s in family.samples:
-            labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()) if k not in ("rank", "local_rank", "run_id"))
+            labels = ",".join(
+                f"{k}={v}" for k, v in sorted(s.labels.items()) if k not in ("rank", "local_rank", "run_id")
+            )
             result[f"{s.name}{{{labels}}}"] = s.value
     return result
 
@@ -93,8 +95,8 @@ handle.xla.reader.snapshot = broken
 response = urllib.request.urlopen(handle.url)
 scraped = values(response.read().decode())
 seen["broken_scrape_status"] = response.status
-seen["broken_step_errors"] = scraped['neuron_exporter_collection_errors_total{stage=step}']
-seen["broken_scrape_errors"] = scraped['neuron_exporter_collection_errors_total{stage=scrape}']
+seen["broken_step_errors"] = scraped["neuron_exporter_collection_errors_total{stage=step}"]
+seen["broken_scrape_errors"] = scraped["neuron_exporter_collection_errors_total{stage=scrape}"]
 seen["broken_xla_collector_success"] = scraped["neuron_exporter_collector_success{collector=xla}"]
 seen["broken_steps_collector_success"] = scraped["neuron_exporter_collector_success{collector=steps}"]
 seen["broken_scrape_still_has_process_metrics"] = "xla_process_resident_memory_bytes{}" in scraped

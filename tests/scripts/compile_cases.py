@@ -41,8 +41,12 @@ class GraphBreakLog(logging.Handler):
         message = record.getMessage()
         where = re.search(r"in user code at (.+?):(\d+)", message)
         reason = re.search(r"Graph Break Reason: (.*)", message)
-        logged_breaks.append([f"{os.path.relpath(where.group(1))}:{where.group(2)}" if where else None,
-                              reason.group(1) if reason else None])
+        logged_breaks.append(
+            [
+                f"{os.path.relpath(where.group(1))}:{where.group(2)}" if where else None,
+                reason.group(1) if reason else None,
+            ]
+        )
 
 
 graph_break_log = logging.getLogger("torch._dynamo.symbolic_convert.__graph_breaks")
@@ -152,7 +156,8 @@ def place(filename, line):
 def at_limit(record):
     """A compilation refused at the recompile limit: RecompileLimitExceeded up to torch 2.10, then an Unsupported."""
     return record.fail_type == "RecompileLimitExceeded" or (
-        record.fail_type == "Unsupported" and (record.fail_reason or "").startswith("Dynamo recompile limit exceeded"))
+        record.fail_type == "Unsupported" and (record.fail_reason or "").startswith("Dynamo recompile limit exceeded")
+    )
 
 
 # torch's own account of compilations: its compilation records (fewer than the ring's 64 here)
@@ -161,13 +166,18 @@ functions = {r.compile_id.split("/")[0]: place(r.co_filename, r.co_firstlineno) 
 forward = [r for r in records if r.is_forward is not False]
 own = {
     "compilations": [place(r.co_filename, r.co_firstlineno) for r in forward if r.fail_type is None],
-    "recompilations": [[place(r.co_filename, r.co_firstlineno), r.recompile_reason] for r in forward
-                       if r.recompile_reason and r.fail_type is None],
+    "recompilations": [
+        [place(r.co_filename, r.co_firstlineno), r.recompile_reason]
+        for r in forward
+        if r.recompile_reason and r.fail_type is None
+    ],
     "limit_hits": [functions.get(r.compile_id.split("/")[0]) for r in forward if at_limit(r)],
     "graph_breaks": logged_breaks,
     "compile_ids": [r.compile_id for r in forward],
     "compile_seconds": sum((r.duration_us or 0) / 1e6 for r in records),
 }
-print(json.dumps({"url": handle.url if handle else None, "torch": own, "taken_while_training": taken_while_training}),
-      flush=True)
+print(
+    json.dumps({"url": handle.url if handle else None, "torch": own, "taken_while_training": taken_while_training}),
+    flush=True,
+)
 sys.stdin.read()

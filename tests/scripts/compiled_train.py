@@ -37,11 +37,16 @@ for step in range(steps):
     optimizer.step()
 
 records = [r for r in get_compilation_metrics() if r.co_filename]  # a code object compiled (not a backward record)
-print(json.dumps({
-    "url": handle.url if handle is not None else None,
-    "optimizer_steps": steps,
-    "compiled": len({str(r.compile_id) for r in records}),
-    "recompiled": len({str(r.compile_id) for r in records if r.recompile_reason}),
-    "torch_xla_loaded": "torch_xla" in sys.modules,
-}), flush=True)
+print(
+    json.dumps(
+        {
+            "url": handle.url if handle is not None else None,
+            "optimizer_steps": steps,
+            "compiled": len({str(r.compile_id) for r in records}),
+            "recompiled": len({str(r.compile_id) for r in records if r.recompile_reason}),
+            "torch_xla_loaded": "torch_xla" in sys.modules,
+        }
+    ),
+    flush=True,
+)
 sys.stdin.read()

@@ -2,8 +2,9 @@
 
 Usage: python concurrent_scrapes.py STEPS SCRAPERS SPOOL_DIR
 
-Prints one JSON line: torch_xla's own counter totals (before a clear_counters() in the middle, plus after it), the last scrape over HTTP taken after
-the scrapers stopped, and how many scrapes ran while training. Then detaches (writing the final spool report).
+Prints one JSON line: torch_xla's own counter totals (before a clear_counters() in the middle, plus after it), the
+last scrape over HTTP taken after the scrapers stopped, and how many scrapes ran while training. Then detaches
+(writing the final spool report).
 """
 
 from __future__ import annotations

@@ -26,16 +26,24 @@ steps, logging_steps = int(sys.argv[1]), int(sys.argv[2])
 dynamic = sys.argv[3:] == ["dynamic"]
 handle = neuron_exporter.attach(port=0, addr="127.0.0.1", spool_dir=tempfile.mkdtemp())
 
-import torch_xla.debug.metrics as met  # noqa: E402
 import transformers  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments  # noqa: E402
+
+import torch_xla.debug.metrics as met  # noqa: E402
 
 SEQUENCE = 32
 LENGTHS = (16, 24, 32)
 BATCH = 4
 torch.manual_seed(0)
-config = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                     num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=SEQUENCE)
+config = LlamaConfig(
+    vocab_size=128,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    num_key_value_heads=2,
+    max_position_embeddings=SEQUENCE,
+)
 model = LlamaForCausalLM(config)
 
 
@@ -55,17 +63,29 @@ def pad_to_longest(items: list[dict]) -> dict:
     longest = max(len(item["input_ids"]) for item in items)
 
     def padded(key, fill):
-        return torch.stack([torch.nn.functional.pad(item[key], (0, longest - len(item[key])), value=fill)
-                            for item in items])
+        return torch.stack(
+            [torch.nn.functional.pad(item[key], (0, longest - len(item[key])), value=fill) for item in items]
+        )
 
-    return {"input_ids": padded("input_ids", 0), "attention_mask": padded("attention_mask", 0),
-            "labels": padded("labels", -100)}
+    return {
+        "input_ids": padded("input_ids", 0),
+        "attention_mask": padded("attention_mask", 0),
+        "labels": padded("labels", -100),
+    }
 
 
-arguments = TrainingArguments(output_dir=tempfile.mkdtemp(), max_steps=steps, per_device_train_batch_size=BATCH,
-                              logging_steps=logging_steps, save_strategy="no", report_to=[],
-                              dataloader_drop_last=True, disable_tqdm=True, learning_rate=1e-3,
-                              optim="adamw_torch")  # the fused default has no XLA kernel
+arguments = TrainingArguments(
+    output_dir=tempfile.mkdtemp(),
+    max_steps=steps,
+    per_device_train_batch_size=BATCH,
+    logging_steps=logging_steps,
+    save_strategy="no",
+    report_to=[],
+    dataloader_drop_last=True,
+    disable_tqdm=True,
+    learning_rate=1e-3,
+    optim="adamw_torch",
+)  # the fused default has no XLA kernel
 
 
 class InOrder(Trainer):
@@ -73,8 +93,9 @@ class InOrder(Trainer):
         return torch.utils.data.SequentialSampler(self.train_dataset)
 
 
-trainer = (InOrder if dynamic else Trainer)(model=model, args=arguments, train_dataset=Tokens(),
-                                            data_collator=pad_to_longest if dynamic else None)
+trainer = (InOrder if dynamic else Trainer)(
+    model=model, args=arguments, train_dataset=Tokens(), data_collator=pad_to_longest if dynamic else None
+)
 trainer.train()  # site: train
 
 import torch_xla  # noqa: E402
@@ -82,6 +103,16 @@ import torch_xla  # noqa: E402
 torch_xla._XLAC._xla_wait_device_ops(devices=[])
 own = {name: met.counter_value(name) for name in met.counter_names()}
 versions = {"transformers": transformers.__version__, "torch": torch.__version__}
-print(json.dumps({"url": handle.url, "versions": versions, "xla": own, "global_step": trainer.state.global_step,
-                  "device": str(trainer.args.device)}), flush=True)
+print(
+    json.dumps(
+        {
+            "url": handle.url,
+            "versions": versions,
+            "xla": own,
+            "global_step": trainer.state.global_step,
+            "device": str(trainer.args.device),
+        }
+    ),
+    flush=True,
+)
 sys.stdin.read()

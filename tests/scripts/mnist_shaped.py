@@ -50,8 +50,10 @@ class MNIST(torch.nn.Module):
 
 def batches(count: int, size: int, seed: int) -> DataLoader:
     generator = torch.Generator().manual_seed(seed)
-    data = TensorDataset(torch.randn(count * size, 1, 28, 28, generator=generator),
-                         torch.randint(0, 10, (count * size,), generator=generator))
+    data = TensorDataset(
+        torch.randn(count * size, 1, 28, 28, generator=generator),
+        torch.randint(0, 10, (count * size,), generator=generator),
+    )
     return DataLoader(data, batch_size=size, drop_last=True)
 
 
@@ -97,7 +99,7 @@ def test_loop_fn(loader) -> float:
     return xm.mesh_reduce("test_accuracy", accuracy, np.mean)  # site: mesh_reduce
 
 
-for epoch in range(epochs):
+for _epoch in range(epochs):
     train_loop_fn(train_loader)
     test_loop_fn(test_loader)
 

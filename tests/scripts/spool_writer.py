@@ -1,8 +1,8 @@
 """Simulated training ranks for the spool and node-endpoint tests and the daemon benchmark.
 
 Writes one spool file per rank, each the exposition of a real prometheus_client registry shaped like a rank's
-(steps, step-duration histogram, compile counters, N fallback operators, generic counters), then keeps its rank locks (the ranks
-are alive) until stdin closes or the process is killed. Prints "ready" once every file is written.
+(steps, step-duration histogram, compile counters, N fallback operators, generic counters), then keeps its rank
+locks (the ranks are alive) until stdin closes or the process is killed. Prints "ready" once every file is written.
 
     spool_writer.py SPOOL_DIR RANKS [--steps N] [--ops N] [--last-step-age SECONDS] [--finished] [--rewrite SECONDS]
 
@@ -20,11 +20,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics  # noqa: E402
-from prometheus_client import generate_latest  # noqa: E402
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
 
-from neuron_exporter import run_identity  # noqa: E402
-from neuron_exporter.node.spool import RankMeta, write_rank_file  # noqa: E402
+from neuron_exporter import run_identity
+from neuron_exporter.node.spool import RankMeta, write_rank_file
 
 LABELS = ["run_id", "rank", "local_rank"]
 
@@ -33,8 +39,13 @@ def rank_exposition(rank: str, steps: int, ops: int, run_id: str | None = None) 
     registry = CollectorRegistry()
     ids = (run_id or run_identity.run_id(), rank, rank)
     Counter("xla_steps", "Steps ended", LABELS, registry=registry).labels(*ids).inc(steps)
-    duration = Histogram("xla_step_duration_seconds", "Wall time between step ends", LABELS, registry=registry,
-                         buckets=(0.01, 0.1, 1.0, 10.0))
+    duration = Histogram(
+        "xla_step_duration_seconds",
+        "Wall time between step ends",
+        LABELS,
+        registry=registry,
+        buckets=(0.01, 0.1, 1.0, 10.0),
+    )
     for _ in range(min(steps, 5)):
         duration.labels(*ids).observe(0.05)
     Counter("xla_compilations", "Compiler runs", LABELS, registry=registry).labels(*ids).inc(2)
@@ -43,8 +54,17 @@ def rank_exposition(rank: str, steps: int, ops: int, run_id: str | None = None) 
     for i in range(ops):
         fallback.labels(*ids, f"aten::op_{i}").inc(steps)
     generic = Counter("xla_events", "Every other torch_xla counter", LABELS + ["counter"], registry=registry)
-    for name in ("MarkStep", "CachedCompile", "UncachedCompile", "CreateXlaTensor", "DestroyXlaTensor",
-                 "ExecuteComputation", "DeviceDataCacheMiss", "CreateDataHandles", "RegisterXLAFunctions"):
+    for name in (
+        "MarkStep",
+        "CachedCompile",
+        "UncachedCompile",
+        "CreateXlaTensor",
+        "DestroyXlaTensor",
+        "ExecuteComputation",
+        "DeviceDataCacheMiss",
+        "CreateDataHandles",
+        "RegisterXLAFunctions",
+    ):
         generic.labels(*ids, name).inc(steps)
     timed = Counter("xla_metric_seconds", "Every torch_xla time metric", LABELS + ["metric"], registry=registry)
     for name in ("CompileTime", "ExecuteTime", "LazyTracing", "TransferToDeviceTime", "DeviceLockWait"):
@@ -87,6 +107,7 @@ def main() -> None:
     write_all(args.steps)
     print("ready", flush=True)
     if args.rewrite is not None:
+
         def rewrite():
             steps = args.steps
             while True:
@@ -96,6 +117,7 @@ def main() -> None:
                     write_all(steps)
                 except OSError:
                     pass  # the directory was deleted mid-write: the next write makes it again
+
         threading.Thread(target=rewrite, daemon=True).start()
     sys.stdin.read()
 

@@ -32,8 +32,9 @@ handle = None
 if attach:
     import neuron_exporter
 
-    handle = neuron_exporter.attach(port=0, addr="127.0.0.1", warmup_steps=2,
-                                    spool_dir=os.environ.get("TEST_SPOOL_DIR") or tempfile.mkdtemp())
+    handle = neuron_exporter.attach(
+        port=0, addr="127.0.0.1", warmup_steps=2, spool_dir=os.environ.get("TEST_SPOOL_DIR") or tempfile.mkdtemp()
+    )
 
 torch.manual_seed(0)
 device = torch_xla.device()
@@ -95,8 +96,10 @@ else:
                 torch_xla.sync()
 
 xm.wait_device_ops()  # let asynchronous executions land before the counters are read
-counters = {name: met.counter_value(name) or 0
-            for name in ("UncachedCompile", "CachedCompile", "MarkStep", "ExecuteComputation")}
+counters = {
+    name: met.counter_value(name) or 0
+    for name in ("UncachedCompile", "CachedCompile", "MarkStep", "ExecuteComputation")
+}
 counters["ExecuteTime"] = (met.metric_data("ExecuteTime") or (0,))[0]
 counters["TransferFromDeviceTime"] = (met.metric_data("TransferFromDeviceTime") or (0,))[0]
 print(json.dumps({"url": handle.url if handle else None, "pid": os.getpid(), "xla": counters}), flush=True)

@@ -26,8 +26,13 @@ handle = None
 if "--no-attach" not in sys.argv:
     import neuron_exporter
 
-    handle = neuron_exporter.attach(port=0, addr="127.0.0.1", warmup_steps=2, spool_dir=tempfile.mkdtemp(),
-                                    fallback_sites="--fallback-sites" in sys.argv)
+    handle = neuron_exporter.attach(
+        port=0,
+        addr="127.0.0.1",
+        warmup_steps=2,
+        spool_dir=tempfile.mkdtemp(),
+        fallback_sites="--fallback-sites" in sys.argv,
+    )
 torch.manual_seed(0)
 device = torch_xla.device()
 model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)).to(device)
@@ -123,6 +128,7 @@ elif scenario == "markers":
         forward_backward(*batch(11))
         xm.optimizer_step(optimizer, barrier=True)  # site: optimizer_step
 elif scenario == "compile":
+
     def scaled(t):
         total = t.sum()
         if total.item() > 0:  # a graph break, with or without the exporter

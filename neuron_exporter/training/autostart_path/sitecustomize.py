@@ -10,8 +10,10 @@ import sys
 
 
 def _install_autostart() -> None:
-    if os.environ.get("NEURON_EXPORTER_AUTO", "").strip().lower() not in ("1", "true", "yes", "on") or \
-            sys.flags.isolated:
+    if (
+        os.environ.get("NEURON_EXPORTER_AUTO", "").strip().lower() not in ("1", "true", "yes", "on")
+        or sys.flags.isolated
+    ):
         return
     try:
         from neuron_exporter.training import autostart

@@ -260,7 +260,7 @@ def steps_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                 "torch.compile recompilations per training step by rank",
                 "Recompilations per training step on each rank. After warm-up the line should stay at 0.",
                 "suffix:compiles/step",
-                (per_step("torch_compile_recompilations_total"), RANK_LEGEND),
+                (or_none_found(q, per_step("torch_compile_recompilations_total"), BY_RANK), RANK_LEGEND),
                 width=12,
             )
         )
@@ -270,7 +270,7 @@ def steps_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                 "Graph breaks found per training step on each rank (only "
                 "while dynamo compiles: a new shape or function).",
                 "suffix:breaks/step",
-                (per_step("torch_compile_graph_breaks_total"), RANK_LEGEND),
+                (or_none_found(q, per_step("torch_compile_graph_breaks_total"), BY_RANK), RANK_LEGEND),
                 width=12,
             )
         )

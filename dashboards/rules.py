@@ -35,21 +35,6 @@ FALLBACK_RATE = f"rank_op:xla_cpu_fallback_ops:rate{WINDOW}"
 SITE_CUTS_PER_STEP = f"run_location:xla_graph_cuts_per_step:ratio{WINDOW}"
 SITE_RECOMPILATIONS_PER_STEP = f"run_location:xla_recompilations_per_step:ratio{WINDOW}"
 
-RECORDING_RULE_NAMES = (
-    STEPS,
-    GRAPHS_PER_STEP,
-    CUTS_PER_STEP,
-    MARKERS_PER_STEP,
-    FRAGMENTED_STEPS,
-    RECOMPILATIONS_PER_STEP,
-    HOST_READS_PER_STEP,
-    COMPILE_TIME_SHARE,
-    EXECUTE_TIME_SHARE,
-    FALLBACK_RATE,
-    SITE_CUTS_PER_STEP,
-    SITE_RECOMPILATIONS_PER_STEP,
-)
-
 # The rank an alert's description names, from the first sample of a template query.
 RANK_OF_SAMPLE = 'rank {{ label "rank" . }} (local rank {{ label "local_rank" . }}) of {{ label "instance" . }}'
 # The labels of the rank lookups (the per-rank labels beyond the aggregation labels).

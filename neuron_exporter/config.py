@@ -22,7 +22,7 @@ import yaml
 
 ENV_PREFIX = "NEURON_EXPORTER_"
 CONFIG_FILE_ENV = ENV_PREFIX + "CONFIG"
-AUTO_ENV = ENV_PREFIX + "AUTO"  # attach in every process that imports torch_xla (see training/auto_attach.py)
+AUTO_ENV = ENV_PREFIX + "AUTO"  # attach in every process that imports torch (see training/autostart.py)
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 MAX_CONFIG_BYTES = 1024 * 1024  # a config is a dozen lines; a larger file is the wrong file
 SHOWN_CHARACTERS = 80  # of a value quoted in an error

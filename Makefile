@@ -19,7 +19,8 @@ SDK_TESTS = $(shell $(PY) -c 'import grafana_foundation_sdk' 2>/dev/null || echo
 XLA_TESTS := any_backend attach_lifecycle attach_scenarios concurrent_scrapes end_to_end_prometheus job_endpoint launchers multirank \
   run_command runs sites torch_compile training_steps
 
-.PHONY: venv check demo test test-fast test-trainer test-compile-latest fuzz dashboards prometheus bench clean
+.PHONY: venv check demo test test-fast test-trainer test-compile-latest test-compat fuzz dashboards prometheus bench \
+  clean clean-compat
 
 venv: $(STAMP)
 
@@ -84,6 +85,34 @@ test-compile-latest: $(LATEST_STAMP)
 	$(LATEST_VENV)/bin/python -m pytest tests/test_torch_compile.py tests/test_torch_compile_records.py \
 	  tests/test_any_backend.py
 
+# The torch_xla scenario tests on older torch_xla releases (on demand, not in CI): each release with the torch and
+# torchvision it was built against, in a virtual environment of its own (.venv-xla-2.7, .venv-xla-2.8; several GB
+# each, reinstalled like .venv). The xla and test extras pin torch 2.9, so these install the auth extra, the test
+# extra's requirements other than torch's, and the pins below. `make test-compat COMPAT_XLA=2.8` runs one release.
+COMPAT_XLA ?= 2.7 2.8
+COMPAT_PINS_2.7 := torch==2.7.* torch-xla==2.7.0 torchvision==0.22.*
+COMPAT_PINS_2.8 := torch==2.8.* torch-xla==2.8.0 torchvision==0.23.*
+COMPAT_TESTS := any_backend attach_lifecycle attach_scenarios launchers multirank run_command sites training_steps
+
+.venv-xla-%/.installed: pyproject.toml Makefile
+	@test -n "$(COMPAT_PINS_$*)" || { echo "make: no pins for torch_xla $* (COMPAT_PINS_$*)" >&2; exit 2; }
+	test -x .venv-xla-$*/bin/python || { $(PYTHON_EXE) -m venv .venv-xla-$* && echo '*' > .venv-xla-$*/.gitignore; }
+	.venv-xla-$*/bin/python -m pip install --quiet --upgrade pip 'tomli>=2; python_version < "3.11"'
+	.venv-xla-$*/bin/python -c 'import sys; tomllib = __import__("tomllib" if sys.version_info >= (3, 11) else "tomli"); \
+	  test = tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["test"]; \
+	  print("\n".join(r for r in test if not r.startswith("torch")))' > .venv-xla-$*/test-requirements.txt
+	.venv-xla-$*/bin/python -m pip install --quiet -e '.[auth]' -r .venv-xla-$*/test-requirements.txt $(COMPAT_PINS_$*)
+	cp neuron_exporter/training/autostart_path/neuron_exporter_autostart.pth \
+	  "$$(.venv-xla-$*/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/"
+	touch $@
+
+# One release after the other (each suite takes both cores); every release runs even when one fails.
+test-compat: $(COMPAT_XLA:%=.venv-xla-%/.installed)
+	@failed=; for v in $(COMPAT_XLA); do \
+	  echo "== torch_xla $$v: $$(.venv-xla-$$v/bin/python -c 'import torch, torch_xla; print("torch", torch.__version__, "torch_xla", torch_xla.__version__)')"; \
+	  .venv-xla-$$v/bin/python -m pytest -m 'not trainer' $(COMPAT_TESTS:%=tests/test_%.py) || failed="$$failed $$v"; \
+	done; test -z "$$failed" || { echo "make: torch_xla$$failed: tests failed" >&2; exit 1; }
+
 fuzz: venv
 	NEURON_EXPORTER_FUZZ_CASES=20000 $(PY) -m pytest -q -k fuzz
 
@@ -98,3 +127,7 @@ bench: venv
 
 clean:
 	rm -rf $(VENV) $(LATEST_VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+
+# The compatibility environments (`make test-compat`) are left to this one: several GB to download again.
+clean-compat:
+	rm -rf $(COMPAT_XLA:%=.venv-xla-%)

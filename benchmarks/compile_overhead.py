@@ -11,7 +11,9 @@ that the attached blocks compiled nothing more than the bare ones (torch's own c
 
     PJRT_DEVICE=CPU python benchmarks/compile_overhead.py [--rounds 60] [--steps 40] [--setups inductor,openxla]
 
-Without torch_xla installed (torch's newest releases), only the inductor setup runs. The attached blocks serve their
+Every block runs --settle steps untimed first (attached: while the threads attach() starts come up), so the timed
+steps are the steady state a long job sees. Without torch_xla installed (torch's newest releases), only the inductor
+setup runs. The attached blocks serve their
 rank in process (``node_view=False``): starting a node endpoint process at every block would measure that start,
 which a job pays once.
 """
@@ -69,7 +71,7 @@ def compilations() -> int:
     return sum(1 for record in get_compilation_metrics() if not record.is_runtime)
 
 
-def measure(backend: str, rounds: int, steps: int) -> None:
+def measure(backend: str, rounds: int, steps: int, settle: int) -> None:
     torch.set_num_threads(1)  # the CPU kernels on one thread: less noise from a busy machine
     step = make_step(backend)
     run_block(step, 30)  # compile, and warm the caches
@@ -83,9 +85,11 @@ def measure(backend: str, rounds: int, steps: int) -> None:
         order = list(per_step) if round_index % 2 == 0 else list(reversed(per_step))  # who goes first alternates
         for variant in order:
             if variant == "bare":
+                run_block(step, settle)
                 seconds, cpu = run_block(step, steps)
             else:
                 with neuron_exporter.attach(**ATTACH) as handle:
+                    run_block(step, settle)  # the threads attach() starts come up; the first step claims the rank
                     seconds, cpu = run_block(step, steps)
                     hook_seconds += handle.stats.hook_seconds
             per_step[variant].append(seconds)
@@ -137,6 +141,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=60)
     parser.add_argument("--steps", type=int, default=40, help="steps per block")
+    parser.add_argument("--settle", type=int, default=20, help="untimed steps at the start of every block")
     parser.add_argument(
         "--setups",
         default="inductor,openxla" if HAS_XLA else "inductor",
@@ -145,11 +150,22 @@ def main() -> None:
     args = parser.parse_args()
     backends = args.setups.split(",")
     if len(backends) == 1:
-        measure(backends[0], args.rounds, args.steps)
+        measure(backends[0], args.rounds, args.steps, args.settle)
         return
     for backend in backends:  # one process each: the XLA device must exist before the first backward pass
         subprocess.run(
-            [sys.executable, __file__, "--rounds", str(args.rounds), "--steps", str(args.steps), "--setups", backend],
+            [
+                sys.executable,
+                __file__,
+                "--rounds",
+                str(args.rounds),
+                "--steps",
+                str(args.steps),
+                "--settle",
+                str(args.settle),
+                "--setups",
+                backend,
+            ],
             check=True,
         )
 

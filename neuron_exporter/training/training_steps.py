@@ -8,8 +8,9 @@ Where it ends depends on what the optimizer updates:
 - tensors on an XLA device: the optimizer step only records work, which runs at the next step marker; the step ends
   at the first step marker that runs a graph after it (torch_xla's ``StepTracker``). ``training_steps_total`` is then
   ``xla_steps_total`` itself, counted once, in one place: the two cannot drift apart.
-- anything else (eager, inductor, CUDA, CPU): the step ends at the first optimizer step of the next round, when the
-  work of this one has been issued. Counted here, from the optimizer-step hook.
+- anything else (eager, inductor, CUDA, CPU): the step ends at its optimizer step (the first of its round, when
+  several optimizers step in turn), when its work has been issued. Counted here, from the optimizer-step hook: an
+  optimizer that steps again begins the next round.
 Which of the two is decided at the first optimizer step, by the device of that optimizer's first parameter.
 """
 

@@ -1,4 +1,4 @@
-"""Per-step arithmetic: which syncs are steps, graphs per step, fragmentation, recompiles after warm-up.
+"""Per-step arithmetic: which syncs are steps, graphs per step, fragmentation; events handed to ``Attribution``.
 
 Pure logic: it is fed the process-wide compile counters after every sync and knows nothing of torch_xla.
 A graph that runs, whether at a sync or cut off early by ``.item()`` or a CPU fallback, passes through the
@@ -44,7 +44,7 @@ SETUP_MARKERS, SETUP_SECONDS = 8, 60.0
 # Events, kept in the order they happened until they are accounted. Each is a tuple:
 #   (SYNC, graphs before, compilations before, graphs after, compilations after, perf_counter() after, extra,
 #    optimizer steps since the marker before): a step marker (see on_sync)
-#   (READ, cause, location, frames or None, graphs run, compilations, graph sizes): a host read (see
+#   (READ, cause, location, frames or None, graphs run, compilations, traits): a host read (see
 #    Attribution.host_read)
 #   (UPLOAD, location, shapes); (OPTIMIZER_CREATED, time); (PROBE_ON,) and (PROBE_OFF,): the step the fallback probe
 #    watches

@@ -14,11 +14,6 @@ export PJRT_DEVICE ?= CPU
 # the tests that build dashboards.
 comma := ,
 EXTRAS := xla,auth,test,check$(if $(filter 3.10,$(PYTHON_VERSION)),,$(comma)dashboards)
-SDK_TESTS = $(shell $(PY) -c 'import grafana_foundation_sdk' 2>/dev/null || echo alert_rules dashboards end_to_end_prometheus)
-# The tests that train (most with torch_xla: most of the suite's time); `make test-fast` runs every other one.
-XLA_TESTS := any_backend attach_lifecycle attach_scenarios concurrent_scrapes end_to_end_prometheus job_endpoint launchers multirank \
-  run_command runs sites torch_compile training_steps
-
 .PHONY: venv check demo test test-fast test-trainer test-compile-latest test-compat fuzz dashboards prometheus bench \
   clean clean-compat
 
@@ -51,11 +46,16 @@ check: venv
 demo: venv prometheus
 	$(PY) examples/demo.py
 
+# The tests, selected by marker (pyproject.toml lists them): `make test` runs all but the Trainer run, spread over
+# the cores (pytest-xdist; a module whose tests share processes stays on one worker); `make test-fast` leaves out
+# the tests that train. Tests that build dashboards skip where the Grafana SDK is not installed (Python 3.10).
+PARALLEL ?= -n auto --dist loadgroup
+
 test: venv prometheus
-	$(PY) -m pytest -m 'not trainer' $(patsubst %,--ignore=tests/test_%.py,$(SDK_TESTS))
+	$(PY) -m pytest -m 'not trainer' $(PARALLEL)
 
 test-fast: venv prometheus
-	$(PY) -m pytest -m 'not trainer' $(patsubst %,--ignore=tests/test_%.py,$(sort $(XLA_TESTS) $(SDK_TESTS)))
+	$(PY) -m pytest -m 'not trainer and not training' $(PARALLEL)
 
 # A real Hugging Face Trainer run (seconds once installed): transformers and accelerate go into the same virtual
 # environment, with torch held at the version the xla extra pins.
@@ -66,7 +66,7 @@ $(TRAINER_STAMP): $(STAMP)
 	touch $@
 
 test-trainer: $(TRAINER_STAMP)
-	$(PY) -m pytest -m trainer tests/test_hf_trainer.py
+	$(PY) -m pytest -m trainer
 
 # The torch.compile tests on the newest torch, without torch_xla (torch_xla 2.9 needs torch 2.9): a virtual
 # environment of its own, .venv-torch-latest (a minute to install, reinstalled like .venv). Dynamo's private APIs change
@@ -78,12 +78,11 @@ $(LATEST_STAMP): pyproject.toml Makefile
 	@test -n "$(PYTHON_EXE)" || { echo "make: $(PYTHON) not found (e.g. pyenv install 3.11)" >&2; exit 2; }
 	test -x $(LATEST_VENV)/bin/python || { $(PYTHON_EXE) -m venv $(LATEST_VENV) && echo '*' > $(LATEST_VENV)/.gitignore; }
 	$(LATEST_VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(LATEST_VENV)/bin/python -m pip install --quiet -e '.[auth]' 'pytest>=8' numpy torch==$(TORCH_LATEST)
+	$(LATEST_VENV)/bin/python -m pip install --quiet -e '.[auth]' 'pytest>=8' 'pytest-xdist>=3.5' numpy torch==$(TORCH_LATEST)
 	touch $@
 
 test-compile-latest: $(LATEST_STAMP)
-	$(LATEST_VENV)/bin/python -m pytest tests/test_torch_compile.py tests/test_torch_compile_records.py \
-	  tests/test_any_backend.py
+	$(LATEST_VENV)/bin/python -m pytest -m compile $(PARALLEL)
 
 # The torch_xla scenario tests on older torch_xla releases (on demand, not in CI): each release with the torch and
 # torchvision it was built against, in a virtual environment of its own (.venv-xla-2.7, .venv-xla-2.8; several GB
@@ -92,7 +91,6 @@ test-compile-latest: $(LATEST_STAMP)
 COMPAT_XLA ?= 2.7 2.8
 COMPAT_PINS_2.7 := torch==2.7.* torch-xla==2.7.0 torchvision==0.22.*
 COMPAT_PINS_2.8 := torch==2.8.* torch-xla==2.8.0 torchvision==0.23.*
-COMPAT_TESTS := any_backend attach_lifecycle attach_scenarios launchers multirank run_command sites training_steps
 
 .venv-xla-%/.installed: pyproject.toml Makefile
 	@test -n "$(COMPAT_PINS_$*)" || { echo "make: no pins for torch_xla $* (COMPAT_PINS_$*)" >&2; exit 2; }
@@ -110,7 +108,7 @@ COMPAT_TESTS := any_backend attach_lifecycle attach_scenarios launchers multiran
 test-compat: $(COMPAT_XLA:%=.venv-xla-%/.installed)
 	@failed=; for v in $(COMPAT_XLA); do \
 	  echo "== torch_xla $$v: $$(.venv-xla-$$v/bin/python -c 'import torch, torch_xla; print("torch", torch.__version__, "torch_xla", torch_xla.__version__)')"; \
-	  .venv-xla-$$v/bin/python -m pytest -m 'not trainer' $(COMPAT_TESTS:%=tests/test_%.py) || failed="$$failed $$v"; \
+	  .venv-xla-$$v/bin/python -m pytest -m 'training and not compile' $(PARALLEL) || failed="$$failed $$v"; \
 	done; test -z "$$failed" || { echo "make: torch_xla$$failed: tests failed" >&2; exit 1; }
 
 fuzz: venv

@@ -11,7 +11,8 @@ import ast
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+
+from tests.support.paths import ROOT
 
 PACKAGE = ROOT / "neuron_exporter"
 FOLDERS = {"training", "node", "reports", "web"}

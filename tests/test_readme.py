@@ -1,8 +1,7 @@
 """The README's configuration table is the one the code generates."""
 
-from conftest import ROOT
-
 from neuron_exporter.config import options_table
+from tests.support.paths import ROOT
 
 
 def test_readme_options_table_matches_the_code():

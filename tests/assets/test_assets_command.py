@@ -1,0 +1,147 @@
+"""``neuron-exporter assets`` from the checkout: every format, ``--config`` through the dashboards package's
+``build()``, and one-line errors that write nothing. tests/test_packaging.py runs it from an installed wheel."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from neuron_exporter import assets_command
+from neuron_exporter.cli import main
+from tests.support.paths import ROOT
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+COMMITTED_RULES = sorted((ROOT / "deploy" / "prometheus" / "rules").glob("*.yml"))
+
+
+def run_cli(capsys, *args) -> tuple[int, str, str]:
+    code = main(["assets", *map(str, args)])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_the_package_ships_what_the_command_reads():
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    package_data = pyproject["tool"]["setuptools"]["package-data"]
+    assert tuple(package_data["neuron_exporter.deploy"]) == assets_command.DEPLOY_FILES
+    assert package_data["neuron_exporter.dashboards"] == ["*.json"]
+    assert pyproject["tool"]["setuptools"]["package-dir"] == {
+        "neuron_exporter.dashboards": "dashboards",
+        "neuron_exporter.deploy": "deploy",
+    }
+
+
+@pytest.mark.parametrize(
+    "fmt, names",
+    [
+        (
+            "plain",
+            {
+                "dashboards/training-overview.json",
+                "prometheus/rules/neuron-exporter-alerts.yml",
+                "prometheus/runbook.md",
+                "systemd/neuron-exporter.service",
+                "kubernetes/daemonset/daemonset.yaml",
+            },
+        ),
+        ("prometheus-operator", {"prometheus-rule.yaml"}),
+        (
+            "grafana-configmaps",
+            {"grafana-dashboard-training-overview.yaml", "grafana-dashboard-fragmentation-recompiles.yaml"},
+        ),
+        ("mixin", {"prometheus_alerts.yaml", "prometheus_rules.yaml", "dashboards_out/training-overview.json"}),
+    ],
+)
+def test_each_format_writes_its_files_and_names_them(capsys, tmp_path, fmt, names):
+    code, out, err = run_cli(capsys, "--output", tmp_path, "--format", fmt)
+    assert code == 0 and err == ""
+    written = {path.relative_to(tmp_path).as_posix() for path in tmp_path.rglob("*") if path.is_file()}
+    assert names <= written
+    assert sorted(out.split()) == sorted(str(tmp_path / name) for name in written)
+
+
+def test_plain_rules_are_the_committed_ones(capsys, tmp_path):
+    assert run_cli(capsys, "--output", tmp_path)[0] == 0
+    for path in COMMITTED_RULES:
+        assert (tmp_path / "prometheus" / "rules" / path.name).read_text() == path.read_text()
+
+
+def test_config_rebuilds_dashboards_and_rules_with_the_users_keys(capsys, tmp_path):
+    pytest.importorskip("grafana_foundation_sdk", reason="the dashboards extra (Python 3.11 or later)")
+    config = tmp_path / "config.yml"
+    config.write_text('selector: job="training"\nfallback_severity: critical\n')
+    code, _, err = run_cli(capsys, "--output", tmp_path / "out", "--format", "mixin", "--config", config)
+    assert code == 0, err
+    alerts = yaml.safe_load((tmp_path / "out" / "prometheus_alerts.yaml").read_text())["groups"]
+    fallback = next(rule for group in alerts for rule in group["rules"] if rule["alert"] == "XlaCpuFallbackOp")
+    assert fallback["labels"]["severity"] == "critical"
+    assert 'job="training"' in fallback["expr"]
+    for dashboard in (tmp_path / "out" / "dashboards_out").glob("*.json"):
+        assert 'job=\\"training\\"' in dashboard.read_text()
+    check = subprocess.run(
+        [
+            "promtool",
+            "check",
+            "rules",
+            str(tmp_path / "out" / "prometheus_alerts.yaml"),
+            str(tmp_path / "out" / "prometheus_rules.yaml"),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("no_such_key: 1\n", "unknown configuration key 'no_such_key'"),
+        ("fallback_for: soon\n", "fallback_for: 'soon' is not a Prometheus duration"),
+        ("- a list\n", "expected a mapping of configuration keys to values, got list"),
+        ("key: [unclosed\n", "not a YAML file"),
+    ],
+)
+def test_a_bad_config_is_one_line_exit_2_and_writes_nothing(capsys, tmp_path, text, message):
+    if "no_such_key" in text or "soon" in text:
+        pytest.importorskip("grafana_foundation_sdk", reason="the dashboards extra (Python 3.11 or later)")
+    config = tmp_path / "config.yml"
+    config.write_text(text)
+    code, out, err = run_cli(capsys, "--output", tmp_path / "out", "--config", config)
+    assert code == 2 and out == ""
+    assert err.startswith(f"neuron-exporter assets: {config}: ") and err.count("\n") == 1 and message in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_missing_config_file_is_one_line(capsys, tmp_path):
+    code, _, err = run_cli(capsys, "--output", tmp_path / "out", "--config", tmp_path / "missing.yml")
+    assert code == 2 and err.count("\n") == 1 and "No such file or directory" in err
+
+
+def test_config_without_the_dashboards_extra_names_it(tmp_path):
+    config = tmp_path / "config.yml"
+    config.write_text("fallback_for: 5m\n")
+    script = (
+        "import sys; sys.modules['grafana_foundation_sdk'] = None\n"  # as if it were not installed
+        "from neuron_exporter.cli import main\n"
+        f"sys.exit(main(['assets', '--output', {str(tmp_path / 'out')!r}, '--config', {str(config)!r}]))"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert result.returncode == 2
+    assert result.stderr == (
+        "neuron-exporter assets: --config needs the dashboards extra: pip install "
+        "'neuron-exporter[dashboards]' (grafana-foundation-sdk, Python 3.11 or later)\n"
+    )
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_output_that_cannot_be_written_is_one_line_exit_1(capsys, tmp_path):
+    (tmp_path / "file").write_text("")
+    code, _, err = run_cli(capsys, "--output", tmp_path / "file")
+    assert code == 1 and err.count("\n") == 1 and err.startswith("neuron-exporter assets: cannot write ")

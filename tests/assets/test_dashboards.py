@@ -1,0 +1,352 @@
+"""The Grafana dashboards: committed JSON equals a fresh build, every panel says what it shows and in which
+unit, every query uses only metric names the exporter exports and follows the cluster, namespace, job, run,
+instance and rank variables, and the configuration's selector and thresholds reach the panels."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+pytest.importorskip("grafana_foundation_sdk", reason="the dashboards extra (Python 3.11 or later)")
+from dashboards import build
+from tests.support.contract import CONTRACT_METRICS, metric_names
+from tests.support.paths import ROOT
+
+
+# The metric contract: every name the exporter serves (the training process and the node endpoint), plus
+# Prometheus' own `up`. Histograms are listed by their base name.
+# TODO(owner): move to neuron_exporter/metric_names.py once it exists, and import it here.
+def load(name: str) -> dict:
+    return json.loads((build.DASHBOARDS_DIR / name).read_text())
+
+
+def data_panels(board: dict) -> list[dict]:
+    return [p for p in board["panels"] if p["type"] != "row"]
+
+
+def all_exprs(board: dict) -> list[tuple[str, str]]:
+    return [(panel["title"], target["expr"]) for panel in data_panels(board) for target in panel.get("targets", [])]
+
+
+DASHBOARD_FILES = sorted(build.DASHBOARDS)
+
+
+def test_metric_name_extraction_finds_names_and_ignores_functions_and_labels():
+    expr = (
+        'histogram_quantile(0.9, sum by (le, rank) (rate(xla_step_duration_seconds_bucket{rank=~"$rank"}'
+        "[$__rate_interval]))) / on (rank) group_left (state) neuron_exporter_rank_state == 1"
+        " or vector(0) and xla_steps_tota"
+    )
+    assert metric_names(expr) == {"xla_step_duration_seconds_bucket", "neuron_exporter_rank_state", "xla_steps_tota"}
+    assert not metric_names(expr) <= CONTRACT_METRICS  # a misspelt name is caught
+
+
+def test_committed_json_is_what_the_code_builds(tmp_path):
+    build.write_all(dashboards_dir=tmp_path / "dashboards", rules_dir=tmp_path / "rules")
+    for name in DASHBOARD_FILES:
+        committed = (build.DASHBOARDS_DIR / name).read_text()
+        fresh = (tmp_path / "dashboards" / name).read_text()
+        assert committed == fresh, f"dashboards/{name} is stale: run `make dashboards` and commit the result"
+
+
+@pytest.mark.parametrize("name", DASHBOARD_FILES)
+def test_every_panel_has_a_description_and_every_data_panel_a_unit(name):
+    board = load(name)
+    for panel in data_panels(board):
+        assert panel.get("description", "").strip(), f"{name}: panel {panel['title']!r} has no description"
+        if panel["type"] == "text":
+            assert panel["options"]["content"].strip(), f"{name}: text panel {panel['title']!r} is empty"
+            continue
+        assert panel.get("targets"), f"{name}: panel {panel['title']!r} has no query"
+        assert panel["fieldConfig"]["defaults"].get("unit"), f"{name}: panel {panel['title']!r} has no unit"
+
+
+@pytest.mark.parametrize("name", DASHBOARD_FILES)
+def test_every_query_uses_only_contract_metric_names(name):
+    for title, expr in all_exprs(load(name)):
+        unknown = metric_names(expr) - CONTRACT_METRICS
+        assert not unknown, f"{name}: panel {title!r} queries unknown metrics {sorted(unknown)}: {expr}"
+
+
+SCOPE = ('cluster=~"$cluster"', 'namespace=~"$namespace"', 'job=~"$job"', 'instance=~"$instance"')
+PER_RANK = ('run_id=~"$run_id"', 'rank=~"$rank"')
+
+
+def selectors(expr: str):
+    """(metric, matchers) of every selector of an expression."""
+    for metric in metric_names(expr):
+        for match in re.finditer(rf"(?<![\w.]){metric}(?![\w:])(\{{[^}}]*\}})?", expr):
+            yield metric, match.group(1) or ""
+
+
+@pytest.mark.parametrize("name", DASHBOARD_FILES)
+def test_every_selector_follows_the_selector_and_the_variables(name):
+    from dashboards.config import DEFAULTS
+
+    for title, expr in all_exprs(load(name)):
+        assert metric_names(expr), f"{name}: panel {title!r} selects no metric"
+        for metric, matchers in selectors(expr):
+            assert matchers.startswith("{" + DEFAULTS.selector + ","), (
+                f"{name}: panel {title!r}: {metric} ignores the configured selector"
+            )
+            for matcher in SCOPE:
+                assert matcher in matchers, f"{name}: panel {title!r}: {metric} ignores {matcher}"
+            if metric.startswith(("xla_", "neuron_exporter_rank_")):
+                for matcher in PER_RANK:
+                    assert matcher in matchers, f"{name}: panel {title!r}: {metric} ignores {matcher}"
+
+
+def test_the_selector_reaches_every_query_and_variable():
+    from dashboards.config import config_from
+
+    config = config_from({"selector": 'job="training", container="trainer"'})
+    for name in DASHBOARD_FILES:
+        board = json.loads(build.dashboard_json(name, config))
+        for title, expr in all_exprs(board):
+            for metric, matchers in selectors(expr):
+                assert matchers.startswith('{job="training", container="trainer", '), (name, title, metric)
+        for variable in board["templating"]["list"]:
+            if variable["type"] == "query":
+                assert 'job="training", container="trainer"' in variable["query"], (name, variable["name"])
+    board = json.loads(build.dashboard_json("training-overview.json", config_from({"selector": ""})))
+    variables = {v["name"]: v["query"] for v in board["templating"]["list"] if v["type"] == "query"}
+    assert variables["cluster"] == "label_values(neuron_exporter_build_info{}, cluster)"
+    assert all("{, " not in expr for _, expr in all_exprs(board))
+
+
+@pytest.mark.parametrize("name", DASHBOARD_FILES)
+def test_dashboard_follows_grafana_schema_basics(name):
+    board = load(name)
+    assert re.fullmatch(r"[a-zA-Z0-9_-]{1,40}", board["uid"])
+    assert board["title"] and isinstance(board["schemaVersion"], int) and board["schemaVersion"] >= 39
+    assert "neuron-exporter" in board["tags"]
+    ids = [panel["id"] for panel in board["panels"]]
+    assert len(ids) == len(set(ids)), f"{name}: duplicate panel ids"
+    occupied = set()
+    for panel in board["panels"]:
+        grid = panel["gridPos"]
+        assert all(isinstance(grid[k], int) for k in "xywh") and grid["w"] > 0 and grid["h"] > 0
+        assert grid["x"] + grid["w"] <= 24, f"{name}: panel {panel['title']!r} is wider than the grid"
+        cells = {
+            (x, y) for x in range(grid["x"], grid["x"] + grid["w"]) for y in range(grid["y"], grid["y"] + grid["h"])
+        }
+        assert not cells & occupied, f"{name}: panel {panel['title']!r} overlaps another"
+        occupied |= cells
+    variable_ds = {"type": "prometheus", "uid": "${datasource}"}
+    for panel in data_panels(board):
+        if panel["type"] == "text":
+            continue
+        assert panel["datasource"] == variable_ds, f"{name}: panel {panel['title']!r} has a fixed datasource"
+        refs = [target["refId"] for target in panel["targets"]]
+        assert len(refs) == len(set(refs))
+        for target in panel["targets"]:
+            assert target["datasource"] == variable_ds
+    variables = {v["name"]: v for v in board["templating"]["list"]}
+    assert {"datasource", "cluster", "namespace", "job", "run_id", "instance", "rank"} <= set(variables)
+    assert list(variables)[:7] == ["datasource", "cluster", "namespace", "job", "run_id", "instance", "rank"]
+    assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
+    for variable in variables.values():
+        if variable["type"] == "query":
+            assert variable["datasource"] == variable_ds
+            assert not re.search(rf"\${variable['name']}\b", variable["query"]), (
+                f"{name}: variable {variable['name']} depends on itself"
+            )
+            selector = re.fullmatch(r"label_values\((.+),\s*\w+\)", variable["query"]).group(1)
+            unknown = metric_names(selector) - CONTRACT_METRICS
+            assert not unknown, f"{name}: variable {variable['name']} queries {unknown}"
+
+
+def test_fragmentation_dashboard_has_one_row_per_problem_each_opening_with_an_explanation():
+    board = load("fragmentation-recompiles.json")
+    panels = board["panels"]
+    rows = [i for i, p in enumerate(panels) if p["type"] == "row"]
+    assert [panels[i]["title"] for i in rows] == [
+        "CPU-fallback operators",
+        "Graph cuts: .item(), print and host reads",
+        "Recompilations",
+    ]
+    for i in rows:
+        assert panels[i + 1]["type"] == "text", f"row {panels[i]['title']!r} does not open with a text panel"
+        content = panels[i + 1]["options"]["content"]
+        assert "**What it means.**" in content and "**What to do.**" in content
+    assert "op" in {v["name"] for v in board["templating"]["list"]}, "no drill-down by operator"
+    fallback_queries = [e for _, e in all_exprs(board) if "xla_cpu_fallback_ops_total" in e]
+    assert fallback_queries and all('op=~"$op"' in e for e in fallback_queries)
+
+
+def test_training_overview_has_the_promised_panels():
+    titles = {panel["title"] for panel in data_panels(load("training-overview.json"))}
+    assert {
+        "Steps per second by rank",
+        "Step time percentiles",
+        "Compile vs execute share of step time",
+        "Graphs per step by rank",
+        "Compilations per minute",
+        "Host reads per step by rank",
+        "Top CPU-fallback operators",
+        "Collector success",
+        "Collection errors",
+        "Rank state",
+        "Graph cuts per step",
+        "Ranks by run",
+        "Steps per second by run",
+        "Graph cuts per training step by run",
+        "Step markers per training step by run",
+        "Spool problems",
+    } <= titles
+    table = next(p for p in data_panels(load("training-overview.json")) if p["title"] == "Top CPU-fallback operators")
+    assert table["type"] == "table" and table["targets"][0]["instant"] and "topk(" in table["targets"][0]["expr"]
+
+
+def test_cuts_and_markers_per_training_step_panels():
+    panels = {p["title"]: p for p in data_panels(load("fragmentation-recompiles.json"))}
+    cuts = panels["Graph cuts per training step by rank"]["targets"][0]["expr"]
+    markers = panels["Step markers per training step by rank"]["targets"][0]["expr"]
+    assert re.fullmatch(
+        r"sum by \(run_id, rank\) \(rate\(xla_graph_cuts_total\{.*\}\[\$__rate_interval\]\)\) / "
+        r"sum by \(run_id, rank\) \(rate\(xla_steps_total\{.*\}\[\$__rate_interval\]\)\)",
+        cuts,
+    )
+    assert "rate(xla_step_markers_total{" in markers and "rate(xla_steps_total{" in markers
+    overview = {p["title"]: p for p in data_panels(load("training-overview.json"))}
+    for title in (
+        "Graph cuts per training step by run",
+        "Step markers per training step by run",
+        "Steps per second by run",
+        "Ranks by run",
+    ):
+        expr = overview[title]["targets"][0]["expr"]
+        assert "by (job, run_id)" in expr, f"{title} does not aggregate by run"
+        assert overview[title]["targets"][0]["legendFormat"] == "{{job}} {{run_id}}"
+
+
+def test_per_rank_panels_name_the_run():
+    for name in DASHBOARD_FILES:
+        for panel in data_panels(load(name)):
+            for target in panel.get("targets", []):
+                if "by (rank)" in target["expr"]:
+                    pytest.fail(f"{name}: panel {panel['title']!r} groups ranks of different runs together")
+                if "{{rank}}" in target.get("legendFormat", ""):
+                    assert "{{run_id}}" in target["legendFormat"], (name, panel["title"])
+
+
+def test_readme_lists_every_panel():
+    readme = (ROOT / "dashboards" / "README.md").read_text()
+    for name in DASHBOARD_FILES:
+        for panel in data_panels(load(name)):
+            if panel["type"] == "text":
+                continue  # the README says each row of the fragmentation dashboard opens with one
+            assert panel["title"] in readme, f"dashboards/README.md does not list panel {panel['title']!r}"
+
+
+def test_threshold_lines_follow_the_alert_thresholds():
+    from dashboards.config import config_from
+
+    changed = config_from({"graph_cuts_per_step": 2.5})
+    board = json.loads(build.dashboard_json("fragmentation-recompiles.json", changed))
+    panel = next(p for p in board["panels"] if p["title"] == "Graph cuts per training step by rank")
+    steps = panel["fieldConfig"]["defaults"]["thresholds"]["steps"]
+    assert [s["value"] for s in steps] == [None, 2.5]
+    assert panel["fieldConfig"]["defaults"]["custom"]["thresholdsStyle"]["mode"] == "dashed"
+    overview = json.loads(build.dashboard_json("training-overview.json", changed))
+    stat = next(p for p in overview["panels"] if p["title"] == "Graph cuts per step")
+    assert stat["fieldConfig"]["defaults"]["thresholds"]["steps"][-1] == {"color": "red", "value": 2.5}
+
+
+def rows_of(board: dict) -> dict[str, list[dict]]:
+    """{row title: its panels}, in layout order."""
+    rows: dict[str, list[dict]] = {}
+    current = None
+    for panel in board["panels"]:
+        if panel["type"] == "row":
+            current = rows.setdefault(panel["title"], [])
+        elif current is not None:
+            current.append(panel)
+    return rows
+
+
+def site_table_columns(panel: dict) -> tuple[list[str], list[str]]:
+    """(label columns, value columns) of a merged site table, by their headers."""
+    transformations = {t["id"]: t["options"] for t in panel["transformations"]}
+    renamed = transformations["organize"]["renameByName"]
+    names = transformations["filterFieldsByName"]["include"]["names"]
+    return (
+        [renamed[n] for n in names if not n.startswith("Value")],
+        [renamed[n] for n in names if n.startswith("Value")],
+    )
+
+
+WHERE_TABLES = {
+    # row: {table: (label columns, value columns)}
+    "CPU-fallback operators": {"Fallback operators": (["Run", "Operator"], ["Calls per step", "Ranks"])},
+    "Graph cuts: .item(), print and host reads": {
+        "Graph cuts by site": (["Run", "Cause", "Site"], ["Cuts per step", "Ranks"]),
+        "Host reads by site": (["Run", "Cause", "Site"], ["Reads per step", "Ranks"]),
+    },
+    "Recompilations": {
+        "Recompilations by site": (["Run", "Site"], ["Recompilations in range", "Per step", "Ranks"]),
+        "New graphs by site": (["Run", "Site"], ["Per rank", "In range", "Ranks"]),
+    },
+}
+
+
+def test_every_problem_row_says_where_it_happens():
+    """Each row of the fragmentation dashboard has a table of where its problem happens: by site (the source line,
+    and the cause of a cut or host read) or by operator, per run, with the number of ranks."""
+    rows = rows_of(load("fragmentation-recompiles.json"))
+    for row, tables in WHERE_TABLES.items():
+        panels = {panel["title"]: panel for panel in rows[row]}
+        for title, columns in tables.items():
+            panel = panels[title]
+            assert panel["type"] == "table" and panel["transformations"][0]["id"] == "merge", title
+            assert site_table_columns(panel) == columns, title
+            exprs = [target["expr"] for target in panel["targets"]]
+            assert all(target["instant"] and target["format"] == "table" for target in panel["targets"])
+            grouping = {"Site": "location", "Cause": "cause", "Operator": "op"}
+            by = ", ".join(["run_id"] + [grouping[c] for c in columns[0][1:]])
+            assert all(f"by ({by})" in expr for expr in exprs), (title, exprs)
+            assert exprs[-1].startswith(f"count by ({by}) (sum by ({by.replace('run_id', 'run_id, rank')})"), title
+            assert panel["options"]["sortBy"] == [{"displayName": columns[1][0], "desc": True}]
+    per_minute = {p["title"]: p for p in rows["Recompilations"]}["Recompilations per minute by site"]
+    assert "by (run_id, location)" in per_minute["targets"][0]["expr"]
+    assert per_minute["targets"][0]["legendFormat"] == "{{location}} {{run_id}}"
+
+
+def test_site_tables_count_cuts_and_recompilations_per_training_step_of_the_run():
+    panels = {p["title"]: p for p in data_panels(load("fragmentation-recompiles.json"))}
+    cuts = panels["Graph cuts by site"]["targets"][0]["expr"]
+    assert re.fullmatch(
+        r"sum by \(run_id, cause, location\) \(increase\(xla_graph_cuts_total\{.*\}\[\$__range\]\)\)"
+        r" / on \(run_id\) group_left sum by \(run_id\) \(increase\(xla_steps_total\{.*\}"
+        r"\[\$__range\]\) > 0\) > 0",
+        cuts,
+    )
+    recompilations = panels["Recompilations by site"]["targets"][0]["expr"]
+    assert recompilations.startswith("sum by (run_id, location) (increase(xla_recompilations_total{")
+    new_graphs = panels["New graphs by site"]["targets"]
+    assert all("xla_new_graphs_total{" in t["expr"] and "xla_recompilations_total" not in t["expr"] for t in new_graphs)
+    # the rank counts and per-step columns keep their own units
+    for title, unit in (("Graph cuts by site", "suffix:cuts/step"), ("Recompilations by site", "short")):
+        panel = panels[title]
+        assert panel["fieldConfig"]["defaults"]["unit"] == unit
+        overrides = {o["matcher"]["options"]: o["properties"] for o in panel["fieldConfig"].get("overrides", [])}
+        assert all(props[0]["id"] == "unit" and props[0]["value"] for props in overrides.values())
+
+
+def test_training_overview_has_a_compact_where_row():
+    rows = rows_of(load("training-overview.json"))
+    assert list(rows)[:3] == ["Summary", "Runs", "Where: top sites"]
+    panels = {panel["title"]: panel for panel in rows["Where: top sites"]}
+    assert set(panels) == {"Top graph-cut sites", "Top recompilation sites"}
+    assert site_table_columns(panels["Top graph-cut sites"]) == (["Run", "Cause", "Site"], ["Cuts per step", "Ranks"])
+    assert site_table_columns(panels["Top recompilation sites"]) == (
+        ["Run", "Site"],
+        ["Recompilations in range", "Ranks"],
+    )
+    for panel in panels.values():
+        transformations = [t["id"] for t in panel["transformations"]]
+        assert transformations[-2:] == ["sortBy", "limit"] and panel["transformations"][-1]["options"] == {
+            "limitField": 5
+        }

@@ -1,0 +1,136 @@
+"""``neuron-exporter serve`` as a process: serving the spool, precedence of settings, signals, a real Prometheus."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import urllib.parse
+
+import pytest
+import yaml
+
+from tests.support.daemon import Daemon, free_port
+from tests.support.exposition import scrape, value
+from tests.support.paths import ROOT
+from tests.support.processes import wait_until
+from tests.support.spool_writer import Writer
+
+
+def test_serves_every_rank_of_the_spool(tmp_path, daemons):
+    spool = tmp_path / "spool"
+    with Writer(spool, "0-3", "--steps", "12", "--ops", "4"):
+        daemon = Daemon(tmp_path, "--addr", "127.0.0.1", "--port", "0", "--spool-dir", str(spool))
+        daemons(daemon)
+        text = scrape(daemon.url)
+    assert [value(text, "xla_steps_total", rank=str(r)) for r in range(4)] == [12] * 4
+    assert [value(text, "neuron_exporter_rank_up", rank=str(r)) for r in range(4)] == [1] * 4
+    assert value(text, "neuron_exporter_ranks") == 4
+    result = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert daemon.stop() == 0
+
+
+def test_ranks_that_start_after_the_daemon_appear(tmp_path, daemons):
+    spool = tmp_path / "not-yet"
+    daemon = Daemon(tmp_path, "--addr", "127.0.0.1", "--port", "0", "--spool-dir", str(spool))
+    daemons(daemon)
+    assert value(scrape(daemon.url), "neuron_exporter_ranks") == 0
+    assert not spool.exists()  # in the default (private) mode the first rank makes the directory, as its own
+    with Writer(spool, "0,1", "--steps", "3"):
+        assert stat.S_IMODE(spool.stat().st_mode) == 0o700
+        text = scrape(daemon.url)
+        assert value(text, "neuron_exporter_ranks") == 2
+        assert value(text, "xla_steps_total", rank="1") == 3
+    assert daemon.stop(signal.SIGINT) == 0
+
+
+def test_in_the_shared_mode_the_daemon_makes_the_directory_like_tmp(tmp_path, daemons):
+    spool = tmp_path / "shared"
+    daemons(Daemon(tmp_path, "--addr", "127.0.0.1", "--port", "0", "--spool-dir", str(spool), "--spool-mode", "shared"))
+    assert stat.S_IMODE(spool.stat().st_mode) == 0o1777
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o775])
+def test_a_directory_others_can_write_is_refused_in_one_line(tmp_path, mode):
+    spool = tmp_path / "open"
+    spool.mkdir()
+    spool.chmod(mode)
+    result = subprocess.run(
+        [sys.executable, "-m", "neuron_exporter", "serve", "--port", "0", "--spool-dir", str(spool)],
+        env={"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and "is writable by" in result.stderr and str(spool) in result.stderr
+
+
+def test_flags_override_environment_override_file(tmp_path, daemons):
+    file_port, env_port, flag_port = free_port(), free_port(), free_port()
+    config = tmp_path / "exporter.yaml"
+    config.write_text(f"addr: 127.0.0.1\nport: {file_port}\nspool_dir: {tmp_path / 'spool'}\n")
+    env = {"NEURON_EXPORTER_PORT": str(env_port)}
+    first = Daemon(tmp_path, "--config", str(config))
+    daemons(first)
+    assert first.port == file_port
+    assert first.stop() == 0
+    second = Daemon(tmp_path, "--config", str(config), env=env)
+    daemons(second)
+    assert second.port == env_port
+    assert second.stop() == 0
+    third = Daemon(tmp_path, "--config", str(config), "--port", str(flag_port), env=env)
+    daemons(third)
+    assert third.port == flag_port
+    assert third.stop() == 0
+
+
+@pytest.mark.prometheus
+def test_a_real_prometheus_scrapes_the_daemon_with_the_shipped_config(tmp_path, daemons):
+    spool = tmp_path / "spool"
+    with Writer(spool, "0,1", "--steps", "6", "--rewrite", "0.5"):
+        daemon = Daemon(tmp_path, "--addr", "127.0.0.1", "--port", "0", "--spool-dir", str(spool))
+        daemons(daemon)
+        shipped = yaml.safe_load((ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text())
+        shipped["global"]["scrape_interval"] = "1s"
+        shipped["global"]["evaluation_interval"] = "1s"
+        shipped["rule_files"] = [str(ROOT / "deploy" / "prometheus" / f) for f in shipped["rule_files"]]
+        (job,) = shipped["scrape_configs"]
+        job["static_configs"] = [{"targets": [f"127.0.0.1:{daemon.port}"]}]
+        config = tmp_path / "prometheus.yml"
+        config.write_text(yaml.safe_dump(shipped))
+        web_port = free_port()
+        prometheus = subprocess.Popen(
+            [
+                "prometheus",
+                f"--config.file={config}",
+                f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{web_port}",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+
+            def query(expr: str):
+                url = f"http://127.0.0.1:{web_port}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+                try:
+                    result = json.loads(scrape(url))["data"]["result"]
+                except OSError:
+                    return None
+                return {r["metric"].get("rank"): float(r["value"][1]) for r in result} or None
+
+            up = wait_until(lambda: query('up{job="neuron-exporter"}'), timeout=120, what="Prometheus to scrape")
+            assert up == {None: 1.0}
+            ranks = wait_until(lambda: query("neuron_exporter_rank_up"), timeout=60, what="rank series in Prometheus")
+            assert ranks == {"0": 1.0, "1": 1.0}
+            steps = wait_until(lambda: query("xla_steps_total"), timeout=60, what="steps in Prometheus")
+            assert set(steps) == {"0", "1"} and min(steps.values()) >= 6
+        finally:
+            prometheus.terminate()
+            prometheus.wait(timeout=60)
+    assert daemon.stop() == 0

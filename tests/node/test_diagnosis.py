@@ -1,0 +1,223 @@
+"""Diagnosis documents from elsewhere are checked field by field: a bad rank's document is left out with one log
+line and the others served, in strict JSON; ``diagnose`` answers a bad page with one line; a rank's own document
+is kept under the reader's cap."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import subprocess
+import sys
+import threading
+import uuid
+
+import pytest
+from scripts.spool_writer import rank_exposition
+
+from neuron_exporter import diagnosis
+from neuron_exporter.node.spool import RankMeta, release_rank_lock, write_rank_file
+from neuron_exporter.training.attribution import Attribution
+from tests.support.daemon import Daemon
+from tests.support.diagnosis_documents import document, rank_document
+from tests.support.exposition import scrape
+from tests.support.paths import ROOT
+
+# (JSON of a bad document, the line loads gives for it)
+BAD = [
+    (
+        json.dumps(document()).replace('"steps": 120', '"steps": 1e400'),
+        "ranks[0].steps: not a finite number from 0 to 2^63: inf",
+    ),
+    (
+        json.dumps(document()).replace('"compile_seconds": 1.5', '"compile_seconds": NaN'),
+        "ranks[0].torch_compile.compile_seconds: not a finite number from 0 to 2^63: nan",
+    ),
+    (
+        json.dumps(document()).replace('"graph_cuts": 120', '"graph_cuts": -1'),
+        "ranks[0].graph_cuts: not a finite number from 0 to 2^63: -1",
+    ),
+    (json.dumps(document(new_graphs=True)), "ranks[0].new_graphs: not a finite number from 0 to 2^63: True"),
+    (
+        json.dumps(document(sites=[{**rank_document()["sites"][0], "recompilation_causes": {"a": 1}}])),
+        "ranks[0].sites[0].recompilation_causes: not a list",
+    ),
+    (
+        json.dumps(document(cpu_fallback_ops={"aten::x": "7"})),
+        "ranks[0].cpu_fallback_ops['aten::x']: not a finite number from 0 to 2^63: a str",
+    ),
+    (
+        json.dumps(document(sites=[{"location": "x" * (diagnosis.MAX_TEXT + 1)}])),
+        f"ranks[0].sites[0].location: a string of more than {diagnosis.MAX_TEXT} characters",
+    ),
+    (json.dumps(document(rank="\x1b[31m0")), "ranks[0].rank: a string with a character that is not printable"),
+    (
+        json.dumps(document(sites=[{"location": "a", "frames": ["f"] * (diagnosis.MAX_FRAMES + 1)}])),
+        f"ranks[0].sites[0].frames: more than {diagnosis.MAX_FRAMES} entries",
+    ),
+    (json.dumps(document(sites=[{"graph_cuts": {}}])), "ranks[0].sites[0]: no location"),
+    (json.dumps(document(torch_compile={"functions": [7]})), "ranks[0].torch_compile.functions[0]: not an object"),
+    ('{"format": 1, "ranks": {}}', "ranks: not a list"),
+    ('{"format": 1}', "the document: no ranks"),
+]
+
+
+@pytest.mark.parametrize("data, reason", BAD, ids=[reason.split(":")[0] for _, reason in BAD])
+def test_a_bad_field_is_one_line_naming_the_file_and_the_field(data, reason):
+    with pytest.raises(diagnosis.DiagnosisError) as error:
+        diagnosis.loads(data.encode(), "rank-0.diagnosis.json")
+    assert str(error.value) == f"rank-0.diagnosis.json: {reason}"
+
+
+def test_a_good_document_reads_back_as_written_without_unknown_fields():
+    good = document()
+    assert diagnosis.loads(json.dumps(good).encode(), "x") == good
+    extra = document(future_field={"a": float("nan")})
+    extra["ranks"][0]["sites"][0]["other"] = [1, 2]
+    assert diagnosis.loads(json.dumps(extra).encode(), "x") == good
+    with pytest.raises(ValueError):
+        diagnosis.dumps({"ranks": [{"steps": float("inf")}]})
+
+
+def test_a_rank_with_1000_sites_of_4_long_frames_stays_under_the_cap():
+    attribution = Attribution()
+    long = "/a/long/path/to/a/virtual/environment/lib/python3.11/site-packages/" * 3
+    for n in range(1000):
+        frames = [f"function_{k} ({long}module_{n}_{k}.py:{n})" for k in range(4)]
+        attribution.host_read("item", f"{long}train_{n}.py:{n}", frames, graphs=n, compiles=0)
+    full = {
+        "format": diagnosis.FORMAT,
+        "ranks": [attribution.diagnosis({"run_id": "r", "rank": "0", "local_rank": "0"}, 100, {})],
+    }
+    assert len(json.dumps(full)) > diagnosis.MAX_BYTES  # what a rank wrote before
+
+    fitted = diagnosis.fit(full)
+    data = json.dumps(fitted).encode()
+    assert len(data) <= diagnosis.MAX_BYTES and diagnosis.loads(data, "x") == fitted
+    (rank,) = fitted["ranks"]
+    assert rank["trimmed"].startswith("frames cut to one per site")
+    assert all(len(site["frames"]) == 1 for site in rank["sites"])
+    assert "Rank 0: frames cut to one per site" in diagnosis.render_text(fitted)
+
+    # Half the room: sites are left out too, the least costly first.
+    half = diagnosis.fit(full, diagnosis.MAX_BYTES // 2)
+    (rank,) = half["ranks"]
+    assert len(json.dumps(half)) <= diagnosis.MAX_BYTES // 2
+    kept = {site["location"] for site in rank["sites"]}
+    assert 0 < len(kept) < 1000 and f"{long}train_999.py:999" in kept and f"{long}train_1.py:1" not in kept
+    assert f"{1000 - len(kept)} of 1000 sites left out (the least costly)" in rank["trimmed"]
+    assert diagnosis.fit(document()) == document()  # a small one is left as it is
+
+
+def diagnosis_bytes(rank: str, run_id: str, **fields) -> bytes:
+    return json.dumps({"format": 1, "ranks": [{**rank_document(rank, run_id), **fields}]}).encode()
+
+
+def write_bad_diagnosis(directory, rank: str, run_id: str, data: bytes) -> None:
+    meta = RankMeta.current(rank, rank, run_id=run_id)
+    write_rank_file(directory, meta, rank_exposition(rank, 3, 1, run_id), diagnosis=data)
+
+
+def test_the_daemon_leaves_out_a_bad_rank_document_with_one_log_line_and_serves_the_others(tmp_path, daemons):
+    spool, run_id = tmp_path / "spool", f"diag-{uuid.uuid4().hex[:8]}"
+    bad = diagnosis_bytes("1", run_id).replace(b'"steps": 120', b'"steps": 1e400')
+    write_bad_diagnosis(spool, "0", run_id, diagnosis_bytes("0", run_id))
+    write_bad_diagnosis(spool, "1", run_id, bad)
+    write_bad_diagnosis(
+        spool, "2", run_id, diagnosis_bytes("2", run_id, sites=[{"location": "a", "new_graphs": float("nan")}])
+    )
+    try:
+        daemon = Daemon(tmp_path, "--addr", "127.0.0.1", "--port", "0", "--spool-dir", str(spool))
+        daemons(daemon)
+        base = daemon.url.replace("/metrics", "/diagnosis")
+        for _ in range(2):  # the rejection is logged once
+            text = scrape(base)
+            page = scrape(base + "?format=json")
+        assert text.startswith("Diagnosis of 1 rank: what to fix first.\n")
+        strict = json.loads(page, parse_constant=lambda name: pytest.fail(f"{name} in the JSON"))
+        assert [rank["rank"] for rank in strict["ranks"]] == ["0"]
+        result = subprocess.run(
+            [sys.executable, "-m", "neuron_exporter", "diagnose", daemon.url],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=60,
+        )
+        assert result.returncode == 0 and result.stdout == text, result.stderr
+        daemon.stop()
+        lines = [line for line in daemon.log.read_text().splitlines() if ": ranks[0]." in line]
+        assert len(lines) == 2, lines
+        assert any("ranks[0].steps: not a finite number from 0 to 2^63: inf" in line for line in lines), lines
+        assert any("ranks[0].sites[0].new_graphs: not a finite number from 0 to 2^63: nan" in line for line in lines), (
+            lines
+        )
+    finally:
+        for rank in "012":
+            release_rank_lock(spool, rank, run_id)
+
+
+class Page(http.server.BaseHTTPRequestHandler):
+    body = b""
+
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(self.body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"format": 1, "ranks": [{"rank": "0", "steps": 1e400, "sites": []}]}',
+        b'{"format": 1, "ranks": [{"rank": "0", "sites": [{"location": "a", "recompilations": NaN}]}]}',
+        b'{"format": 1, "ranks": [{"rank": "0", "sites": [{"location": "a", "recompilation_causes": 3}]}]}',
+        b'{"format": 1, "ranks": [{"rank": "\\ud800"}]}',
+    ],
+)
+@pytest.mark.parametrize("output", ["text", "json"])
+def test_diagnose_answers_a_bad_page_with_one_line_and_exit_2(body, output):
+    handler = type("BadPage", (Page,), {"body": body})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        result = subprocess.run(
+            [sys.executable, "-m", "neuron_exporter", "diagnose", url, "--format", output],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=60,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert result.returncode == 2 and result.stdout == "", result
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.startswith(f"neuron-exporter diagnose: {url}: ") and "ranks[0]." in result.stderr
+
+
+def test_a_diagnosis_file_over_the_cap_is_left_out_in_one_line(tmp_path, caplog):
+    import logging
+
+    from neuron_exporter.config import resolve_options
+    from neuron_exporter.node.node_view import NodeView
+    from neuron_exporter.node.spool import RankMeta, release_rank_lock, write_rank_file
+
+    exposition = (
+        b"# HELP xla_steps_total Steps\n# TYPE xla_steps_total counter\n"
+        b'xla_steps_total{local_rank="0",rank="0",run_id="test-run"} 1.0\n'
+    )
+    try:
+        write_rank_file(tmp_path, RankMeta.current("0", "0"), exposition, diagnosis=b" " * (diagnosis.MAX_BYTES + 1))
+        view = NodeView(resolve_options(env={}, overrides={"spool_dir": str(tmp_path)}))
+        with caplog.at_level(logging.WARNING, logger="neuron_exporter"):
+            assert view.diagnosis()["ranks"] == [] and view.diagnosis()["ranks"] == []
+    finally:
+        release_rank_lock(tmp_path, "0")
+    lines = [r.getMessage() for r in caplog.records if "diagnosis of rank-0" in r.getMessage()]
+    assert len(lines) == 1 and "more than the" in lines[0]

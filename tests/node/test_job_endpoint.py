@@ -1,0 +1,252 @@
+"""A training job's node endpoint runs in a process of its own: the training process merges no spool, the endpoint
+process never outlives it, and what one scrape reads is bounded."""
+
+from __future__ import annotations
+
+import logging
+import socket
+
+import psutil
+import pytest
+
+from neuron_exporter.config import resolve_options
+from neuron_exporter.node.node_view import NodeView
+from tests.support.exposition import samples, scrape, total, value
+from tests.support.paths import RUN
+from tests.support.processes import TrainingRun, wait_until, xla_env
+from tests.support.spool_writer import Writer
+
+pytestmark = pytest.mark.training
+
+
+def listening_pids(port: int) -> set[int]:
+    return {c.pid for c in psutil.net_connections("tcp") if c.status == psutil.CONN_LISTEN and c.laddr.port == port}
+
+
+def port_is_free(port: int) -> bool:
+    """Whether the next rank could bind it (with SO_REUSEADDR, as the exporter binds: TIME_WAIT does not count)."""
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def test_the_node_view_is_served_by_a_process_of_its_own_that_ends_with_the_training_process(tmp_path):
+    spool = tmp_path / "spool"
+    env = xla_env(TEST_SPOOL_DIR=str(spool), NEURON_EXPORTER_RUN_ID=RUN)
+    with Writer(spool, "1", "--steps", "6"), TrainingRun("train_scenario.py", "clean", "3", env=env) as run:
+        url = run.result()["url"]
+        text = scrape(url)
+        assert value(text, "xla_steps_total", rank="0") == 3  # the training process's own, fresh
+        assert value(text, "xla_steps_total", rank="1") == 6  # from the spool
+        port = int(url.split(":")[2].split("/")[0])
+        (endpoint,) = psutil.Process(run.process.pid).children()
+        assert listening_pids(port) == {endpoint.pid}  # the training process holds no listening socket
+        assert "job_endpoint" in " ".join(endpoint.cmdline())
+        run.process.kill()  # no detach, no atexit: the endpoint process must notice by itself
+        run.process.wait()
+        wait_until(
+            lambda: not endpoint.is_running() or endpoint.status() == psutil.STATUS_ZOMBIE,
+            timeout=30,
+            what="the endpoint process to end after the training process",
+        )
+        wait_until(lambda: port_is_free(port), timeout=30, what="the port to be free")
+
+
+def test_detach_stops_the_endpoint_process(tmp_path):
+    code = (
+        "import json, sys, psutil, torch, torch_xla, neuron_exporter\n"
+        "handle = neuron_exporter.attach(port=0, addr='127.0.0.1', spool_dir=sys.argv[1])\n"
+        "endpoint, port = psutil.Process().children(), handle.port\n"
+        "neuron_exporter.detach()\n"
+        "print(json.dumps({'children': [p.pid for p in endpoint], 'left': [p.pid for p in psutil.Process().children()],"
+        " 'port': port}))\n"
+    )
+    import json
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "spool")],
+        env=xla_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    seen = json.loads(result.stdout.splitlines()[-1])
+    assert len(seen["children"]) == 1 and seen["left"] == []
+    assert port_is_free(seen["port"])
+
+
+def test_a_spool_over_its_budget_is_served_in_part_and_counted_in_one_line(tmp_path, caplog):
+    with Writer(tmp_path, "0-5", "--steps", "4", "--ops", "20"):
+        sizes = sorted(path.stat().st_size for path in tmp_path.glob("rank-*.prom"))
+        options = resolve_options(
+            env={}, overrides={"spool_dir": str(tmp_path), "spool_max_total_bytes": 4 * sizes[-1] + sizes[-1] // 2}
+        )
+        view = NodeView(options)
+        with caplog.at_level(logging.WARNING, logger="neuron_exporter"):
+            first = view.render().decode()
+            second = view.render().decode()
+    for text in (first, second):
+        assert sorted(
+            labels["rank"]
+            for (name, labels) in ((k[0], dict(k[1])) for k in samples(text))
+            if name == "xla_steps_total"
+        ) == ["0", "1", "2", "3"]  # in the order of ranks
+        assert value(text, "neuron_exporter_spool_rejected_files", reason="over_budget") == 2
+        assert value(text, "neuron_exporter_ranks") == 4
+    budget_lines = [r for r in caplog.records if "spool_max_total_bytes" in r.getMessage()]
+    assert len(budget_lines) == 1 and "not serving 2 files" in budget_lines[0].getMessage()
+
+
+def test_a_spool_over_its_file_budget_is_served_in_part(tmp_path):
+    with Writer(tmp_path, "0-4", "--steps", "4"):
+        text = (
+            NodeView(resolve_options(env={}, overrides={"spool_dir": str(tmp_path), "spool_max_files": 3}))
+            .render()
+            .decode()
+        )
+    assert value(text, "neuron_exporter_ranks") == 3
+    assert value(text, "neuron_exporter_spool_rejected_files", reason="over_budget") == 2
+    assert total(text, "xla_steps_total") == 12
+
+
+def test_an_unchanged_file_is_not_read_again_and_a_rewrite_of_values_is_served(tmp_path):
+    with Writer(tmp_path, "0", "--steps", "4", "--rewrite", "0.05"):
+        view = NodeView(resolve_options(env={}, overrides={"spool_dir": str(tmp_path)}))
+        wait_until(
+            lambda: value(view.render().decode(), "xla_steps_total", rank="0") >= 6,
+            what="rewritten values to be served",
+        )
+    final = view.render().decode()
+    reads = []
+    original = view._reader._read
+    view._reader._read = lambda *args: reads.append(args) or original(*args)
+    assert view.render().decode().count("xla_steps_total{") == final.count("xla_steps_total{")
+    assert reads == []  # the writer has stopped: nothing changed, nothing read
+
+
+def test_scrapes_that_come_during_a_render_share_the_next_one():
+    """Eight scrapes at once: the first renders; the seven that came while it ran share one render that began after
+    they came (none gets data older than itself)."""
+    import threading
+
+    from neuron_exporter.web.shared_render import SharedRender
+
+    shared = SharedRender()
+    entered = threading.Semaphore(0)
+    real_lock = shared._lock
+
+    class CountingLock:
+        def __enter__(self):
+            entered.release()
+            return real_lock.__enter__()
+
+        def __exit__(self, *exc):
+            return real_lock.__exit__(*exc)
+
+    shared._lock = CountingLock()
+    renders: list[int] = []
+
+    def render() -> bytes:
+        if not renders:
+            for _ in range(8):
+                entered.acquire()  # every scrape has come and waits for the lock
+        renders.append(len(renders) + 1)
+        return str(len(renders)).encode(), "text/plain"
+
+    answers = []
+    threads = [threading.Thread(target=lambda: answers.append(shared.get("text", render).body)) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert renders == [1, 2]
+    assert sorted(answers) == [b"1"] + [b"2"] * 7
+
+
+def test_past_its_burst_an_endpoint_paces_renders():
+    from neuron_exporter.web.rate_limit import Pacer
+
+    pacer = Pacer(per_second=1.0, burst=3)
+    assert [pacer.reserve() for _ in range(3)] == [0.0, 0.0, 0.0]
+    waits = [pacer.reserve() for _ in range(3)]
+    assert 0.5 < waits[0] < waits[1] < waits[2] <= 3.0  # in turn, a second apart
+
+
+def test_an_endpoint_process_that_cannot_start_leaves_the_rank_serving_itself(tmp_path):
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    # Every endpoint process dies as it starts (as if its Python could not import the package).
+    (broken / "sitecustomize.py").write_text("import os, sys\nif '--link-fd' in sys.argv:\n    os._exit(3)\n")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    code = (
+        "import sys, torch, torch_xla, neuron_exporter\n"
+        "handle = neuron_exporter.attach(port=int(sys.argv[2]), addr='127.0.0.1', spool_dir=sys.argv[1],\n"
+        "                                spool_interval_seconds=0.05)\n"
+        "model = torch.nn.Linear(4, 2).to(torch_xla.device())\n"
+        "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "model(torch.randn(2, 4, device=torch_xla.device())).sum().backward(); optimizer.step(); torch_xla.sync()\n"
+        "print('trained', flush=True)\n"
+        "sys.stdin.read()\n"
+    )
+    import os
+    import subprocess
+    import sys
+
+    env = xla_env(PYTHONPATH=os.pathsep.join([str(broken), xla_env()["PYTHONPATH"]]))
+    process = subprocess.Popen(
+        [sys.executable, "-c", code, str(tmp_path / "spool"), str(port)],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdout.readline().strip() == "trained"
+        url = f"http://127.0.0.1:{port}/metrics"
+
+        def own_rank_served():
+            try:
+                text = scrape(url, timeout=5)
+            except OSError:
+                return None
+            return text if value(text, "xla_steps_total", rank="0") == 1 else None
+
+        text = wait_until(own_rank_served, timeout=60, what="the rank to serve its own metrics")
+        assert value(text, "neuron_exporter_collection_errors_total", stage="scrape") == 3
+        assert value(text, "neuron_exporter_ranks") is None  # its own rank only, no node view
+    finally:
+        process.stdin.close()
+        process.wait(timeout=60)
+    stderr = process.stderr.read()
+    assert stderr.count("ended 3 times right after it started") == 1 and "Traceback" not in stderr
+
+
+def test_a_rewrite_is_checked_in_full_unless_only_values_changed():
+    import pytest as _pytest
+
+    from neuron_exporter.node.exposition_check import ExpositionError, recheck
+
+    good = (
+        b"# HELP xla_steps_total Steps\n# TYPE xla_steps_total counter\n"
+        b'xla_steps_total{local_rank="0",rank="0",run_id="r"} 1.0\n'
+    )
+    first = recheck(good, None, "0", "0", "r")
+    assert recheck(good.replace(b" 1.0\n", b" 2.0\n"), first, "0", "0", "r").text.endswith(b" 2.0\n")
+    for bad in (
+        good.replace(b" 1.0\n", b" two\n"),  # a value that is no number
+        good.replace(b'rank="0"', b'rank="1"'),  # another rank's series, same shape
+        good.replace(b" 1.0\n", b" 1.0 1000\n"),  # a timestamp
+        good.replace(b"HELP xla_steps_total Steps", b"HELP xla_steps_total Steps\\q"),
+    ):  # a bad escape
+        with _pytest.raises(ExpositionError):
+            recheck(bad, first, "0", "0", "r")

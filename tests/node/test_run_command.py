@@ -1,0 +1,178 @@
+"""`neuron-exporter run -- COMMAND`: the exporter in every torch_xla process of any command, no code changed."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from neuron_exporter.node.spool import read_rank_file
+from tests.support.daemon import free_port
+from tests.support.exposition import scrape, value
+from tests.support.paths import ROOT, SCRIPTS
+from tests.support.processes import wait_until, xla_env
+from tests.support.rank_files import only_rank_file
+
+pytestmark = pytest.mark.training
+
+TORCHRUN = Path(sys.executable).parent / "torchrun"
+CLI = [sys.executable, "-m", "neuron_exporter"]
+
+
+def start(tmp_path, command: list[str], port: int, **env: str) -> subprocess.Popen:
+    environment = xla_env(NEURON_EXPORTER_SPOOL_INTERVAL_SECONDS="0.1", **env)
+    return subprocess.Popen(
+        CLI
+        + ["run", "--addr", "127.0.0.1", "--port", str(port), "--spool-dir", str(tmp_path / "spool"), "--", *command],
+        env=environment,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def steps_by_rank(url: str) -> dict[str, float]:
+    try:
+        text = scrape(url)
+    except OSError:
+        return {}
+    return {
+        rank: value(text, "xla_steps_total", rank=rank)
+        for rank in ("0", "1")
+        if value(text, "xla_steps_total", rank=rank) is not None
+    }
+
+
+@pytest.mark.skipif(not TORCHRUN.exists(), reason="torchrun is not installed next to this Python")
+def test_every_torchrun_rank_of_a_plain_script_is_on_one_endpoint(tmp_path):
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/metrics"
+    command = [
+        str(TORCHRUN),
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        str(SCRIPTS / "plain_train.py"),
+        str(tmp_path),
+        "4",
+    ]
+    process = start(tmp_path, command, port)
+    try:
+        wait_until(lambda: steps_by_rank(url) == {"0": 4, "1": 4}, timeout=240, what="both ranks' steps")
+        text = scrape(url)
+        assert value(text, "neuron_exporter_rank_up", rank="0") == value(text, "neuron_exporter_rank_up", rank="1") == 1
+        (tmp_path / "release").write_text("")
+        _, stderr = process.communicate(timeout=120)
+    finally:
+        process.kill()
+    assert process.returncode == 0, stderr[-3000:]
+    assert "Traceback" not in stderr and "cannot listen" not in stderr, stderr[-3000:]
+    for rank in ("0", "1"):
+        assert read_rank_file(only_rank_file(tmp_path / "spool", rank)).meta.finished
+
+
+@pytest.mark.skipif(not TORCHRUN.exists(), reason="torchrun is not installed next to this Python")
+def test_diagnose_lists_the_sites_of_both_ranks_of_a_live_torchrun_job(tmp_path):
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/metrics"
+    command = [
+        str(TORCHRUN),
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        str(SCRIPTS / "plain_train.py"),
+        str(tmp_path),
+        "4",
+        "item",
+    ]
+    process = start(tmp_path, command, port)
+    try:
+        wait_until(lambda: steps_by_rank(url) == {"0": 4, "1": 4}, timeout=240, what="both ranks' steps")
+        site = f"tests/scripts/plain_train.py:{line_of_item()}"  # relative to the job's working directory
+        result = subprocess.run(
+            CLI + ["diagnose", f"127.0.0.1:{port}"], capture_output=True, text=True, timeout=60, cwd=ROOT
+        )
+        assert result.returncode == 0, result.stderr
+        first = result.stdout.splitlines()[2]
+        assert first == f"1. {site}: 8 graph cuts by .item() (ranks 0, 1): 1.00 per step", result.stdout
+        as_json = subprocess.run(
+            CLI + ["diagnose", url, "--format", "json"], capture_output=True, text=True, timeout=60, cwd=ROOT
+        )
+        ranks = json.loads(as_json.stdout)["ranks"]
+        assert [(r["rank"], [s["location"] for s in r["sites"] if s["graph_cuts"]]) for r in ranks] == [
+            ("0", [site]),
+            ("1", [site]),
+        ]
+        (tmp_path / "release").write_text("")
+        process.communicate(timeout=120)
+    finally:
+        process.kill()
+
+
+def line_of_item() -> int:
+    lines = (SCRIPTS / "plain_train.py").read_text().splitlines()
+    return next(number for number, line in enumerate(lines, start=1) if line.endswith("# site: item"))
+
+
+def test_the_exit_code_and_signals_of_the_command_pass_through(tmp_path):
+    port = free_port()
+    done = start(tmp_path, [sys.executable, "-c", "import sys; sys.exit(7)"], port)
+    assert done.wait(timeout=120) == 7
+    sleeper = start(tmp_path, [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(600)"], port)
+    try:
+        assert sleeper.stdout.readline().strip() == "up"
+        sleeper.send_signal(signal.SIGTERM)
+        assert sleeper.wait(timeout=60) == 128 + signal.SIGTERM  # the command died of the forwarded SIGTERM
+    finally:
+        sleeper.kill()
+
+
+def test_a_process_that_never_imports_torch_xla_is_untouched(tmp_path):
+    port = free_port()
+    probe = (
+        "import sys, threading; print(sorted(m for m in ('torch_xla', 'neuron_exporter.training.attach', "
+        "'prometheus_client') if m in sys.modules), threading.active_count())"
+    )
+    process = start(tmp_path, [sys.executable, "-c", probe], port)
+    stdout, stderr = process.communicate(timeout=120)
+    assert process.returncode == 0 and stdout.strip() == "[] 1", stderr  # only an import watcher was installed
+
+
+def test_neuron_exporter_auto_attaches_a_plain_python_script(tmp_path):
+    """For users who can set a variable but not change the command line: the .pth file installed with the
+    package attaches every process that imports torch_xla."""
+    port = free_port()
+    env = xla_env(
+        NEURON_EXPORTER_AUTO="1",
+        NEURON_EXPORTER_PORT=str(port),
+        NEURON_EXPORTER_ADDR="127.0.0.1",
+        NEURON_EXPORTER_SPOOL_DIR=str(tmp_path / "spool"),
+        NEURON_EXPORTER_SPOOL_INTERVAL_SECONDS="0.1",
+    )
+    env.pop("PYTHONPATH")  # nothing but the variable
+    process = subprocess.Popen(
+        [sys.executable, str(SCRIPTS / "plain_train.py"), str(tmp_path), "3"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+    )
+    url = f"http://127.0.0.1:{port}/metrics"
+    try:
+        wait_until(lambda: steps_by_rank(url) == {"0": 3}, timeout=120, what="the script's steps")
+        (tmp_path / "release").write_text("")
+        _, stderr = process.communicate(timeout=120)
+    finally:
+        process.kill()
+    assert process.returncode == 0 and "Traceback" not in stderr, stderr[-3000:]
+    assert read_rank_file(only_rank_file(tmp_path / "spool", "0")).meta.finished
+
+
+def test_no_command_is_one_line_and_exit_2():
+    result = subprocess.run(CLI + ["run"], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert result.returncode == 2 and result.stderr.count("\n") == 1

@@ -1,0 +1,159 @@
+"""The spool protocol: atomic rank files, liveness through the rank lock, expiry."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import psutil
+import pytest
+
+from neuron_exporter.node.spool import (
+    RankMeta,
+    SpoolBusyError,
+    read_rank_file,
+    read_rank_files,
+    release_rank_lock,
+    remove_expired,
+    write_rank_file,
+    writer_alive,
+)
+from tests.support.paths import RUN
+from tests.support.rank_files import rank_file
+from tests.support.spool_writer import Writer
+
+
+def exposition(rank: str = "0", steps: str = "3.0") -> bytes:
+    return (
+        b"# HELP xla_steps_total Steps\n# TYPE xla_steps_total counter\n"
+        b'xla_steps_total{local_rank="%s",rank="%s",run_id="%s"} %s\n'
+        % (rank.encode(), rank.encode(), RUN.encode(), steps.encode())
+    )
+
+
+EXPOSITION = exposition()
+
+
+def age(path, seconds: float) -> None:
+    """Make ``path`` look written ``seconds`` ago."""
+    then = time.time() - seconds
+    os.utime(path, (then, then))
+
+
+def test_round_trip_keeps_meta_and_exposition_bytes(tmp_path):
+    meta = RankMeta.current("3", "3", last_step_time=1234.5)
+    path = write_rank_file(tmp_path / "spool", meta, exposition("3"))
+    try:
+        assert path.name == f"rank-3.{RUN}.prom"
+        report = read_rank_file(path)
+        assert report.meta == meta
+        assert report.exposition == exposition("3")
+        assert abs(report.mtime - time.time()) < 60
+        assert [p.name for p in (tmp_path / "spool").iterdir() if p.name.endswith(".tmp")] == []
+    finally:
+        release_rank_lock(tmp_path / "spool", "3")
+
+
+def test_meta_may_be_a_mapping(tmp_path):
+    meta = {
+        "rank": "2",
+        "local_rank": "2",
+        "pid": os.getpid(),
+        "start_time": psutil.Process().create_time(),
+        "finished": True,
+        "other": "ignored",
+    }
+    write_rank_file(tmp_path, meta, exposition("2"))
+    report = read_rank_file(rank_file(tmp_path, "2"))
+    assert report.meta.finished is True and report.meta.rank == "2" and report.meta.last_step_time is None
+
+
+def test_rewrite_replaces_the_file_atomically(tmp_path):
+    meta = RankMeta.current("0", "0")
+    try:
+        first = write_rank_file(tmp_path, meta, EXPOSITION)
+        inode = first.stat().st_ino
+        write_rank_file(tmp_path, meta, exposition(steps="4.0"))
+        assert first.stat().st_ino != inode  # a new file renamed over the old one, never rewritten in place
+        assert read_rank_file(first).exposition.endswith(b"4.0\n")
+    finally:
+        release_rank_lock(tmp_path, "0")
+
+
+def test_read_orders_ranks_numerically_and_ignores_other_files(tmp_path):
+    with Writer(tmp_path, "10,2,1"):
+        rank_file(tmp_path, "9").write_bytes(b"not json\n")
+        rank_file(tmp_path, "8").write_bytes(b'{"format": 99}\n')
+        (tmp_path / "notes.txt").write_text("x")
+        (tmp_path / f".rank-1.{RUN}.prom.123.tmp").write_text("half a file")
+        assert [r.meta.rank for r in read_rank_files(tmp_path)] == ["1", "2", "10"]
+    assert read_rank_files(tmp_path / "missing") == []
+
+
+def test_a_live_writer_is_alive_and_a_killed_one_is_dead(tmp_path):
+    writer = Writer(tmp_path, "0")
+    report = read_rank_file(rank_file(tmp_path, "0"))
+    assert report.meta.pid == writer.pid
+    assert writer_alive(report) is True
+    assert writer_alive(report) is True  # probing does not take the lock away from the writer
+    writer.kill()
+    assert writer_alive(report) is False
+
+
+def test_a_second_live_process_cannot_take_a_rank(tmp_path):
+    with Writer(tmp_path, "0") as first:
+        with pytest.raises(SpoolBusyError, match="rank 0"):
+            write_rank_file(tmp_path, RankMeta.current("0", "0"), EXPOSITION)
+        assert read_rank_file(rank_file(tmp_path, "0")).meta.pid == first.pid
+        first.kill()
+    # once the first process is gone, a new process with the same rank replaces its file
+    write_rank_file(tmp_path, RankMeta.current("0", "0"), EXPOSITION)
+    try:
+        assert read_rank_file(rank_file(tmp_path, "0")).meta.pid == os.getpid()
+    finally:
+        release_rank_lock(tmp_path, "0")
+
+
+def test_a_finished_report_releases_the_rank(tmp_path):
+    with Writer(tmp_path, "0", "--finished") as writer:
+        report = read_rank_file(rank_file(tmp_path, "0"))
+        assert report.meta.finished
+        assert writer_alive(report) is False  # the process lives on, but no longer as a rank
+        write_rank_file(tmp_path, RankMeta.current("0", "0"), EXPOSITION)  # so a new rank 0 may start
+        release_rank_lock(tmp_path, "0")
+        writer.stop()
+
+
+def test_without_a_lock_file_the_pid_and_its_start_time_decide(tmp_path):
+    me = psutil.Process()
+    rank_file(tmp_path, "0").write_bytes(
+        b'{"format":2,"run_id":"test-run","rank":"0","local_rank":"0","pid":%d,"start_time":%f}\n'
+        % (me.pid, me.create_time())
+    )
+    reused = me.create_time() - 3600  # same pid, but the file was written by an earlier process
+    rank_file(tmp_path, "1").write_bytes(
+        b'{"format":2,"run_id":"test-run","rank":"1","local_rank":"1","pid":%d,"start_time":%f}\n' % (me.pid, reused)
+    )
+    gone = psutil.Popen(["true"])
+    gone.wait()
+    rank_file(tmp_path, "2").write_bytes(
+        b'{"format":2,"run_id":"test-run","rank":"2","local_rank":"2","pid":%d,"start_time":1.0}\n' % gone.pid
+    )
+    alive = {r.meta.rank: writer_alive(r) for r in read_rank_files(tmp_path)}
+    assert alive == {"0": True, "1": False, "2": False}
+
+
+def test_remove_expired_deletes_only_dead_ranks_past_the_expiry(tmp_path):
+    with Writer(tmp_path, "0,1") as live:
+        with Writer(tmp_path, "2,3") as dead:
+            dead.kill()
+        age(rank_file(tmp_path, "0"), 7200)  # alive but silent for long: kept (the process may resume)
+        age(rank_file(tmp_path, "2"), 7200)  # dead and expired: removed
+        (tmp_path / f".rank-5.{RUN}.prom.77.tmp").write_bytes(b"left by a writer killed mid-write")
+        age(tmp_path / f".rank-5.{RUN}.prom.77.tmp", 7200)
+        removed = remove_expired(tmp_path, expire_after_seconds=3600)
+        assert [r.meta.rank for r in removed] == ["2"]
+        assert sorted(p.name for p in tmp_path.iterdir()) == [
+            f"rank-{rank}.{RUN}{suffix}" for rank in "013" for suffix in (".lock", ".prom")
+        ]
+        live.stop()

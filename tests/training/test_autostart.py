@@ -1,0 +1,99 @@
+"""NEURON_EXPORTER_AUTO at interpreter start-up, through the ``.pth`` file and the ``sitecustomize`` of
+``training/autostart_path``: read as a boolean option is, left alone by ``python -I``, and cheap (a plain finder,
+nothing of importlib.abc). Each case is a real interpreter that processes the real files; it starts with ``-S``, so
+that the files of the environment running the tests (its own copy of the .pth) are left out, and then has ``site``
+process the file under test."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from neuron_exporter.config import AUTO_ENV, auto_enabled
+from tests.support.paths import ROOT
+
+AUTOSTART_DIR = ROOT / "neuron_exporter" / "training" / "autostart_path"
+PTH = AUTOSTART_DIR / "neuron_exporter_autostart.pth"
+VALUES = ["1", "true", "True", "YES", " on ", "0", "false", "False", "no", "off", "OFF", "", "maybe", "2"]
+
+# What start-up left: whether the watcher is armed, and the modules that arming it imported.
+PROBE = """
+import json, site, sys
+sys.path[:0] = {path!r}
+before = set(sys.modules)
+{trigger}
+armed = any(type(f).__name__ == "_ImportWatcher" for f in sys.meta_path)
+print(json.dumps({{"armed": armed, "modules": sorted(set(sys.modules) - before)}}))
+"""
+
+
+def through_pth(tmp_path, value: str | None, *flags: str) -> dict:
+    """A site directory with the .pth file in it, processed by ``site`` as it does site-packages."""
+    site_dir = tmp_path / "site-packages"
+    site_dir.mkdir(exist_ok=True)
+    shutil.copy(PTH, site_dir)
+    return probe(PROBE.format(path=[str(ROOT)], trigger=f"site.addsitedir({str(site_dir)!r})"), value, ("-S", *flags))
+
+
+def through_sitecustomize(value: str | None) -> dict:
+    """``PYTHONPATH`` as ``neuron-exporter run`` sets it, and the sitecustomize found there run."""
+    return probe(PROBE.format(path=[str(AUTOSTART_DIR), str(ROOT)], trigger="import sitecustomize"), value, ("-S",))
+
+
+def probe(code: str, value: str | None, flags) -> dict:
+    environment = {"PATH": os.environ["PATH"], **({AUTO_ENV: value} if value is not None else {})}
+    result = subprocess.run(
+        [sys.executable, *flags, "-c", code], env=environment, capture_output=True, text=True, timeout=60, cwd="/"
+    )
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    return json.loads(result.stdout)
+
+
+@pytest.mark.parametrize("value", VALUES)
+def test_the_variable_is_read_as_a_boolean_option_is(tmp_path, value):
+    expected = value.strip().lower() in ("1", "true", "yes", "on")
+    assert auto_enabled({AUTO_ENV: value}) is expected
+    assert through_pth(tmp_path, value)["armed"] is expected
+    assert through_sitecustomize(value)["armed"] is expected
+
+
+def test_unset_arms_nothing(tmp_path):
+    assert not through_pth(tmp_path, None)["armed"] and not through_sitecustomize(None)["armed"]
+
+
+def test_python_dash_i_is_left_alone(tmp_path):
+    assert through_pth(tmp_path, "1", "-I") == {"armed": False, "modules": []}
+
+
+def test_arming_imports_four_small_modules_and_nothing_of_importlib(tmp_path):
+    found = through_pth(tmp_path, "1")
+    assert found["armed"]
+    assert found["modules"] == [
+        "neuron_exporter",
+        "neuron_exporter.training",
+        "neuron_exporter.training.autostart",
+        "neuron_exporter.training.import_watch",
+    ]
+
+
+def test_the_plain_finder_attaches_after_the_watched_import(tmp_path):
+    package = tmp_path / "packages" / "torch"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("print('torch imported', flush=True)\n")
+    code = (
+        f"import sys; sys.path[:0] = [{str(ROOT)!r}, {str(tmp_path / 'packages')!r}]\n"
+        "from neuron_exporter.training import autostart\n"
+        "autostart._attach = lambda: print('attached', flush=True)\n"
+        "autostart.install(); autostart.install()\n"
+        "import json; import torch\n"
+        "print(sum(type(f).__name__ == '_ImportWatcher' for f in sys.meta_path))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], env={"PATH": os.environ["PATH"]}, capture_output=True, text=True, timeout=60
+    )
+    assert result.stdout.split("\n") == ["torch imported", "attached", "0", ""], result.stderr

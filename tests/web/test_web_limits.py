@@ -1,0 +1,200 @@
+"""The endpoint stays answerable under many clients: a stalled or trickling connection costs a socket until its
+deadline, never a thread; open connections and threads are bounded; a burst of scrapers is answered."""
+
+from __future__ import annotations
+
+import http.client
+import re
+import socket
+import threading
+
+import pytest
+
+from neuron_exporter.web import http_server
+from neuron_exporter.web.http_server import MAX_CONNECTIONS, WORKERS
+from tests.support.http import BODY, client_context, raw_exchange
+from tests.support.processes import wait_until
+
+AUTH = {"Authorization": "Basic cHJvbWV0aGV1czpzM2NyZXQ="}  # prometheus:s3cret, as in tls_files
+
+
+def connection_to(s, tls_files=None, timeout: float = 10.0) -> http.client.HTTPConnection:
+    if tls_files is None:
+        return http.client.HTTPConnection("127.0.0.1", s.port, timeout=timeout)
+    return http.client.HTTPSConnection("127.0.0.1", s.port, timeout=timeout, context=client_context(tls_files))
+
+
+def scrape(s, tls_files=None, timeout: float = 10.0) -> tuple[int, bytes]:
+    connection = connection_to(s, tls_files, timeout)
+    try:
+        connection.request("GET", "/metrics", headers=AUTH if tls_files else {})
+        response = connection.getresponse()
+        return response.status, response.read()
+    finally:
+        connection.close()
+
+
+def closed_by_server(sock: socket.socket) -> bool:
+    sock.setblocking(False)
+    try:
+        return sock.recv(1) == b""
+    except BlockingIOError:
+        return False
+    except ConnectionResetError:
+        return True
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["http", "https"])
+def test_500_stalled_connections_leave_threads_bounded_and_a_scrape_answered(server, tls_files, tls):
+    before = threading.active_count()
+    s = server(web_config=tls_files / "web.yml") if tls else server()
+    # A partial request line, or for TLS the first bytes of a ClientHello: then nothing, for as long as it takes.
+    partial = b"\x16\x03\x01\x02\x00\x01" if tls else b"GET /metrics HTTP/1.1\r\nHost: loc"
+    stalled, most_threads = [], 0
+    scraper = connection_to(s, tls_files if tls else None)  # kept alive: connected before the attack
+    scraper.request("GET", "/metrics", headers=AUTH if tls else {})
+    assert scraper.getresponse().read() == BODY
+    try:
+        for n in range(500):
+            sock = socket.create_connection(("127.0.0.1", s.port), timeout=10)
+            sock.sendall(partial)
+            stalled.append(sock)
+            if n % 20 == 0:
+                most_threads = max(most_threads, threading.active_count())
+        assert scrape(s, tls_files if tls else None, timeout=5) == (200, BODY)  # answered within a few seconds
+        scraper.request("GET", "/metrics", headers=AUTH if tls else {})  # its connection was spared
+        assert scraper.getresponse().read() == BODY
+        most_threads = max(most_threads, threading.active_count())
+        assert most_threads - before <= 1 + WORKERS  # the loop thread and the workers, whatever the clients do
+        # The server closed the connections that waited longest, to keep at most MAX_CONNECTIONS open.
+        wait_until(
+            lambda: sum(map(closed_by_server, stalled)) >= len(stalled) - MAX_CONNECTIONS,
+            what="the oldest stalled connections to be closed",
+        )
+    finally:
+        scraper.close()
+        for sock in stalled:
+            sock.close()
+
+
+def test_a_trickling_client_is_closed_at_its_head_deadline(server, monkeypatch):
+    monkeypatch.setattr(http_server, "HEAD_TIMEOUT_SECONDS", 1.0)
+    s = server()
+    request = b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nUser-Agent: " + b"x" * 200 + b"\r\n\r\n"
+    closed = threading.Event()
+    with socket.create_connection(("127.0.0.1", s.port), timeout=60) as sock:
+
+        def read():
+            try:
+                sock.recv(65536)  # nothing comes but the end of the connection
+            except OSError:
+                pass
+            closed.set()
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        sent = 0
+        # One byte every 50 ms: every read of the server finishes at once, the head never does.
+        while sent < len(request) and not closed.wait(0.05):
+            try:
+                sock.send(request[sent : sent + 1])
+            except OSError:
+                break
+            sent += 1
+        assert closed.wait(30)
+        reader.join()
+    assert sent < len(request)
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["http", "https"])
+def test_a_silent_connection_is_closed_at_its_head_deadline(server, tls_files, monkeypatch, tls):
+    monkeypatch.setattr(http_server, "HEAD_TIMEOUT_SECONDS", 0.5)
+    s = server(web_config=tls_files / "web.yml") if tls else server()
+    with socket.create_connection(("127.0.0.1", s.port), timeout=30) as sock:
+        assert sock.recv(1) == b""
+
+
+def test_an_idle_kept_alive_connection_is_closed_after_the_idle_timeout(server, monkeypatch):
+    monkeypatch.setattr(http_server, "IDLE_TIMEOUT_SECONDS", 0.5)
+    s = server()
+    with socket.create_connection(("127.0.0.1", s.port), timeout=30) as sock:
+        sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        reply = b""
+        while not reply.endswith(BODY):
+            reply += sock.recv(65536)
+        assert reply.startswith(b"HTTP/1.1 200 OK") and b"Connection: close" not in reply
+        assert sock.recv(1) == b""
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["http", "https"])
+def test_200_concurrent_scrapers_are_all_answered(server, tls_files, tls):
+    s = server(web_config=tls_files / "web.yml") if tls else server()
+    scrapers = 200
+    start = threading.Barrier(scrapers)
+    results = []
+
+    def one():
+        start.wait()
+        try:
+            results.append(scrape(s, tls_files if tls else None, timeout=60))
+        except Exception as error:  # noqa: BLE001 - reported below
+            results.append(repr(error))
+
+    threads = [threading.Thread(target=one) for _ in range(scrapers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert results == [(200, BODY)] * scrapers
+
+
+def test_a_client_that_does_not_read_its_response_frees_its_worker(server, monkeypatch):
+    monkeypatch.setattr(http_server, "WORKERS", 1)  # so the next scrape needs the worker the slow reader holds
+    monkeypatch.setattr(http_server, "WRITE_TIMEOUT_SECONDS", 0.5)
+    big = BODY * 200_000  # megabytes: more than the socket buffers hold
+    s = server(lambda: big)
+    with socket.create_connection(("127.0.0.1", s.port), timeout=30) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        # The one worker answers this only once it has given up on the slow reader, which has read nothing and
+        # could not have taken megabytes into its 4 KiB buffer.
+        assert scrape(s, timeout=30)[0] == 200
+
+
+def test_a_client_refused_too_often_is_not_read_and_others_are_served(server, monkeypatch):
+    monkeypatch.setattr(http_server, "REFUSALS_BURST", 5)
+    monkeypatch.setattr(http_server, "REFUSAL_REFILL_SECONDS", 3600.0)
+    s = server()
+    kept = connection_to(s)  # a scraper on the same address, connected before
+    kept.request("GET", "/metrics")
+    assert kept.getresponse().read() == BODY
+    refused = connection_to(s)
+    for _ in range(5):  # the burst of refusals: 404s, 401s, 429s alike
+        refused.request("GET", "/nope")
+        response = refused.getresponse()
+        assert (response.status, response.read()) == (404, b"Not Found: see /metrics\n")
+    with socket.create_connection(("127.0.0.1", s.port), timeout=10) as parked:
+        parked.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        other = http.client.HTTPConnection("127.0.0.1", s.port, timeout=10, source_address=("127.0.0.2", 0))
+        other.request("GET", "/metrics")  # another client, connected after the parked one: served
+        assert other.getresponse().read() == BODY
+        kept.request("GET", "/metrics")  # and the kept-alive connection that was never refused
+        assert kept.getresponse().read() == BODY
+        parked.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            parked.recv(1)  # accepted, never read: no answer
+    for connection in (kept, refused, other):
+        connection.close()
+
+
+def test_a_paused_client_is_answered_when_its_rate_allows(server, monkeypatch):
+    monkeypatch.setattr(http_server, "REFUSALS_BURST", 1)
+    monkeypatch.setattr(http_server, "REFUSAL_REFILL_SECONDS", 0.2)
+    s = server()
+    # Pipelined: after the first refusal the connection is paused; the rest wait in its buffer, unread.
+    reply = raw_exchange(
+        s.port,
+        b"GET /nope HTTP/1.1\r\nHost: x\r\n\r\n" * 3 + b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    )
+    assert re.findall(rb"HTTP/1.1 (\d+)", reply) == [b"404", b"404", b"404", b"200"] and reply.endswith(BODY)
+    assert scrape(s) == (200, BODY)  # a new connection of the paused client: parked at first, then answered

@@ -30,7 +30,8 @@ from tests.support.exposition import scrape
 from tests.support.paths import SCRIPTS
 from tests.support.processes import wait_until, xla_env
 
-pytestmark = [pytest.mark.training, pytest.mark.prometheus]
+# Its tests share module-scoped runs: one worker runs them all.
+pytestmark = [pytest.mark.training, pytest.mark.prometheus, pytest.mark.xdist_group("end_to_end_prometheus")]
 
 JOB = "neuron-exporter"  # fallback_and_shapes.py
 TRAINER_JOB = "neuron-exporter-trainer"  # trainer_shaped.py

@@ -14,7 +14,8 @@ from tests.support.exposition import samples, scrape, value
 from tests.support.paths import SCRIPTS
 from tests.support.processes import TrainingRun, wait_until
 
-pytestmark = [pytest.mark.training, pytest.mark.compile]
+# Its tests share module-scoped runs: one worker runs them all.
+pytestmark = [pytest.mark.training, pytest.mark.compile, pytest.mark.xdist_group("any_backend")]
 
 STEPS = 6
 CLI = [sys.executable, "-m", "neuron_exporter"]

@@ -9,7 +9,8 @@ import pytest
 from tests.support.paths import SCRIPTS
 from tests.support.processes import run_python
 
-pytestmark = pytest.mark.training
+# Its tests share module-scoped runs: one worker runs them all.
+pytestmark = [pytest.mark.training, pytest.mark.xdist_group("attach_lifecycle")]
 
 
 @pytest.fixture(scope="module")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import functools
 import subprocess
 
 import pytest
@@ -9,13 +11,20 @@ import pytest
 from tests.support.exposition import samples, scrape, total, value
 from tests.support.processes import TrainingRun
 
-pytestmark = pytest.mark.training
+# The module's tests share scenario runs: one worker runs them all.
+pytestmark = [pytest.mark.training, pytest.mark.xdist_group("attach_scenarios")]
 
 STEPS = 6
 
 
 def run_scenario(scenario: str, steps: int = STEPS) -> tuple[str, dict]:
     """Run one scenario; return the final scrape of its /metrics and the counters torch_xla itself reported."""
+    return copy.deepcopy(scenario_run(scenario, steps))
+
+
+@functools.cache
+def scenario_run(scenario: str, steps: int) -> tuple[str, dict]:
+    """Each scenario runs once per test session: several tests read the same run."""
     with TrainingRun("train_scenario.py", scenario, str(steps)) as run:
         result = run.result()
         exposition = scrape(result["url"])
@@ -90,11 +99,10 @@ def test_every_step_ending_call_counts_one_step_per_call(scenario):
 
 
 def test_attach_does_not_change_what_torch_xla_compiles_or_executes():
-    attached = TrainingRun("train_scenario.py", "item", str(STEPS))
-    bare = TrainingRun("train_scenario.py", "item", str(STEPS), "--no-attach")
-    with attached, bare:
-        with_exporter, without = attached.result()["xla"], bare.result()["xla"]
-        assert attached.finish()[0] == bare.finish()[0] == 0
+    _, with_exporter = run_scenario("item")
+    with TrainingRun("train_scenario.py", "item", str(STEPS), "--no-attach") as bare:
+        without = bare.result()["xla"]
+        assert bare.finish()[0] == 0
     assert with_exporter == without
     assert with_exporter["ExecuteComputation"] == 2 * STEPS
 

@@ -24,7 +24,8 @@ from tests.support.exposition import scrape, series, total
 from tests.support.paths import ROOT, SCRIPTS
 from tests.support.processes import TrainingRun, marked_line, xla_env
 
-pytestmark = [pytest.mark.training, pytest.mark.compile]
+# Its tests share module-scoped runs: one worker runs them all.
+pytestmark = [pytest.mark.training, pytest.mark.compile, pytest.mark.xdist_group("torch_compile")]
 
 SCRIPT = SCRIPTS / "compile_cases.py"
 STEPS = 5

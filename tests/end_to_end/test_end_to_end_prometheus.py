@@ -13,22 +13,18 @@ import json
 import math
 import re
 import select
-import socket
 import subprocess
 import sys
 import time
-import urllib.parse
-import urllib.request
 
 import pytest
-import yaml
 
 pytest.importorskip("grafana_foundation_sdk", reason="the dashboards extra (Python 3.11 or later)")
 from dashboards import build, rules
 from dashboards.config import DEFAULTS, Config
-from tests.support.exposition import scrape
 from tests.support.paths import SCRIPTS
 from tests.support.processes import wait_until, xla_env
+from tests.support.prometheus import Prometheus, running_prometheus
 
 # Its tests share module-scoped runs: one worker runs them all.
 pytestmark = [pytest.mark.training, pytest.mark.prometheus, pytest.mark.xdist_group("end_to_end_prometheus")]
@@ -83,38 +79,6 @@ def is_site(location: str, expected: str) -> bool:
     return location == expected or location.endswith("/" + expected)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-class Prometheus:
-    def __init__(self, url: str):
-        self.url = url
-
-    def get(self, path: str, **params) -> dict:
-        query = urllib.parse.urlencode(params)
-        try:
-            with urllib.request.urlopen(f"{self.url}{path}?{query}", timeout=30) as response:
-                return json.load(response)
-        except urllib.error.HTTPError as error:  # 400/422 carry the PromQL error as JSON
-            return json.load(error)
-
-    def query(self, expr: str) -> dict:
-        return self.get("/api/v1/query", query=expr)
-
-    def query_range(self, expr: str, start: float, end: float, step: str = "2s") -> dict:
-        return self.get("/api/v1/query_range", query=expr, start=start, end=end, step=step)
-
-    def scalar(self, expr: str) -> float | None:
-        result = self.query(expr)["data"]["result"]
-        return float(result[0]["value"][1]) if result else None
-
-    def alerts(self) -> list[dict]:
-        return self.get("/api/v1/alerts")["data"]["alerts"]
-
-
 def start_training(script: str, tmp, name: str) -> tuple[subprocess.Popen, dict]:
     process = subprocess.Popen(
         [sys.executable, str(SCRIPTS / script), str(tmp / "stop"), str(tmp / f"spool-{name}")],
@@ -135,7 +99,6 @@ def run(tmp_path_factory):
     second."""
     tmp = tmp_path_factory.mktemp("e2e")
     trainings = []
-    prometheus = None
     try:
         exporters = {}
         for job, script in ((JOB, "fallback_and_shapes.py"), (TRAINER_JOB, "trainer_shaped.py")):
@@ -154,46 +117,24 @@ def run(tmp_path_factory):
                 for job, exporter in exporters.items()
             ],
         }
-        (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
-        port = free_port()
-        prometheus = subprocess.Popen(
-            [
-                "prometheus",
-                f"--config.file={tmp / 'prometheus.yml'}",
-                f"--storage.tsdb.path={tmp / 'data'}",
-                f"--web.listen-address=127.0.0.1:{port}",
-                "--log.level=warn",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=(tmp / "prometheus.log").open("w"),
-        )
-        api = Prometheus(f"http://127.0.0.1:{port}")
-        api.instances = {job: f"127.0.0.1:{exporter['port']}" for job, exporter in exporters.items()}
-
-        def ready_prometheus():
-            assert prometheus.poll() is None, (tmp / "prometheus.log").read_text()
-            try:
-                return scrape(f"{api.url}/-/ready")
-            except OSError:
-                return None
-
-        wait_until(ready_prometheus, timeout=60, what="Prometheus to be ready")
-        api.start = time.time()
-        # Enough scrapes for every rate window, and the recording rules evaluated on them.
-        for job in exporters:
+        with running_prometheus(config, tmp) as api:
+            api.instances = {job: f"127.0.0.1:{exporter['port']}" for job, exporter in exporters.items()}
+            api.start = time.time()
+            # Enough scrapes for every rate window, and the recording rules evaluated on them.
+            for job in exporters:
+                wait_until(
+                    lambda job=job: (api.scalar(f'count_over_time(xla_steps_total{{job="{job}"}}[1m])') or 0) >= 15,
+                    timeout=120,
+                    interval=0.5,
+                    what=f"15 scrapes of {job}",
+                )
             wait_until(
-                lambda job=job: (api.scalar(f'count_over_time(xla_steps_total{{job="{job}"}}[1m])') or 0) >= 15,
-                timeout=120,
+                lambda: len(api.query("rank:xla_graph_cuts_per_step:ratio5m")["data"]["result"]) == 2,
+                timeout=30,
                 interval=0.5,
-                what=f"15 scrapes of {job}",
+                what="the recording rules",
             )
-        wait_until(
-            lambda: len(api.query("rank:xla_graph_cuts_per_step:ratio5m")["data"]["result"]) == 2,
-            timeout=30,
-            interval=0.5,
-            what="the recording rules",
-        )
-        yield api
+            yield api
     finally:
         (tmp / "stop").touch()
         codes = []
@@ -203,9 +144,6 @@ def run(tmp_path_factory):
             except subprocess.TimeoutExpired:
                 training.kill()
                 codes.append((training.wait(), training))
-        if prometheus is not None:
-            prometheus.terminate()
-            prometheus.wait(timeout=30)
         for code, training in codes:
             assert code == 0, training.stderr.read()[-4000:]
 

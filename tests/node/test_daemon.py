@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import stat
 import subprocess
 import sys
-import urllib.parse
 
 import pytest
 import yaml
@@ -17,6 +15,7 @@ from tests.support.daemon import Daemon, free_port
 from tests.support.exposition import scrape, value
 from tests.support.paths import ROOT
 from tests.support.processes import wait_until
+from tests.support.prometheus import running_prometheus
 from tests.support.spool_writer import Writer
 
 
@@ -101,36 +100,11 @@ def test_a_real_prometheus_scrapes_the_daemon_with_the_shipped_config(tmp_path, 
         shipped["rule_files"] = [str(ROOT / "deploy" / "prometheus" / f) for f in shipped["rule_files"]]
         (job,) = shipped["scrape_configs"]
         job["static_configs"] = [{"targets": [f"127.0.0.1:{daemon.port}"]}]
-        config = tmp_path / "prometheus.yml"
-        config.write_text(yaml.safe_dump(shipped))
-        web_port = free_port()
-        prometheus = subprocess.Popen(
-            [
-                "prometheus",
-                f"--config.file={config}",
-                f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                f"--web.listen-address=127.0.0.1:{web_port}",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        try:
-
-            def query(expr: str):
-                url = f"http://127.0.0.1:{web_port}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
-                try:
-                    result = json.loads(scrape(url))["data"]["result"]
-                except OSError:
-                    return None
-                return {r["metric"].get("rank"): float(r["value"][1]) for r in result} or None
-
-            up = wait_until(lambda: query('up{job="neuron-exporter"}'), timeout=120, what="Prometheus to scrape")
+        with running_prometheus(shipped, tmp_path) as prometheus:
+            up = wait_until(lambda: prometheus.by_rank('up{job="neuron-exporter"}'), timeout=120, what="a scrape")
             assert up == {None: 1.0}
-            ranks = wait_until(lambda: query("neuron_exporter_rank_up"), timeout=60, what="rank series in Prometheus")
+            ranks = wait_until(lambda: prometheus.by_rank("neuron_exporter_rank_up"), timeout=60, what="rank series")
             assert ranks == {"0": 1.0, "1": 1.0}
-            steps = wait_until(lambda: query("xla_steps_total"), timeout=60, what="steps in Prometheus")
+            steps = wait_until(lambda: prometheus.by_rank("xla_steps_total"), timeout=60, what="steps in Prometheus")
             assert set(steps) == {"0", "1"} and min(steps.values()) >= 6
-        finally:
-            prometheus.terminate()
-            prometheus.wait(timeout=60)
     assert daemon.stop() == 0

@@ -1,4 +1,5 @@
 """The package's folders keep to their import rules: each folder is a place the code runs.
+The tests keep to theirs: a folder per room, helpers shared through tests/support only.
 
 training/ (inside the training process) never imports reports/; node/ (the daemon) never imports training/ or
 reports/; web/ and reports/ import no other folder; the shared top-level modules import no folder at all (only the
@@ -95,3 +96,20 @@ def test_a_forbidden_import_is_caught(tmp_path, folder, line):
     found = violations(copy)
     assert found, line
     assert all(v.startswith(f"{module.relative_to(copy)} imports neuron_exporter.{forbidden_folder}") for v in found)
+
+
+TESTS = ROOT / "tests"
+TEST_ROOMS = {"training", "node", "web", "reports", "config", "assets", "end_to_end"}
+
+
+def test_tests_live_in_rooms_and_share_helpers_only_through_tests_support():
+    for path in sorted(TESTS.rglob("test_*.py")):
+        relative = path.relative_to(TESTS)
+        if relative.parent != Path("."):
+            assert relative.parts[0] in TEST_ROOMS, f"{relative}: not in a room ({sorted(TEST_ROOMS)})"
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                imported = node.module.split(".")[-1]
+                assert not imported.startswith("test_") and imported != "conftest", (
+                    f"{relative} imports {node.module}: shared helpers belong in tests/support"
+                )

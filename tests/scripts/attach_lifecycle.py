@@ -1,6 +1,6 @@
 """attach()/detach() life cycle and failure handling in one real torch_xla process.
 
-Prints one JSON object of observations; tests/test_attach_lifecycle.py asserts on it.
+Prints one JSON object of observations; tests/training/test_attach_lifecycle.py asserts on it.
 Faults are injected into the exporter's own reader (never into torch_xla) to show that a failure inside the
 exporter is counted and logged while the loop goes on.
 """

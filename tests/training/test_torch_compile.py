@@ -5,7 +5,7 @@ torch_xla's openxla), and the same as torch's own records.
 Each case runs tests/scripts/compile_cases.py twice, each in its own process and side by side: attached (scraped
 over HTTP, /metrics and /diagnosis) and without attach(); torch compiles and breaks the same in both. These run
 wherever attach() does: the openxla cases need torch_xla, the others skip only where attach() fails without it.
-tests/test_torch_compile_records.py reads the same cases in process, with no torch_xla and no attach().
+tests/training/test_torch_compile_records.py reads the same cases in process, with no torch_xla and no attach().
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """``neuron-exporter assets`` from the checkout: every format, ``--config`` through the dashboards package's
-``build()``, and one-line errors that write nothing. tests/end_to_end/test_packaging.py runs it from an installed wheel."""
+``build()``, and one-line errors that write nothing. tests/end_to_end/test_packaging.py runs it from an installed
+wheel."""
 
 from __future__ import annotations
 

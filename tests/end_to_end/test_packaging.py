@@ -64,6 +64,7 @@ def venv(dist, tmp_path_factory) -> Path:
         "--no-deps",
         dist["wheel"],
         *pins,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},  # a checkout on the path is not the wheel
     )
     return venv
 

@@ -13,11 +13,11 @@ import threading
 import uuid
 
 import pytest
-from scripts.spool_writer import rank_exposition
 
 from neuron_exporter import diagnosis
 from neuron_exporter.node.spool import RankMeta, release_rank_lock, write_rank_file
 from neuron_exporter.training.attribution import Attribution
+from tests.scripts.spool_writer import rank_exposition
 from tests.support.daemon import Daemon
 from tests.support.diagnosis_documents import document, rank_document
 from tests.support.exposition import scrape

@@ -8,11 +8,11 @@ import time
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from scripts.spool_writer import rank_exposition
 
 from neuron_exporter.config import resolve_options
 from neuron_exporter.node.node_view import NodeView, merge_expositions
 from neuron_exporter.node.spool import RankMeta
+from tests.scripts.spool_writer import rank_exposition
 from tests.support.exposition import samples, value
 from tests.support.rank_files import rank_file
 from tests.support.spool_writer import Writer

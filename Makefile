@@ -47,9 +47,9 @@ demo: venv prometheus
 	$(PY) examples/demo.py
 
 # The tests, selected by marker (pyproject.toml lists them): `make test` runs all but the Trainer run, spread over
-# the cores (pytest-xdist; a module whose tests share processes stays on one worker); `make test-fast` leaves out
+# the cores (pytest-xdist, a module to a worker: its tests share runs and fixtures); `make test-fast` leaves out
 # the tests that train. Tests that build dashboards skip where the Grafana SDK is not installed (Python 3.10).
-PARALLEL ?= -n auto --dist loadgroup
+PARALLEL ?= -n auto --dist loadfile
 
 test: venv prometheus
 	$(PY) -m pytest -m 'not trainer' $(PARALLEL)

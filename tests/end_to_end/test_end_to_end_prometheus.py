@@ -26,8 +26,7 @@ from tests.support.paths import SCRIPTS
 from tests.support.processes import wait_until, xla_env
 from tests.support.prometheus import Prometheus, running_prometheus
 
-# Its tests share module-scoped runs: one worker runs them all.
-pytestmark = [pytest.mark.training, pytest.mark.prometheus, pytest.mark.xdist_group("end_to_end_prometheus")]
+pytestmark = [pytest.mark.training, pytest.mark.prometheus]
 
 JOB = "neuron-exporter"  # fallback_and_shapes.py
 TRAINER_JOB = "neuron-exporter-trainer"  # trainer_shaped.py

@@ -22,8 +22,7 @@ import yaml
 from neuron_exporter import __version__
 from tests.support.paths import ROOT
 
-# Its tests share module-scoped runs: one worker runs them all.
-pytestmark = [pytest.mark.packaging, pytest.mark.xdist_group("packaging")]
+pytestmark = pytest.mark.packaging
 
 PROMTOOL = "/usr/bin/promtool" if os.access("/usr/bin/promtool", os.X_OK) else "promtool"
 DEPENDENCIES = ("prometheus-client", "psutil", "pyyaml")  # what the wheel needs, at the versions installed here

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import forked
 from tests.support.paths import ROOT, SCRIPTS
 
 
@@ -60,9 +61,15 @@ class TrainingRun:
     its standard input to close: the test scrapes the live endpoint in between."""
 
     def __init__(self, script: str, *args: str, env: dict[str, str] | None = None):
+        env = env or xla_env()
+        if forked.forkable(env):  # the same run, without importing torch_xla again (tests/support/forked.py)
+            self.process: subprocess.Popen | forked.ForkedProcess = forked.ForkedProcess(
+                SCRIPTS / script, list(args), env
+            )
+            return
         self.process = subprocess.Popen(
             [sys.executable, str(SCRIPTS / script), *args],
-            env=env or xla_env(),
+            env=env,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

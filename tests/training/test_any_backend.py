@@ -14,8 +14,7 @@ from tests.support.exposition import samples, scrape, value
 from tests.support.paths import SCRIPTS
 from tests.support.processes import TrainingRun, wait_until
 
-# Its tests share module-scoped runs: one worker runs them all.
-pytestmark = [pytest.mark.training, pytest.mark.compile, pytest.mark.xdist_group("any_backend")]
+pytestmark = [pytest.mark.training, pytest.mark.compile]
 
 STEPS = 6
 CLI = [sys.executable, "-m", "neuron_exporter"]

@@ -9,8 +9,7 @@ import pytest
 from tests.support.paths import SCRIPTS
 from tests.support.processes import run_python
 
-# Its tests share module-scoped runs: one worker runs them all.
-pytestmark = [pytest.mark.training, pytest.mark.xdist_group("attach_lifecycle")]
+pytestmark = pytest.mark.training
 
 
 @pytest.fixture(scope="module")

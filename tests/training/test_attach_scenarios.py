@@ -11,8 +11,7 @@ import pytest
 from tests.support.exposition import samples, scrape, total, value
 from tests.support.processes import TrainingRun
 
-# The module's tests share scenario runs: one worker runs them all.
-pytestmark = [pytest.mark.training, pytest.mark.xdist_group("attach_scenarios")]
+pytestmark = pytest.mark.training
 
 STEPS = 6
 

@@ -16,8 +16,7 @@ from tests.support.paths import SCRIPTS
 from tests.support.processes import TrainingRun, marked_line
 
 pytest.importorskip("transformers")
-# Its tests share module-scoped runs: one worker runs them all.
-pytestmark = [pytest.mark.trainer, pytest.mark.xdist_group("hf_trainer")]
+pytestmark = pytest.mark.trainer
 
 STEPS = 12
 LOGGING_STEPS = 4

@@ -5,6 +5,8 @@ Each case runs tests/scripts/where.py in its own process with real torch_xla, an
 
 from __future__ import annotations
 
+import copy
+import functools
 import json
 
 import pytest
@@ -26,6 +28,12 @@ def line_of(site: str) -> str:
 
 def run(scenario: str, *args: str) -> tuple[str, dict]:
     """The scrape of one scenario and what its script printed, with its /diagnosis document under "diagnosis"."""
+    return copy.deepcopy(scenario_run(scenario, *args))
+
+
+@functools.cache
+def scenario_run(scenario: str, *args: str) -> tuple[str, dict]:
+    """Each scenario runs once per test session: several tests read the same run."""
     with TrainingRun("where.py", scenario, str(STEPS), *args) as process:
         result = process.result()
         exposition = scrape(result["url"]) if result["url"] else ""

@@ -24,8 +24,7 @@ from tests.support.exposition import scrape, series, total
 from tests.support.paths import ROOT, SCRIPTS
 from tests.support.processes import TrainingRun, marked_line, xla_env
 
-# Its tests share module-scoped runs: one worker runs them all.
-pytestmark = [pytest.mark.training, pytest.mark.compile, pytest.mark.xdist_group("torch_compile")]
+pytestmark = [pytest.mark.training, pytest.mark.compile]
 
 SCRIPT = SCRIPTS / "compile_cases.py"
 STEPS = 5

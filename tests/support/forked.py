@@ -92,10 +92,11 @@ class ForkedProcess:
         self._process = context().Process(
             target=_run_script, args=(str(script), args, env, paths["stdin"], paths["stdout"], paths["stderr"])
         )
+        self._stderr_path = paths["stderr"]
+        self._stderr_text: str | None = None
         self._process.start()
         self.pid = self._process.pid
         self.stdin = open(self._open_for_writing(paths["stdin"]), "w", encoding="utf-8")
-        self._stderr_path = paths["stderr"]
 
     def _open_for_writing(self, fifo: str) -> int:
         while True:
@@ -108,6 +109,8 @@ class ForkedProcess:
             time.sleep(0.01)
 
     def _read_stderr(self) -> str:
+        if self._stderr_text is not None:  # the script has ended and its files are gone
+            return self._stderr_text
         try:
             return Path(self._stderr_path).read_text(errors="replace")
         except OSError:
@@ -144,6 +147,9 @@ class ForkedProcess:
         return rest, self._read_stderr()
 
     def _close(self) -> None:
-        for stream in (self.stdin, self.stdout):
-            with contextlib.suppress(OSError):
-                stream.close()
+        if self._stderr_text is None:
+            self._stderr_text = self._read_stderr()
+            for stream in (self.stdin, self.stdout):
+                with contextlib.suppress(OSError):
+                    stream.close()
+            self._directory.cleanup()

@@ -60,9 +60,12 @@ class TrainingRun:
     """A training script in its own process that prints one JSON line when its loop is done, then waits for
     its standard input to close: the test scrapes the live endpoint in between."""
 
-    def __init__(self, script: str, *args: str, env: dict[str, str] | None = None):
+    def __init__(self, script: str, *args: str, env: dict[str, str] | None = None, fresh: bool = False):
+        """``fresh``: a new interpreter even where a forked one would do (what it imports is part of the test)."""
         env = env or xla_env()
-        if forked.forkable(env):  # the same run, without importing torch_xla again (tests/support/forked.py)
+        if not fresh and forked.forkable(
+            env
+        ):  # the same run, without importing torch_xla again (tests/support/forked.py)
             self.process: subprocess.Popen | forked.ForkedProcess = forked.ForkedProcess(
                 SCRIPTS / script, list(args), env
             )

@@ -22,7 +22,7 @@ CLI = [sys.executable, "-m", "neuron_exporter"]
 
 @pytest.fixture(scope="module")
 def compiled_run():
-    with TrainingRun("compiled_train.py", str(STEPS), "--attach") as run:
+    with TrainingRun("compiled_train.py", str(STEPS), "--attach", fresh=True) as run:
         result = run.result(timeout=600)
         exposition = scrape(result["url"])
         code, stderr = run.finish()

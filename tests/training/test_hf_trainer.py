@@ -27,7 +27,7 @@ LENGTHS = (16, 24, 32)  # the batch lengths of tests/scripts/hf_trainer.py with 
 
 
 def train(steps: int, logging_steps: int, padding: str = "fixed") -> tuple[str, dict]:
-    with TrainingRun("hf_trainer.py", str(steps), str(logging_steps), padding) as process:
+    with TrainingRun("hf_trainer.py", str(steps), str(logging_steps), padding, fresh=True) as process:
         result = process.result(timeout=900)
         exposition = scrape(result["url"])
         result["diagnosis"] = json.loads(scrape(result["url"].replace("/metrics", "/diagnosis?format=json")))

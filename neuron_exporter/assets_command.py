@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from . import __version__
-from .config_file import ConfigError
+from .config_file import ConfigError, dump_yaml
 
 PACKAGE = Path(__file__).resolve().parent
 FORMATS = ("plain", "prometheus-operator", "grafana-configmaps", "mixin")
@@ -231,16 +231,5 @@ def _yaml_load(text: str):
 
 
 def _yaml_dump(content: dict) -> str:
-    import yaml
-
-    class Dumper(yaml.SafeDumper):
-        """Multi-line strings (rule expressions, dashboard JSON) as literal blocks."""
-
-    Dumper.add_representer(
-        str,
-        lambda dumper, data: dumper.represent_scalar(
-            "tag:yaml.org,2002:str", data, style="|" if "\n" in data else None
-        ),
-    )
     header = f"# Written by `neuron-exporter assets` {__version__}; regenerate it rather than edit it.\n"
-    return header + yaml.dump(content, Dumper=Dumper, sort_keys=False, width=120, allow_unicode=True)
+    return header + dump_yaml(content)

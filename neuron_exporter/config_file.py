@@ -5,7 +5,7 @@ Every configuration the package reads goes through here: the exporter's options 
 a regular file (a FIFO would block the reader) of at most 1 MiB of UTF-8 text, holding one YAML document nested at
 most ``MAX_NESTING`` levels, without a key twice in a mapping. Anything else is a ``ConfigError``, whose message
 is one printable line: ``file:line: option: what is wrong``. ``printable`` and ``quoted`` escape untrusted text
-for such a message.
+for such a message; ``dump_yaml`` writes the YAML files the package generates.
 """
 
 from __future__ import annotations
@@ -173,3 +173,17 @@ class YamlFile:
         problem = printable(str(getattr(exc, "problem", None) or exc), SHOWN_CHARACTERS * 2)
         return ConfigError(f"invalid YAML: {problem}", self.path, None if mark is None else mark.line + 1)
 
+
+class _Dumper(yaml.SafeDumper):
+    """Multi-line strings (rule expressions, dashboard JSON) as literal blocks; everything else as PyYAML writes it."""
+
+
+_Dumper.add_representer(
+    str,
+    lambda dumper, data: dumper.represent_scalar("tag:yaml.org,2002:str", data, style="|" if "\n" in data else None),
+)
+
+
+def dump_yaml(content: Any) -> str:
+    """``content`` as YAML, keys in their order, for the files the package generates (rules, Kubernetes objects)."""
+    return yaml.dump(content, Dumper=_Dumper, sort_keys=False, width=120, allow_unicode=True)

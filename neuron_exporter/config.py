@@ -25,6 +25,14 @@ ENV_PREFIX = "NEURON_EXPORTER_"
 CONFIG_FILE_ENV = ENV_PREFIX + "CONFIG"
 AUTO_ENV = ENV_PREFIX + "AUTO"  # attach in every process that imports torch (see training/autostart.py)
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+# spool_mode -> (the directory's mode, its files' mode): files are never writable by anyone but their writer.
+SPOOL_MODES = {
+    "private": (0o700, 0o600),  # only this user (and root) reads: the default
+    "group": (0o750, 0o640),  # a daemon in the directory's group reads
+    "readable": (0o755, 0o644),  # every local user reads (a daemon running as another user), only this user writes
+    "group-shared": (0o1770, 0o640),  # the jobs of several users of one group write, like /tmp for a group
+    "shared": (0o1777, 0o644),  # every local user writes, like /tmp: trusts every local user
+}
 
 
 def _shown(value) -> str:
@@ -159,12 +167,9 @@ def _check_non_empty(value):
     return _check_no_nul(value)
 
 
-SPOOL_MODE_NAMES = ("private", "group", "readable", "group-shared", "shared")
-
-
 def _check_spool_mode(value):
-    if value not in SPOOL_MODE_NAMES:
-        return f"{_shown(value)} is not a spool mode ({', '.join(SPOOL_MODE_NAMES)})"
+    if value not in SPOOL_MODES:
+        return f"{_shown(value)} is not a spool mode ({', '.join(SPOOL_MODES)})"
 
 
 def user_ids(users: str | None) -> set[int]:

@@ -34,7 +34,7 @@ from pathlib import Path
 import psutil
 
 from .. import run_identity
-from ..config import user_ids
+from ..config import SPOOL_MODES, user_ids
 from .exposition_check import CheckedExposition, ExpositionError, recheck
 
 log = logging.getLogger(__name__)
@@ -53,14 +53,6 @@ MAX_HEADER_BYTES = 4096
 MAX_PID = 2**31 - 1
 MAX_TIME = 2.0**34  # unix seconds, year 2514: anything later is not a time this file could have been written
 STALE_TEMP_SECONDS = 60.0  # a write takes milliseconds; an older temporary file is a killed writer's
-# spool_mode -> (the directory's mode, its files' mode): files are never writable by anyone but their writer.
-SPOOL_MODES = {
-    "private": (0o700, 0o600),  # only this user (and root) reads: the default
-    "group": (0o750, 0o640),  # a daemon in the directory's group reads
-    "readable": (0o755, 0o644),  # every local user reads (a daemon running as another user), only this user writes
-    "group-shared": (0o1770, 0o640),  # the jobs of several users of one group write, like /tmp for a group
-    "shared": (0o1777, 0o644),  # every local user writes, like /tmp: trusts every local user
-}
 DEFAULT_SPOOL_MODE = "private"
 _OPEN_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 

@@ -35,6 +35,7 @@ import psutil
 
 from .. import run_identity
 from ..config import SPOOL_MODES, user_ids
+from ..diagnosis import rank_order
 from .exposition_check import CheckedExposition, ExpositionError, recheck
 
 log = logging.getLogger(__name__)
@@ -463,10 +464,6 @@ def read_rank_files(
         if report is not None:
             reports.append(report)
     return sorted(reports, key=lambda r: (r.meta.run_id, rank_order(r.meta.rank)))
-
-
-def rank_order(rank: str):
-    return (0, int(rank), "") if rank.isdigit() else (1, 0, rank)
 
 
 def writer_alive(report: RankReport, trusted: frozenset[int] | None = None) -> bool | None:

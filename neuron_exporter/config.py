@@ -24,6 +24,8 @@ from .config_file import SHOWN_CHARACTERS, ConfigError, YamlFile, printable, quo
 ENV_PREFIX = "NEURON_EXPORTER_"
 CONFIG_FILE_ENV = ENV_PREFIX + "CONFIG"
 AUTO_ENV = ENV_PREFIX + "AUTO"  # attach in every process that imports torch (see training/autostart.py)
+# A path, not an import: its sitecustomize attaches a process that imports torch when NEURON_EXPORTER_AUTO is set.
+AUTOSTART_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "training", "autostart_path")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 # spool_mode -> (the directory's mode, its files' mode): files are never writable by anyone but their writer.
 SPOOL_MODES = {
@@ -230,6 +232,22 @@ def auto_enabled(env: Mapping[str, str]) -> bool:
     boolean, is off: it is read in every Python process, where it cannot stop with an error). The ``.pth`` file and
     ``training/autostart_path/sitecustomize.py`` read it the same way, without importing this module."""
     return env.get(AUTO_ENV, "").strip().lower() in _TRUE
+
+
+def child_environment(values: Mapping, run_id: str, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """``environ`` for child processes that attach themselves when they import torch, with the options ``values``
+    (those that are None are not given), ``NEURON_EXPORTER_AUTO``, the run they are of, and the autostart
+    directory first on ``PYTHONPATH`` (once)."""
+    env = dict(environ)
+    for key, value in values.items():
+        if value is not None:
+            env[ENV_PREFIX + key.upper()] = str(value).lower() if isinstance(value, bool) else str(value)
+    env[AUTO_ENV] = "1"
+    env[ENV_PREFIX + "RUN_ID"] = run_id
+    path = env.get("PYTHONPATH", "")
+    if AUTOSTART_DIR not in path.split(os.pathsep):
+        env["PYTHONPATH"] = AUTOSTART_DIR + (os.pathsep + path if path else "")
+    return env
 
 
 def _convert(key: str, value, from_text: bool):

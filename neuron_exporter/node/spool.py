@@ -538,16 +538,3 @@ def remove_stale_temp_files(spool_dir, now: float | None = None) -> None:
                 os.unlink(entry.path)
     except OSError:
         pass
-
-
-def remove_expired(spool_dir, expire_after_seconds: float, now: float | None = None) -> list[RankReport]:
-    """Delete the files of ranks whose process is gone and whose last report is older than the expiry,
-    and temporary files left by writers killed mid-write. Returns the removed reports."""
-    now = time.time() if now is None else now
-    removed = []
-    for report in read_rank_files(spool_dir):
-        if is_expired(report, expire_after_seconds, now) and writer_alive(report) is False:
-            remove_rank_files(report)
-            removed.append(report)
-    remove_stale_temp_files(spool_dir, now)
-    return removed

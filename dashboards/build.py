@@ -18,8 +18,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
+
+from neuron_exporter.config_file import dump_yaml
 
 from . import fragmentation, torch_compile, training_overview
 from .config import DEFAULTS, Config, ConfigError, config_from, load_config
@@ -45,19 +46,8 @@ def dashboard_json(name: str, config: Config = DEFAULTS) -> str:
     return JSONEncoder(sort_keys=True, indent=2).encode(DASHBOARDS[name](config)) + "\n"
 
 
-class _RulesDumper(yaml.SafeDumper):
-    """Multi-line strings (long expressions) as literal blocks; everything else as PyYAML writes it."""
-
-
-def _str(dumper, data: str):
-    return dumper.represent_scalar("tag:yaml.org,2002:str", data, style="|" if "\n" in data else None)
-
-
-_RulesDumper.add_representer(str, _str)
-
-
 def rules_yaml(content: dict) -> str:
-    return RULES_HEADER + yaml.dump(content, Dumper=_RulesDumper, sort_keys=False, width=120, allow_unicode=True)
+    return RULES_HEADER + dump_yaml(content)
 
 
 def write_all(

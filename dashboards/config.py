@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
+from neuron_exporter.config_file import ConfigError, YamlFile
 
 REPO_URL = "https://github.com/neuron-exporter/neuron-exporter"
 RUNBOOK_PATH = "deploy/prometheus/runbook.md"
@@ -174,10 +174,6 @@ DEFAULTS = Config()
 FIELDS = tuple(field.name for field in dataclasses.fields(Config))
 
 
-class ConfigError(ValueError):
-    """A configuration that cannot be used; the message is one line naming the key (and the file and line)."""
-
-
 def config_from(overrides: Mapping[str, Any] | Config | None = None) -> Config:
     """The defaults with ``overrides`` (a mapping of the keys of ``Config``) applied."""
     if overrides is None:
@@ -197,24 +193,16 @@ def config_from(overrides: Mapping[str, Any] | Config | None = None) -> Config:
 
 def load_config(path: Path) -> Config:
     """Defaults overridden by the YAML mapping in ``path``."""
-    try:
-        root = yaml.compose(path.read_text())
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
-        raise ConfigError(f"{path}: cannot read the configuration: {' '.join(str(error).split())}") from None
-    if root is None:
-        return DEFAULTS
-    if not isinstance(root, yaml.MappingNode):
-        raise ConfigError(f"{path}:{root.start_mark.line + 1}: expected a mapping of configuration keys to values")
+    document = YamlFile(path, "configuration")
+    entries = document.mapping(document.root, "expected a mapping of configuration keys to values")
     overrides = {}
-    for key_node, value_node in root.value:
-        where = f"{path}:{key_node.start_mark.line + 1}"
-        key = key_node.value
+    for key, (key_node, value_node) in entries.items():
         if key not in FIELDS:
-            raise ConfigError(f"{where}: unknown configuration key {key!r} (known: {', '.join(FIELDS)})")
-        value = yaml.safe_load(yaml.serialize(value_node))
+            raise document.error(f"unknown configuration key {key!r} (known: {', '.join(FIELDS)})", key_node)
+        value = document.value(value_node, key)
         try:
             dataclasses.replace(DEFAULTS, **{key: value})
         except ValueError as error:
-            raise ConfigError(f"{where}: {error}") from None
+            raise document.error(str(error), key_node) from None
         overrides[key] = value
     return config_from(overrides)

@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from . import __version__
+from .config_file import ConfigError, dump_yaml
 
 PACKAGE = Path(__file__).resolve().parent
 FORMATS = ("plain", "prometheus-operator", "grafana-configmaps", "mixin")
@@ -120,24 +121,17 @@ def shipped_files() -> dict[str, str]:
     return {name: path.read_text(encoding="utf-8") for name, path in paths.items()}
 
 
-def load_config(path: Path) -> Mapping:
-    """The mapping in a YAML file; what its keys may be is the generator's business."""
-    import yaml
+def load_config(path: Path):
+    """The mixin configuration in a YAML file, checked by the generator's own reader (which needs no extra)."""
+    from .dashboards import config
 
     try:
-        config = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as error:
-        raise AssetsError(f"{path}: cannot read the configuration: {error.strerror or error}") from None
-    except (UnicodeDecodeError, yaml.YAMLError) as error:
-        raise AssetsError(f"{path}: not a YAML file: {' '.join(str(error).split())}") from None
-    if config is None:
-        return {}
-    if not isinstance(config, dict):
-        raise AssetsError(f"{path}: expected a mapping of configuration keys to values, got {type(config).__name__}")
-    return config
+        return config.load_config(path)
+    except ConfigError as error:
+        raise AssetsError(str(error)) from None
 
 
-def generated_files(config: Mapping) -> dict[str, str]:
+def generated_files(config) -> dict[str, str]:
     """The dashboards and rule files built with ``config``, by their paths in the plain layout."""
     try:
         from .dashboards import build
@@ -156,11 +150,7 @@ def render(format_: str, config_path: Path | None = None) -> dict[str, str]:
     """The files of ``format_`` (one of FORMATS) by their paths relative to the output directory."""
     files = shipped_files()
     if config_path is not None:
-        config = load_config(config_path)
-        try:
-            generated = generated_files(config)
-        except ValueError as error:  # the generator's one-line errors about keys and values
-            raise AssetsError(f"{config_path}: {error}") from None
+        generated = generated_files(load_config(config_path))
         files = {
             name: text for name, text in files.items() if not name.startswith((f"{DASHBOARDS_DIR}/", f"{RULES_DIR}/"))
         }
@@ -241,16 +231,5 @@ def _yaml_load(text: str):
 
 
 def _yaml_dump(content: dict) -> str:
-    import yaml
-
-    class Dumper(yaml.SafeDumper):
-        """Multi-line strings (rule expressions, dashboard JSON) as literal blocks."""
-
-    Dumper.add_representer(
-        str,
-        lambda dumper, data: dumper.represent_scalar(
-            "tag:yaml.org,2002:str", data, style="|" if "\n" in data else None
-        ),
-    )
     header = f"# Written by `neuron-exporter assets` {__version__}; regenerate it rather than edit it.\n"
-    return header + yaml.dump(content, Dumper=Dumper, sort_keys=False, width=120, allow_unicode=True)
+    return header + dump_yaml(content)

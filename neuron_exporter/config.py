@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 import os
 import pwd
-import stat
 import tempfile
 import typing
 from collections.abc import Callable, Mapping
@@ -20,27 +19,22 @@ from pathlib import Path
 
 import yaml
 
+from .config_file import SHOWN_CHARACTERS, ConfigError, YamlFile, printable, quoted
+
 ENV_PREFIX = "NEURON_EXPORTER_"
 CONFIG_FILE_ENV = ENV_PREFIX + "CONFIG"
 AUTO_ENV = ENV_PREFIX + "AUTO"  # attach in every process that imports torch (see training/autostart.py)
+# A path, not an import: its sitecustomize attaches a process that imports torch when NEURON_EXPORTER_AUTO is set.
+AUTOSTART_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "training", "autostart_path")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
-MAX_CONFIG_BYTES = 1024 * 1024  # a config is a dozen lines; a larger file is the wrong file
-SHOWN_CHARACTERS = 80  # of a value quoted in an error
-
-
-class ConfigError(ValueError):
-    """A configuration mistake; ``str()`` is one line saying what is wrong and where."""
-
-
-def _printable(text: str, limit: int | None = None) -> str:
-    """``text`` with non-printable characters and backslashes escaped, cut to ``limit`` characters with ``...``."""
-    shown = ""
-    for character in text:
-        piece = character if character.isprintable() and character != "\\" else repr(character)[1:-1]
-        if limit is not None and len(shown) + len(piece) > limit:
-            return shown + "..."
-        shown += piece
-    return shown
+# spool_mode -> (the directory's mode, its files' mode): files are never writable by anyone but their writer.
+SPOOL_MODES = {
+    "private": (0o700, 0o600),  # only this user (and root) reads: the default
+    "group": (0o750, 0o640),  # a daemon in the directory's group reads
+    "readable": (0o755, 0o644),  # every local user reads (a daemon running as another user), only this user writes
+    "group-shared": (0o1770, 0o640),  # the jobs of several users of one group write, like /tmp for a group
+    "shared": (0o1777, 0o644),  # every local user writes, like /tmp: trusts every local user
+}
 
 
 def _shown(value) -> str:
@@ -48,10 +42,10 @@ def _shown(value) -> str:
     if value is None:
         return "null"
     if isinstance(value, str):
-        return f'"{_printable(value, SHOWN_CHARACTERS)}"'
+        return quoted(value)
     if isinstance(value, int) and abs(value) >= 10**SHOWN_CHARACTERS:  # str() refuses more than 4300 digits
         return f"an integer of more than {SHOWN_CHARACTERS} digits"
-    return _printable(str(value), SHOWN_CHARACTERS)
+    return printable(str(value), SHOWN_CHARACTERS)
 
 
 def default_spool_dir() -> str:
@@ -175,12 +169,9 @@ def _check_non_empty(value):
     return _check_no_nul(value)
 
 
-SPOOL_MODE_NAMES = ("private", "group", "readable", "group-shared", "shared")
-
-
 def _check_spool_mode(value):
-    if value not in SPOOL_MODE_NAMES:
-        return f"{_shown(value)} is not a spool mode ({', '.join(SPOOL_MODE_NAMES)})"
+    if value not in SPOOL_MODES:
+        return f"{_shown(value)} is not a spool mode ({', '.join(SPOOL_MODES)})"
 
 
 def user_ids(users: str | None) -> set[int]:
@@ -243,6 +234,22 @@ def auto_enabled(env: Mapping[str, str]) -> bool:
     return env.get(AUTO_ENV, "").strip().lower() in _TRUE
 
 
+def child_environment(values: Mapping, run_id: str, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """``environ`` for child processes that attach themselves when they import torch, with the options ``values``
+    (those that are None are not given), ``NEURON_EXPORTER_AUTO``, the run they are of, and the autostart
+    directory first on ``PYTHONPATH`` (once)."""
+    env = dict(environ)
+    for key, value in values.items():
+        if value is not None:
+            env[ENV_PREFIX + key.upper()] = str(value).lower() if isinstance(value, bool) else str(value)
+    env[AUTO_ENV] = "1"
+    env[ENV_PREFIX + "RUN_ID"] = run_id
+    path = env.get("PYTHONPATH", "")
+    if AUTOSTART_DIR not in path.split(os.pathsep):
+        env["PYTHONPATH"] = AUTOSTART_DIR + (os.pathsep + path if path else "")
+    return env
+
+
 def _convert(key: str, value, from_text: bool):
     """``value`` as the option's type, or raise ValueError with the reason (without the option's name)."""
     kind = _TYPES[key]
@@ -301,89 +308,21 @@ def _known() -> str:
     return ", ".join(OPTION_NAMES)
 
 
-def _config_text(path, path_text: str) -> str:
-    """The text of a config file: a regular file of at most MAX_CONFIG_BYTES, in UTF-8."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # opening a FIFO must not wait for a writer
-    except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
-        raise ConfigError(f"{path_text}: cannot read config file: {getattr(exc, 'strerror', None) or exc}") from None
-    try:
-        mode = os.fstat(fd).st_mode
-        if stat.S_ISDIR(mode):
-            raise ConfigError(f"{path_text}: cannot read config file: it is a directory")
-        if not stat.S_ISREG(mode):
-            raise ConfigError(f"{path_text}: cannot read config file: not a regular file (a FIFO, device or socket)")
-        with os.fdopen(fd, "rb", closefd=False) as file:
-            data = file.read(MAX_CONFIG_BYTES + 1)
-    except OSError as exc:
-        raise ConfigError(f"{path_text}: cannot read config file: {exc.strerror or exc}") from None
-    finally:
-        os.close(fd)
-    if len(data) > MAX_CONFIG_BYTES:
-        raise ConfigError(f"{path_text}: larger than 1 MiB, too large for a config file")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = data.count(b"\n", 0, exc.start) + 1
-        raise ConfigError(f"{path_text}:{line}: not UTF-8 text (byte {exc.start}); a config file is UTF-8") from None
-
-
 def _from_file(path) -> dict:
-    path_text = _printable(os.fsdecode(path))
-    text = _config_text(path, path_text)
-    try:
-        loader = yaml.SafeLoader(text)  # refuses control characters here, before reading anything
-    except yaml.reader.ReaderError as exc:
-        line = text.count("\n", 0, exc.position) + 1
-        raise ConfigError(
-            f"{path_text}:{line}: invalid YAML: the character {_shown(chr(exc.character))} is not allowed"
-        ) from None
-    try:
-        return _options_in(loader, path_text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{path_text}:{mark.line + 1}" if mark else path_text
-        problem = _printable(str(getattr(exc, "problem", None) or exc), SHOWN_CHARACTERS * 2)
-        raise ConfigError(f"{where}: invalid YAML: {problem}") from None
-    except RecursionError:
-        raise ConfigError(f"{path_text}: invalid YAML: nested too deeply") from None
-    finally:
-        loader.dispose()
-
-
-def _options_in(loader: yaml.SafeLoader, path_text: str) -> dict:
-    """The options of the one YAML document of ``loader``, converted and checked."""
-    root = loader.get_single_node()
-    if root is None:
-        return {}
-    if not isinstance(root, yaml.MappingNode):
-        raise ConfigError(
-            f"{path_text}:{root.start_mark.line + 1}: the config file must be a mapping "
-            f"of option names to values (known: {_known()})"
-        )
+    """The options of a config file, converted and checked."""
+    document = YamlFile(path, "config file")
+    expected = f"the config file must be a mapping of option names to values (known: {_known()})"
     values = {}
-    seen: dict[str, int] = {}
-    for key_node, value_node in root.value:
-        line = key_node.start_mark.line + 1
-        key = key_node.value if isinstance(key_node, yaml.ScalarNode) else None
+    for key, (key_node, value_node) in document.mapping(document.root, expected).items():
         if key not in OPTION_NAMES:
-            raise ConfigError(f"{path_text}:{line}: unknown key {_shown(key)} (known: {_known()})")
-        if key in seen:
-            raise ConfigError(f'{path_text}:{line}: duplicate key "{key}" (first on line {seen[key]})')
-        seen[key] = line
-        line = value_node.start_mark.line + 1
+            raise document.error(f"unknown key {_shown(key)} (known: {_known()})", key_node)
         if not isinstance(value_node, yaml.ScalarNode):
-            raise ConfigError(f"{path_text}:{line}: {key}: expected a single value")
-        try:
-            raw = loader.construct_object(value_node, deep=True)
-        except (ValueError, OverflowError) as exc:  # a tagged value such as !!int 1x, or an integer of 5000 digits
-            raise ConfigError(
-                f"{path_text}:{line}: {key}: cannot read the value: {_printable(str(exc), SHOWN_CHARACTERS * 2)}"
-            ) from None
+            raise document.error("expected a single value", value_node, key)
+        raw = document.value(value_node, key)
         try:
             values[key] = _convert(key, raw, from_text=False)
         except ValueError as exc:
-            raise ConfigError(f"{path_text}:{line}: {key}: {exc}") from None
+            raise document.error(str(exc), value_node, key) from None
     return values
 
 
@@ -400,11 +339,11 @@ def _from_env(env: Mapping[str, str]) -> dict:
 def _checked(key: str, value, name: str):
     """``value`` converted for option ``key``; errors name the option as the user gave it (``name``)."""
     if key not in OPTION_NAMES:
-        raise ConfigError(f"{name}: unknown option (known: {_known()})")
+        raise ConfigError(f"unknown option (known: {_known()})", option=name)
     try:
         return _convert(key, value, from_text=True)
     except ValueError as exc:
-        raise ConfigError(f"{name}: {exc}") from None
+        raise ConfigError(str(exc), option=name) from None
 
 
 def resolve_options(

@@ -197,10 +197,11 @@ def _text(value, clip: bool) -> str:
 
 def merge(documents: list[dict]) -> dict:
     ranks = [rank for document in documents for rank in document.get("ranks", [])]
-    return {"format": FORMAT, "ranks": sorted(ranks, key=lambda r: _rank_order(str(r.get("rank"))))}
+    return {"format": FORMAT, "ranks": sorted(ranks, key=lambda r: rank_order(str(r.get("rank"))))}
 
 
-def _rank_order(rank: str):
+def rank_order(rank: str):
+    """The order of ranks: numbers by value, before any other label in text order."""
     return (0, int(rank), "") if rank.isdigit() else (1, 0, rank)
 
 
@@ -365,7 +366,7 @@ def findings(document: dict) -> list[tuple[float | None, str, list[str]]]:
         if kind.startswith("compile_"):
             result.append(_compile_finding(kind, where, entry))
             continue
-        names = sorted(entry["ranks"], key=_rank_order)
+        names = sorted(entry["ranks"], key=rank_order)
         ranks = f"rank{'s' if len(names) != 1 else ''} {', '.join(names[:8])}{', ...' if len(names) > 8 else ''}"
         count = int(entry["count"])
         if kind == "recompile":
@@ -472,7 +473,7 @@ COMPILE_RECOMPILE_DEFAULT = (
 
 
 def _compile_finding(kind: str, where: str, entry: dict) -> tuple[float, float | None, str, list[str]]:
-    names = sorted(entry["ranks"], key=_rank_order)
+    names = sorted(entry["ranks"], key=rank_order)
     ranks = f"rank{'s' if len(names) != 1 else ''} {', '.join(names[:8])}{', ...' if len(names) > 8 else ''}"
     count = int(entry["count"])
     function = f"{entry.get('function')}()" if entry.get("function") else "the function"

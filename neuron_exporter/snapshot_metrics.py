@@ -20,6 +20,7 @@ LOWERED_OP_PREFIX = "xla::"  # torch_xla's counter of each operator it lowers
 OTHER = "other"
 DEFAULT_MAX_OP_SERIES = 100
 
+EXECUTE_METRICS = ("ExecuteTime", "ExecuteReplicatedTime")  # a graph run: on one device, or replicated
 # (metric family, HELP, torch_xla metric names whose sample counts / accumulators are summed)
 TIMED_SIGNALS = (
     (
@@ -27,7 +28,7 @@ TIMED_SIGNALS = (
         "xla_execute_seconds",
         "Graph executions (ExecuteTime samples)",
         "Device time spent executing graphs (ExecuteTime)",
-        ("ExecuteTime", "ExecuteReplicatedTime"),
+        EXECUTE_METRICS,
     ),
     (
         "xla_device_to_host_transfers",

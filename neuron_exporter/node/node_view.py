@@ -34,7 +34,6 @@ from .spool import (
     check_spool_dir,
     file_trust,
     is_expired,
-    rank_order,
     read_diagnosis,
     remove_rank_files,
     remove_stale_temp_files,
@@ -184,7 +183,7 @@ class NodeView:
             statuses.append(self._status(report.meta, report.exposition, alive, report.mtime, now, report.path))
         if own_meta is not None:
             statuses.append(self._status(own_meta, own_exposition, alive=True, written=now, now=now))
-        return sorted(statuses, key=lambda s: (s.meta.run_id, rank_order(s.meta.rank)))
+        return sorted(statuses, key=lambda s: (s.meta.run_id, diagnosis.rank_order(s.meta.rank)))
 
     def _spool_reports(self, now: float) -> list[RankReport]:
         directory = self.options.spool_dir

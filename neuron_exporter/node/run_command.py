@@ -19,16 +19,13 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 from .. import run_identity
-from ..config import AUTO_ENV, ENV_PREFIX, Options
+from ..config import child_environment
 from .node_view import NodeView
 from .serve_command import add_options, load_options, node_server, prepare_spool_dir
 
 log = logging.getLogger("neuron_exporter")
-# A path, not an import: the training process's code is loaded by the command's own interpreters.
-AUTOSTART_DIR = Path(__file__).resolve().parents[1] / "training" / "autostart_path"
 # Signals not passed on: its own children's, the terminal's job control (the command's group has the terminal), and
 # faults, which a Python handler cannot survive (the faulting instruction would run again and again).
 NOT_FORWARDED = {
@@ -72,20 +69,6 @@ def register(subparsers) -> None:
     parser.set_defaults(run=run)
 
 
-def child_environment(options: Options, environ=os.environ) -> dict[str, str]:
-    env = dict(environ)
-    for key in RANK_OPTIONS:
-        value = getattr(options, key)
-        if value is not None:
-            env[ENV_PREFIX + key.upper()] = str(value)
-    env[AUTO_ENV] = "1"
-    # Every process of the command is of one run, whatever launches it: this process's, unless one is given.
-    env.setdefault(run_identity.RUN_ID_ENV, run_identity.run_id(environ))
-    path = env.get("PYTHONPATH", "")
-    env["PYTHONPATH"] = str(AUTOSTART_DIR) + (os.pathsep + path if path else "")
-    return env
-
-
 def run(args: argparse.Namespace) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
@@ -119,7 +102,10 @@ def run(args: argparse.Namespace) -> int:
             error.strerror or error,
         )
     try:
-        return Supervisor(command, child_environment(options), grace).run()
+        values = {key: getattr(options, key) for key in RANK_OPTIONS}
+        # Every process of the command is of one run, whatever launches it: this process's, unless one is given.
+        env = child_environment(values, options.run_id or run_identity.run_id())
+        return Supervisor(command, env, grace).run()
     except OSError as error:
         print(f"neuron-exporter run: cannot run {command[0]}: {error.strerror or error}", file=sys.stderr)
         return 127

@@ -34,7 +34,8 @@ from pathlib import Path
 import psutil
 
 from .. import run_identity
-from ..config import user_ids
+from ..config import SPOOL_MODES, user_ids
+from ..diagnosis import rank_order
 from .exposition_check import CheckedExposition, ExpositionError, recheck
 
 log = logging.getLogger(__name__)
@@ -53,14 +54,6 @@ MAX_HEADER_BYTES = 4096
 MAX_PID = 2**31 - 1
 MAX_TIME = 2.0**34  # unix seconds, year 2514: anything later is not a time this file could have been written
 STALE_TEMP_SECONDS = 60.0  # a write takes milliseconds; an older temporary file is a killed writer's
-# spool_mode -> (the directory's mode, its files' mode): files are never writable by anyone but their writer.
-SPOOL_MODES = {
-    "private": (0o700, 0o600),  # only this user (and root) reads: the default
-    "group": (0o750, 0o640),  # a daemon in the directory's group reads
-    "readable": (0o755, 0o644),  # every local user reads (a daemon running as another user), only this user writes
-    "group-shared": (0o1770, 0o640),  # the jobs of several users of one group write, like /tmp for a group
-    "shared": (0o1777, 0o644),  # every local user writes, like /tmp: trusts every local user
-}
 DEFAULT_SPOOL_MODE = "private"
 _OPEN_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
@@ -473,10 +466,6 @@ def read_rank_files(
     return sorted(reports, key=lambda r: (r.meta.run_id, rank_order(r.meta.rank)))
 
 
-def rank_order(rank: str):
-    return (0, int(rank), "") if rank.isdigit() else (1, 0, rank)
-
-
 def writer_alive(report: RankReport, trusted: frozenset[int] | None = None) -> bool | None:
     """Whether the process that wrote ``report`` still runs: True, False, or None if it cannot be told. A lock file
     owned by none of ``trusted`` proves nothing: the process is looked up instead."""
@@ -549,16 +538,3 @@ def remove_stale_temp_files(spool_dir, now: float | None = None) -> None:
                 os.unlink(entry.path)
     except OSError:
         pass
-
-
-def remove_expired(spool_dir, expire_after_seconds: float, now: float | None = None) -> list[RankReport]:
-    """Delete the files of ranks whose process is gone and whose last report is older than the expiry,
-    and temporary files left by writers killed mid-write. Returns the removed reports."""
-    now = time.time() if now is None else now
-    removed = []
-    for report in read_rank_files(spool_dir):
-        if is_expired(report, expire_after_seconds, now) and writer_alive(report) is False:
-            remove_rank_files(report)
-            removed.append(report)
-    remove_stale_temp_files(spool_dir, now)
-    return removed

@@ -22,7 +22,8 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from .spool import DATA_SUFFIX, PREFIX, RankReport, RejectedFile, file_identity, file_stem, rank_order, read_rank_file
+from ..diagnosis import rank_order
+from .spool import DATA_SUFFIX, PREFIX, RankReport, RejectedFile, file_identity, file_stem, read_rank_file
 
 DEFAULT_MAX_FILES = 1024
 DEFAULT_MAX_TOTAL_BYTES = 64 * 1024 * 1024

@@ -19,7 +19,7 @@ import textwrap
 from dataclasses import dataclass, field
 
 from ..snapshot import Snapshot
-from ..snapshot_metrics import HOST_SCALAR_READ_OP, is_cpu_fallback_op
+from ..snapshot_metrics import EXECUTE_METRICS, HOST_SCALAR_READ_OP, is_cpu_fallback_op
 
 WIDTH = 100
 HOST_READS_PER_STEP = 0.5  # torch_xla's own analyzer (PT_XLA_DEBUG) warns above this too
@@ -29,7 +29,6 @@ LATE_COMPILES_PER_STEP = 0.1
 
 # Older (XRT) reports name the device-to-host copy differently.
 HOST_READ_METRICS = ("TransferFromDeviceTime", "TransferFromServerTime")
-EXECUTE_METRICS = ("ExecuteTime", "ExecuteReplicatedTime")
 # What met.short_metrics_report() holds by default, besides every aten:: counter.
 SHORT_REPORT_COUNTERS = frozenset({"CachedCompile", "MarkStep", "DynamoSyncInputExecuteTime"})
 

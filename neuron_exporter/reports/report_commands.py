@@ -11,10 +11,11 @@ import sys
 
 from prometheus_client import CollectorRegistry, generate_latest
 
+from ..config_file import printable
 from ..snapshot import Snapshot
 from ..snapshot_metrics import snapshot_families
 from .explain import SyncHistory, explain
-from .report_parser import ReportParseError, parse_report_stream, printable
+from .report_parser import ReportParseError, parse_report_stream
 
 # A full metrics_report() is about 5 KB, so 64 MiB holds an XLA_METRICS_FILE dump of some 10,000 steps. Reading
 # stops there, so an endless input (a pipe that never ends, /dev/zero as standard input) ends in an error.

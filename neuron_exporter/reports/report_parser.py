@@ -32,6 +32,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from ..config_file import printable, quoted
 from ..snapshot import BYTES, NUMBER, SECONDS, MetricValue, Snapshot
 
 STREAM_HEADER = re.compile(r"\[MetricsData; step=(\d{1,19})\]", re.ASCII)
@@ -56,7 +57,6 @@ NUMBER_TEXT = re.compile(r"-?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|-?nan|-?in
 INTEGER = re.compile(r"-?\d+", re.ASCII)
 LARGEST_COUNT = 2**64 - 1  # torch_xla's counters and sample counts are 64-bit integers
 LARGEST_VALUE = 2.0**64
-SHOWN_CHARACTERS = 80  # of a line or value quoted in an error
 PER_SECOND = re.compile(r"(\S+) / second")
 
 TOTAL_SAMPLES_FORM = '"  TotalSamples: <int>"'
@@ -64,22 +64,6 @@ ACCUMULATOR_FORM = '"  Accumulator: <value>"'
 PERCENTILES_FORM = '"  Percentiles: <p>%=<value>; ..."'
 VALUE_FORM = '"  Value: <int>"'
 BLOCK_FORM = '"Metric: <name>" or "Counter: <name>"'
-
-
-def printable(text: str) -> str:
-    """``text`` with every non-printable character (newline, terminal escape, ...) and backslash escaped."""
-    return "".join(c if c.isprintable() and c != "\\" else repr(c)[1:-1] for c in text)
-
-
-def quoted(text: str, limit: int = SHOWN_CHARACTERS) -> str:
-    """``text`` in double quotes for an error message: escaped, and cut to ``limit`` characters with ``...``."""
-    shown = ""
-    for character in text:
-        piece = printable(character)
-        if len(shown) + len(piece) > limit:
-            return f'"{shown}..."'
-        shown += piece
-    return f'"{shown}"'
 
 
 class ReportParseError(ValueError):

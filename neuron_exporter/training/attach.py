@@ -40,7 +40,7 @@ import psutil
 from prometheus_client import CollectorRegistry, generate_latest
 
 from .. import diagnosis
-from ..config import AUTO_ENV, ENV_PREFIX, Options, auto_enabled, resolve_options
+from ..config import AUTOSTART_DIR, Options, auto_enabled, child_environment, resolve_options
 from ..node.job_link import DIAGNOSIS, METRICS
 from ..node.spool import write_rank_file
 from ..web.http_server import MetricsServer
@@ -58,8 +58,6 @@ from .training_steps import TrainingSteps
 
 if TYPE_CHECKING:
     from .xla_source import XlaSource
-
-AUTOSTART_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "autostart_path")
 
 log = logging.getLogger("neuron_exporter")
 ENDPOINT_SHORT_LIFE_SECONDS, ENDPOINT_MAX_FAILURES = 10.0, 3
@@ -400,16 +398,10 @@ def _detach_at_the_end_of_multiprocessing_children(handle: ExporterHandle) -> No
 
 def _attach_children(overrides: dict) -> None:
     """Child processes started afresh (spawn, torchrun, subprocess) attach themselves when they import torch,
-    with the same options: they inherit these variables."""
+    with the same options: they inherit these variables, and the run's id (children are of this run)."""
     global _children_attached
     _children_attached = True
-    for key, value in overrides.items():
-        os.environ[ENV_PREFIX + key.upper()] = str(value).lower() if isinstance(value, bool) else str(value)
-    os.environ[AUTO_ENV] = "1"
-    os.environ[ENV_PREFIX + "RUN_ID"] = rank_labels()["run_id"]  # children are of this run
-    path = os.environ.get("PYTHONPATH", "")
-    if AUTOSTART_DIR not in path.split(os.pathsep):
-        os.environ["PYTHONPATH"] = AUTOSTART_DIR + (os.pathsep + path if path else "")
+    os.environ.update(child_environment(overrides, rank_labels()["run_id"]))
 
 
 def _watch_for_a_crash() -> None:

@@ -26,7 +26,9 @@ from pathlib import Path
 
 import yaml
 
-from ..config import ConfigError
+from ..config_file import ConfigError, YamlFile
+from ..config_file import line_of as _line
+from ..config_file import quoted as _quote
 
 log = logging.getLogger(__name__)
 
@@ -50,15 +52,10 @@ BCRYPT_COSTS = range(4, 32)
 # Salt and digest of a bcrypt hash of nothing anyone knows. With the configured users' cost in front it is the hash
 # checked for a user that does not exist, so a wrong user costs exactly what a wrong password costs.
 _UNKNOWN_USER_HASH_TAIL = "16QYdcPcUMFPPHwyP9P9Puf.7eFoirYwXqZXCO189zYWOde0ido.K"
-MAX_FILE_BYTES = 1 << 20
-MAX_NESTING = 50  # the format needs 3 levels; PyYAML's composer recurses once per level
 RELOAD_CHECK_SECONDS = 1.0
 
 
-class WebConfigError(ConfigError):
-    def __init__(self, message: str):
-        # One printable line, whatever the file held (keys and values are quoted into messages).
-        super().__init__("".join(c if c.isprintable() else repr(c)[1:-1] for c in message))
+WebConfigError = ConfigError
 
 
 @dataclass
@@ -85,47 +82,19 @@ def load_web_config(path) -> WebConfig:
     Raises ``WebConfigError`` (one line) and nothing else for anything wrong with the file or the files it names."""
     path = Path(path)
     config = WebConfig(path=path)
-    try:
-        root = _compose(path, _read_text(path, config))
-        if root is None:
-            return config
-        top = _mapping(path, root, "web config")
-        for key, (key_node, _value_node) in top.items():
-            if key not in TOP_KEYS:
-                raise WebConfigError(
-                    f"{path}:{_line(key_node)}: unsupported key {_quote(key)} (supported: {', '.join(TOP_KEYS)})"
-                )
-        if "tls_server_config" in top:
-            config.ssl_context = _tls_context(path, config, *top["tls_server_config"])
-        if "basic_auth_users" in top:
-            config.users = _users(path, top["basic_auth_users"][1])
-    except RecursionError:
-        raise WebConfigError(f"{path}: nested too deeply") from None
+    config.file_stamps[str(path)] = _stamp(path)  # before reading: a change after it is noticed
+    document = YamlFile(path, "web config")
+    top = document.mapping(document.root, "the web config must be a mapping of keys to values")
+    for key, (key_node, _value_node) in top.items():
+        if key not in TOP_KEYS:
+            raise WebConfigError(
+                f"{path}:{_line(key_node)}: unsupported key {_quote(key)} (supported: {', '.join(TOP_KEYS)})"
+            )
+    if "tls_server_config" in top:
+        config.ssl_context = _tls_context(document, config, *top["tls_server_config"])
+    if "basic_auth_users" in top:
+        config.users = _users(document, top["basic_auth_users"][1])
     return config
-
-
-def _read_text(path: Path, config: WebConfig) -> str:
-    try:
-        config.file_stamps[str(path)] = _regular_file_stamp(path)
-        with open(path, "rb") as file:
-            data = file.read(MAX_FILE_BYTES + 1)
-    except (OSError, ValueError) as exc:  # ValueError: a NUL in the name
-        raise WebConfigError(f"{path}: cannot read web config: {getattr(exc, 'strerror', None) or exc}") from None
-    if len(data) > MAX_FILE_BYTES:
-        raise WebConfigError(f"{path}: too large for a web config (more than {MAX_FILE_BYTES} bytes)")
-    if data.startswith((b"\xff\xfe", b"\xfe\xff")):
-        raise WebConfigError(f"{path}:1: the file is UTF-16; a web config must be UTF-8")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = data[: exc.start].count(b"\n") + 1
-        raise WebConfigError(
-            f"{path}:{line}: not UTF-8 (byte 0x{data[exc.start]:02x}); a web config must be UTF-8"
-        ) from None
-    if "\0" in text:
-        line = text[: text.index("\0")].count("\n") + 1
-        raise WebConfigError(f"{path}:{line}: NUL byte (UTF-16 or a binary file?); a web config must be UTF-8 text")
-    return text
 
 
 def _regular_file_stamp(path) -> tuple:
@@ -134,28 +103,6 @@ def _regular_file_stamp(path) -> tuple:
     if not stat.S_ISREG(st.st_mode):
         raise OSError("not a regular file")
     return st.st_ino, st.st_mtime_ns, st.st_size
-
-
-def _compose(path: Path, text: str):
-    """The YAML node tree, after checking its depth on the (non-recursive) event stream."""
-    try:
-        depth = 0
-        for event in yaml.parse(text, Loader=yaml.SafeLoader):
-            if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
-                depth += 1
-                if depth > MAX_NESTING:
-                    raise WebConfigError(f"{path}:{_line(event)}: nested deeper than {MAX_NESTING} levels")
-            elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
-                depth -= 1
-        return yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.reader.ReaderError as exc:
-        line = text[: exc.position].count("\n") + 1
-        character = chr(exc.character) if isinstance(exc.character, int) else exc.character
-        raise WebConfigError(f"{path}:{line}: invalid YAML: character {character!r} is not allowed") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark else str(path)
-        raise WebConfigError(f"{where}: invalid YAML: {getattr(exc, 'problem', None) or exc}") from None
 
 
 def _stamp(path) -> tuple | None:
@@ -167,36 +114,15 @@ def _stamp(path) -> tuple | None:
     return st.st_ino, st.st_mtime_ns, st.st_size
 
 
-def _quote(text: str) -> str:
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def _line(node) -> int:
-    return node.start_mark.line + 1
-
-
-def _mapping(path: Path, node, what: str) -> dict[str, tuple]:
-    if isinstance(node, yaml.ScalarNode) and node.tag.endswith(":null"):
-        return {}
-    if not isinstance(node, yaml.MappingNode):
-        raise WebConfigError(f"{path}:{_line(node)}: {what} must be a mapping of keys to values")
-    result = {}
-    for key_node, value_node in node.value:
-        if not isinstance(key_node, yaml.ScalarNode):
-            raise WebConfigError(f"{path}:{_line(key_node)}: keys of {what} must be plain strings")
-        result[str(key_node.value)] = (key_node, value_node)
-    return result
-
-
 def _string(path: Path, section: str, key: str, node) -> str:
     if not isinstance(node, yaml.ScalarNode) or node.tag.endswith(":null") or node.value == "":
         raise WebConfigError(f"{path}:{_line(node)}: {section}.{key}: expected a string")
     return str(node.value)
 
 
-def _tls_context(path: Path, config: WebConfig, section_node, node) -> ssl.SSLContext:
-    section = "tls_server_config"
-    items = _mapping(path, node, section)
+def _tls_context(document: YamlFile, config: WebConfig, section_node, node) -> ssl.SSLContext:
+    path, section = document.path, "tls_server_config"
+    items = document.mapping(node, f"{section} must be a mapping of keys to values")
     values = {}
     for key, (key_node, value_node) in items.items():
         if key not in TLS_KEYS:
@@ -267,9 +193,10 @@ def _tls_context(path: Path, config: WebConfig, section_node, node) -> ssl.SSLCo
     return context
 
 
-def _users(path: Path, node) -> dict[str, bytes]:
-    users, lines = {}, {}
-    for user, (_key_node, value_node) in _mapping(path, node, "basic_auth_users").items():
+def _users(document: YamlFile, node) -> dict[str, bytes]:
+    path, users, lines = document.path, {}, {}
+    expected = "basic_auth_users must be a mapping of keys to values"
+    for user, (_key_node, value_node) in document.mapping(node, expected).items():
         hashed = _string(path, "basic_auth_users", user, value_node)
         where = f"{path}:{_line(value_node)}: basic_auth_users.{user}"
         match = BCRYPT_HASH.fullmatch(hashed)

@@ -414,6 +414,7 @@ def test_config_file_overrides_defaults(tmp_path):
         ("aggregation_labels: [job, 2x]\n", ":1: aggregation_labels: '2x' is not a Prometheus label name"),
         ("selector: '{job=\"x\"}'\n", ":1: selector: '{job=\"x\"}' is not a list of label matchers"),
         ("- 1\n", ":1: expected a mapping"),
+        ("fallback_for: 5m\nfallback_for: 6m\n", ':2: duplicate key "fallback_for" (first on line 1)'),
     ],
 )
 def test_bad_config_file_gives_one_line_naming_the_problem(tmp_path, content, message):

@@ -103,20 +103,20 @@ def test_config_rebuilds_dashboards_and_rules_with_the_users_keys(capsys, tmp_pa
 @pytest.mark.parametrize(
     "text, message",
     [
-        ("no_such_key: 1\n", "unknown configuration key 'no_such_key'"),
-        ("fallback_for: soon\n", "fallback_for: 'soon' is not a Prometheus duration"),
-        ("- a list\n", "expected a mapping of configuration keys to values, got list"),
-        ("key: [unclosed\n", "not a YAML file"),
+        ("no_such_key: 1\n", ":1: unknown configuration key 'no_such_key'"),
+        ("fallback_for: soon\n", ":1: fallback_for: 'soon' is not a Prometheus duration"),
+        ("- a list\n", ":1: expected a mapping of configuration keys to values"),
+        ("key: [unclosed\n", ":2: invalid YAML: "),
+        ("fallback_for: 5m\nfallback_for: 6m\n", ':2: duplicate key "fallback_for" (first on line 1)'),
     ],
 )
 def test_a_bad_config_is_one_line_exit_2_and_writes_nothing(capsys, tmp_path, text, message):
-    if "no_such_key" in text or "soon" in text:
-        pytest.importorskip("grafana_foundation_sdk", reason="the dashboards extra (Python 3.11 or later)")
+    # The configuration is checked before the generator is imported: no dashboards extra is needed for it.
     config = tmp_path / "config.yml"
     config.write_text(text)
     code, out, err = run_cli(capsys, "--output", tmp_path / "out", "--config", config)
     assert code == 2 and out == ""
-    assert err.startswith(f"neuron-exporter assets: {config}: ") and err.count("\n") == 1 and message in err
+    assert err.startswith(f"neuron-exporter assets: {config}{message}") and err.count("\n") == 1, err
     assert not (tmp_path / "out").exists()
 
 

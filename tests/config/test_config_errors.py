@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from neuron_exporter.config import MAX_CONFIG_BYTES, ConfigError, resolve_options
+from neuron_exporter.config import ConfigError, resolve_options
+from neuron_exporter.config_file import MAX_BYTES
 from tests.support.config_errors import serve
 
 LONGEST_ERROR = 500  # characters: the list of known options is the longest part
@@ -36,9 +37,9 @@ def config(tmp_path: Path, data: bytes | str) -> Path:
         ("port: 9478\n".encode("utf-16-be"), ':1: invalid YAML: the character "\\x00" is not allowed'),
         (b"port: 9478\n\0\n", ':2: invalid YAML: the character "\\x00" is not allowed'),
         (b"addr: \x1b[31m\n", ':1: invalid YAML: the character "\\x1b" is not allowed'),
-        (b"port: " + b"[" * 5000, ": invalid YAML: nested too deeply"),
-        (b"port:\n" + b"- " * 5000 + b"1\n", ": invalid YAML: nested too deeply"),
-        (b"# " + b"x" * MAX_CONFIG_BYTES + b"\n", ": larger than 1 MiB, too large for a config file"),
+        (b"port: " + b"[" * 5000, ":1: nested deeper than 50 levels"),
+        (b"port:\n" + b"- " * 5000 + b"1\n", ":2: nested deeper than 50 levels"),
+        (b"# " + b"x" * MAX_BYTES + b"\n", ": larger than 1 MiB, too large for a config file"),
     ],
 )
 def test_files_that_are_not_yaml_text(tmp_path, data, expected):
@@ -52,7 +53,7 @@ def test_a_utf8_bom_is_read(tmp_path):
 
 def test_a_file_of_1_mib_is_read(tmp_path):
     text = "port: 9000\n# "
-    path = config(tmp_path, text + "x" * (MAX_CONFIG_BYTES - len(text) - 1) + "\n")
+    path = config(tmp_path, text + "x" * (MAX_BYTES - len(text) - 1) + "\n")
     assert resolve_options(path, env={}).port == 9000
 
 
@@ -120,7 +121,7 @@ def test_serve_with_a_config_that_is_not_yaml_text(tmp_path, case):
                 "UTF-16": "port: 1\n".encode("utf-16"),
                 "NUL": b"port: 1\n\0",
                 "deeply nested": b"port: " + b"[" * 100_000,
-                "huge": b"#" * (MAX_CONFIG_BYTES + 1),
+                "huge": b"#" * (MAX_BYTES + 1),
             }[case]
         )
     result = serve(tmp_path, "--config", str(path))

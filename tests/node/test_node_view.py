@@ -14,6 +14,7 @@ from neuron_exporter.node.node_view import NodeView, merge_expositions
 from neuron_exporter.node.spool import RankMeta
 from tests.scripts.spool_writer import rank_exposition
 from tests.support.exposition import samples, value
+from tests.support.paths import RUN
 from tests.support.rank_files import rank_file
 from tests.support.spool_writer import Writer
 
@@ -124,6 +125,22 @@ def test_dead_ranks_disappear_after_the_expiry(tmp_path):
     assert state_of(text, "2") == "dead"
     assert value(text, "neuron_exporter_ranks") == 2
     assert not (rank_file(tmp_path, "1")).exists() and not (rank_file(tmp_path, "1", suffix=".lock")).exists()
+
+
+def test_the_expiry_deletes_only_dead_ranks_past_it_and_stale_temporary_files(tmp_path):
+    with Writer(tmp_path, "0,1") as live:
+        with Writer(tmp_path, "2,3") as dead:
+            dead.kill()
+        age(rank_file(tmp_path, "0"), 7200)  # alive but silent for long: kept (the process may resume)
+        age(rank_file(tmp_path, "2"), 7200)  # dead and expired: removed
+        (tmp_path / f".rank-5.{RUN}.prom.77.tmp").write_bytes(b"left by a writer killed mid-write")
+        age(tmp_path / f".rank-5.{RUN}.prom.77.tmp", 7200)
+        served = view(tmp_path, expire_after_seconds=3600).statuses()
+        assert [s.meta.rank for s in served] == ["1", "3"]
+        assert sorted(p.name for p in tmp_path.iterdir()) == [
+            f"rank-{rank}.{RUN}{suffix}" for rank in "013" for suffix in (".lock", ".prom")
+        ]
+        live.stop()
 
 
 def test_a_finished_rank_keeps_its_values_without_liveness(tmp_path):

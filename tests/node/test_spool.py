@@ -1,4 +1,4 @@
-"""The spool protocol: atomic rank files, liveness through the rank lock, expiry."""
+"""The spool protocol: atomic rank files, liveness through the rank lock (expiry: test_node_view)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ from neuron_exporter.node.spool import (
     read_rank_file,
     read_rank_files,
     release_rank_lock,
-    remove_expired,
     write_rank_file,
     writer_alive,
 )
@@ -32,12 +31,6 @@ def exposition(rank: str = "0", steps: str = "3.0") -> bytes:
 
 
 EXPOSITION = exposition()
-
-
-def age(path, seconds: float) -> None:
-    """Make ``path`` look written ``seconds`` ago."""
-    then = time.time() - seconds
-    os.utime(path, (then, then))
 
 
 def test_round_trip_keeps_meta_and_exposition_bytes(tmp_path):
@@ -141,19 +134,3 @@ def test_without_a_lock_file_the_pid_and_its_start_time_decide(tmp_path):
     )
     alive = {r.meta.rank: writer_alive(r) for r in read_rank_files(tmp_path)}
     assert alive == {"0": True, "1": False, "2": False}
-
-
-def test_remove_expired_deletes_only_dead_ranks_past_the_expiry(tmp_path):
-    with Writer(tmp_path, "0,1") as live:
-        with Writer(tmp_path, "2,3") as dead:
-            dead.kill()
-        age(rank_file(tmp_path, "0"), 7200)  # alive but silent for long: kept (the process may resume)
-        age(rank_file(tmp_path, "2"), 7200)  # dead and expired: removed
-        (tmp_path / f".rank-5.{RUN}.prom.77.tmp").write_bytes(b"left by a writer killed mid-write")
-        age(tmp_path / f".rank-5.{RUN}.prom.77.tmp", 7200)
-        removed = remove_expired(tmp_path, expire_after_seconds=3600)
-        assert [r.meta.rank for r in removed] == ["2"]
-        assert sorted(p.name for p in tmp_path.iterdir()) == [
-            f"rank-{rank}.{RUN}{suffix}" for rank in "013" for suffix in (".lock", ".prom")
-        ]
-        live.stop()

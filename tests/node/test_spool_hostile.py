@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from neuron_exporter.config import SPOOL_MODE_NAMES, resolve_options
+from neuron_exporter.config import ConfigError, resolve_options
 from neuron_exporter.node import spool
 from neuron_exporter.node.node_view import NodeView
 from neuron_exporter.node.spool import (
@@ -61,7 +61,10 @@ def steps_exposition(rank: str, name: str = "xla_steps_total", labels: str | Non
 
 
 def test_the_spool_modes_are_the_options_modes():
-    assert tuple(spool.SPOOL_MODES) == SPOOL_MODE_NAMES
+    for mode in spool.SPOOL_MODES:
+        assert resolve_options(env={"NEURON_EXPORTER_SPOOL_MODE": mode}).spool_mode == mode
+    with pytest.raises(ConfigError, match=rf"is not a spool mode \({', '.join(spool.SPOOL_MODES)}\)$"):
+        resolve_options(env={"NEURON_EXPORTER_SPOOL_MODE": "open"})
 
 
 def test_laid_links_are_never_followed_by_the_writer(tmp_path):

@@ -212,7 +212,7 @@ def test_the_daemon_serves_https_with_basic_auth(tmp_path, tls_files):
             "web.yml:3: basic_auth_users.alice: expected a bcrypt hash",
         ),
         ("basic_auth_users: [\n", "web.yml:2: invalid YAML"),
-        ("- a\n", "web.yml:1: web config must be a mapping"),
+        ("- a\n", "web.yml:1: the web config must be a mapping"),
     ],
 )
 def test_web_config_errors_are_one_line(tls_files, tmp_path, text, expected):

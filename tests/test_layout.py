@@ -3,7 +3,8 @@ The tests keep to theirs: a folder per room, helpers shared through tests/suppor
 
 training/ (inside the training process) never imports reports/; node/ (the daemon) never imports training/ or
 reports/; web/ and reports/ import no other folder; the shared top-level modules import no folder at all (only the
-public face, ``__init__``, ``__main__`` and ``cli``, puts the folders together).
+public face, ``__init__``, ``__main__`` and ``cli``, puts the folders together). In web/, the connection layer
+(``connections``) knows no route, metric or user: of the package it uses the rate limits only.
 """
 
 from __future__ import annotations
@@ -96,6 +97,39 @@ def test_a_forbidden_import_is_caught(tmp_path, folder, line):
     found = violations(copy)
     assert found, line
     assert all(v.startswith(f"{module.relative_to(copy)} imports neuron_exporter.{forbidden_folder}") for v in found)
+
+
+CONNECTIONS_MAY_USE = "neuron_exporter.web.rate_limit"
+
+
+def connection_layer_violations(package: Path = PACKAGE) -> list[str]:
+    path = package / "web" / "connections.py"
+    return [
+        f"web/connections.py imports {module}"
+        for module in sorted(imported_modules(path, package))
+        if module.split(".")[0] in ("neuron_exporter", "prometheus_client")
+        and not (module + ".").startswith(CONNECTIONS_MAY_USE + ".")
+    ]
+
+
+def test_the_connection_layer_knows_no_route_metric_or_user():
+    assert connection_layer_violations() == []
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "from .http_server import MetricsServer",
+        "from .basic_auth import BasicAuth",
+        "from .. import __version__",
+        "from prometheus_client.exposition import choose_encoder",
+    ],
+)
+def test_an_application_import_in_the_connection_layer_is_caught(tmp_path, line):
+    copy = tmp_path / "neuron_exporter" / "web" / "connections.py"
+    copy.parent.mkdir(parents=True)
+    copy.write_text((PACKAGE / "web" / "connections.py").read_text() + f"\n{line}\n")
+    assert connection_layer_violations(tmp_path / "neuron_exporter")
 
 
 TESTS = ROOT / "tests"

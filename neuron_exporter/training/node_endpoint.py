@@ -19,7 +19,8 @@ from collections.abc import Callable
 
 from ..config import AUTO_ENV, Options
 from ..node.job_link import read_requests, send_answer
-from ..web.http_server import bind_listener, url_of
+from ..web.connections import bind_listener
+from ..web.http_server import url_of
 
 STOP_TIMEOUT_SECONDS = 5.0
 SEND_TIMEOUT_SECONDS = 5.0

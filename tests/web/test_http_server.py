@@ -329,6 +329,74 @@ def test_a_text_only_source_answers_text_to_an_openmetrics_scraper(server):
     assert headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
 
 
+OPENMETRICS = "application/openmetrics-text; version=1.0.0; charset=utf-8"
+TEXT_0_0_4 = "text/plain; version=0.0.4; charset=utf-8"
+PROMETHEUS_3_ACCEPT = (
+    "application/openmetrics-text;version=1.0.0;escaping=allow-utf-8;q=0.5,application/openmetrics-text;"
+    "version=0.0.1;q=0.4,text/plain;version=1.0.0;escaping=allow-utf-8;q=0.3,text/plain;version=0.0.4;q=0.2,*/*;q=0.1"
+)
+
+
+@pytest.mark.parametrize(
+    "accept, content_type",
+    [
+        ("application/openmetrics-text", OPENMETRICS),
+        (PROMETHEUS_ACCEPT, OPENMETRICS + "; escaping=underscores"),
+        (PROMETHEUS_3_ACCEPT, OPENMETRICS + "; escaping=allow-utf-8"),
+        ("text/plain;version=1.0.0", "text/plain; version=1.0.0; charset=utf-8; escaping=underscores"),
+        ("application/openmetrics-text;version=0.0.1", TEXT_0_0_4),  # too old for prometheus_client to write
+        ("*/*", TEXT_0_0_4),
+        ("", TEXT_0_0_4),
+    ],
+)
+def test_a_registry_is_served_in_the_format_prometheus_client_chooses(server, accept, content_type):
+    status, headers, body = get(server(demo_registry()).url, headers={"Accept": accept} if accept else {})
+    assert status == 200 and headers["Content-Type"] == content_type
+    assert body.endswith(b"# EOF\n") == content_type.startswith("application/openmetrics-text")
+
+
+@pytest.mark.parametrize("accept", ["application/openmetrics-text", PROMETHEUS_3_ACCEPT, "text/plain;version=1.0.0"])
+def test_a_text_only_source_is_text_0_0_4_whatever_is_asked(server, accept):
+    status, headers, body = get(server().url, headers={"Accept": accept})
+    assert (status, body, headers["Content-Type"]) == (200, BODY, TEXT_0_0_4)
+
+
+def test_openmetrics_and_text_carry_the_same_samples(server):
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
+    from prometheus_client.parser import text_string_to_metric_families as text_families
+
+    def samples(families):
+        return {(s.name, tuple(sorted(s.labels.items())), s.value) for family in families for s in family.samples}
+
+    s = server(demo_registry())
+    text = get(s.url)[2].decode()
+    openmetrics = get(s.url, headers={"Accept": PROMETHEUS_ACCEPT})[2].decode()
+    assert ("demo_steps_total", (("rank", "0"),), 3.0) in samples(text_families(text))
+    assert samples(text_families(text)) == samples(openmetrics_families(openmetrics))  # a counter never jumps
+
+
+@pytest.mark.parametrize(
+    "accept_encoding, gzipped",
+    [
+        ("gzip", True),
+        ("GZIP", True),
+        ("br, gzip;q=1.0", True),
+        ("deflate,gzip", True),
+        ("xgzip", False),
+        ("gzip-x", False),
+        ("identity", False),
+        ("br, deflate", False),
+    ],
+)
+@pytest.mark.parametrize("registry", [False, True], ids=["text", "registry"])
+def test_gzip_only_when_accept_encoding_names_it(server, accept_encoding, gzipped, registry):
+    s = server(demo_registry()) if registry else server()
+    plain = get(s.url)[2]
+    status, headers, body = get(s.url, headers={"Accept-Encoding": accept_encoding})
+    assert status == 200 and headers.get("Content-Encoding") == ("gzip" if gzipped else None)
+    assert (gzip.decompress(body) if gzipped else body) == plain
+
+
 @pytest.mark.parametrize(
     "request_head, status",
     [

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from neuron_exporter.web import basic_auth, http_server
+from neuron_exporter.web import basic_auth, connections
 from neuron_exporter.web.web_config import load_web_config
 from tests.support.http import BODY, get
 
@@ -76,7 +76,7 @@ def test_a_wrong_password_flood_is_rate_limited_and_a_logged_in_scraper_keeps_sc
     server, tmp_path, count_checks, monkeypatch
 ):
     monkeypatch.setattr(basic_auth, "CLIENT_REFILL_SECONDS", 3600.0)  # no refill during the test: exact counts
-    monkeypatch.setattr(http_server, "REFUSALS_BURST", 10**6)  # this test is about bcrypt; see test_web_limits.py
+    monkeypatch.setattr(connections, "REFUSALS_BURST", 10**6)  # this test is about bcrypt; see test_web_limits.py
     s = server(web_config=web_config(tmp_path, cost=6))
     checks = count_checks()
     scraper = http.client.HTTPConnection("127.0.0.1", s.port, timeout=30)  # logs in first, kept alive
@@ -130,7 +130,7 @@ def test_guesses_from_many_addresses_never_refuse_a_client_that_has_not_failed(
     server, tmp_path, count_checks, monkeypatch
 ):
     monkeypatch.setattr(basic_auth, "CLIENT_REFILL_SECONDS", 3600.0)
-    monkeypatch.setattr(http_server, "REFUSALS_BURST", 10**6)  # this test is about bcrypt; see test_web_limits.py
+    monkeypatch.setattr(connections, "REFUSALS_BURST", 10**6)  # this test is about bcrypt; see test_web_limits.py
     scrapers = {f"scraper{n}": f"password{n}" for n in range(5)}
     s = server(web_config=web_config(tmp_path, users={USER: PASSWORD, **scrapers}))
     checks = count_checks()

@@ -10,8 +10,8 @@ import threading
 
 import pytest
 
-from neuron_exporter.web import http_server
-from neuron_exporter.web.http_server import MAX_CONNECTIONS, WORKERS
+from neuron_exporter.web import connections
+from neuron_exporter.web.connections import MAX_CONNECTIONS, WORKERS
 from tests.support.http import BODY, client_context, raw_exchange
 from tests.support.processes import wait_until
 
@@ -78,7 +78,7 @@ def test_500_stalled_connections_leave_threads_bounded_and_a_scrape_answered(ser
 
 
 def test_a_trickling_client_is_closed_at_its_head_deadline(server, monkeypatch):
-    monkeypatch.setattr(http_server, "HEAD_TIMEOUT_SECONDS", 1.0)
+    monkeypatch.setattr(connections, "HEAD_TIMEOUT_SECONDS", 1.0)
     s = server()
     request = b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nUser-Agent: " + b"x" * 200 + b"\r\n\r\n"
     closed = threading.Event()
@@ -108,14 +108,14 @@ def test_a_trickling_client_is_closed_at_its_head_deadline(server, monkeypatch):
 
 @pytest.mark.parametrize("tls", [False, True], ids=["http", "https"])
 def test_a_silent_connection_is_closed_at_its_head_deadline(server, tls_files, monkeypatch, tls):
-    monkeypatch.setattr(http_server, "HEAD_TIMEOUT_SECONDS", 0.5)
+    monkeypatch.setattr(connections, "HEAD_TIMEOUT_SECONDS", 0.5)
     s = server(web_config=tls_files / "web.yml") if tls else server()
     with socket.create_connection(("127.0.0.1", s.port), timeout=30) as sock:
         assert sock.recv(1) == b""
 
 
 def test_an_idle_kept_alive_connection_is_closed_after_the_idle_timeout(server, monkeypatch):
-    monkeypatch.setattr(http_server, "IDLE_TIMEOUT_SECONDS", 0.5)
+    monkeypatch.setattr(connections, "IDLE_TIMEOUT_SECONDS", 0.5)
     s = server()
     with socket.create_connection(("127.0.0.1", s.port), timeout=30) as sock:
         sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -149,8 +149,8 @@ def test_200_concurrent_scrapers_are_all_answered(server, tls_files, tls):
 
 
 def test_a_client_that_does_not_read_its_response_frees_its_worker(server, monkeypatch):
-    monkeypatch.setattr(http_server, "WORKERS", 1)  # so the next scrape needs the worker the slow reader holds
-    monkeypatch.setattr(http_server, "WRITE_TIMEOUT_SECONDS", 0.5)
+    monkeypatch.setattr(connections, "WORKERS", 1)  # so the next scrape needs the worker the slow reader holds
+    monkeypatch.setattr(connections, "WRITE_TIMEOUT_SECONDS", 0.5)
     big = BODY * 200_000  # megabytes: more than the socket buffers hold
     s = server(lambda: big)
     with socket.create_connection(("127.0.0.1", s.port), timeout=30) as sock:
@@ -162,8 +162,8 @@ def test_a_client_that_does_not_read_its_response_frees_its_worker(server, monke
 
 
 def test_a_client_refused_too_often_is_not_read_and_others_are_served(server, monkeypatch):
-    monkeypatch.setattr(http_server, "REFUSALS_BURST", 5)
-    monkeypatch.setattr(http_server, "REFUSAL_REFILL_SECONDS", 3600.0)
+    monkeypatch.setattr(connections, "REFUSALS_BURST", 5)
+    monkeypatch.setattr(connections, "REFUSAL_REFILL_SECONDS", 3600.0)
     s = server()
     kept = connection_to(s)  # a scraper on the same address, connected before
     kept.request("GET", "/metrics")
@@ -188,8 +188,8 @@ def test_a_client_refused_too_often_is_not_read_and_others_are_served(server, mo
 
 
 def test_a_paused_client_is_answered_when_its_rate_allows(server, monkeypatch):
-    monkeypatch.setattr(http_server, "REFUSALS_BURST", 1)
-    monkeypatch.setattr(http_server, "REFUSAL_REFILL_SECONDS", 0.2)
+    monkeypatch.setattr(connections, "REFUSALS_BURST", 1)
+    monkeypatch.setattr(connections, "REFUSAL_REFILL_SECONDS", 0.2)
     s = server()
     # Pipelined: after the first refusal the connection is paused; the rest wait in its buffer, unread.
     reply = raw_exchange(

@@ -109,7 +109,8 @@ class ExporterHandle:
             from .xla_source import XlaSource
 
             source = XlaSource(self.options, self.stats)
-            source.install()
+            if not source.install():
+                return
         except Exception as error:  # noqa: BLE001 (never into the user's import)
             self.stats.record_error("step", error)
             log.warning("neuron-exporter: torch_xla's steps are not measured: %s: %s", type(error).__name__, error)

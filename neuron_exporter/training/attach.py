@@ -86,7 +86,7 @@ class ExporterHandle:
         self._user_registry = registry
         if registry is not None:  # e.g. the registry the application already serves
             registry.register(self.collector)
-        self._optimizer_hook = OptimizerHook(self._on_optimizer_created, self._on_optimizer_step)
+        self._optimizer_hook = OptimizerHook(self._on_optimizer_created, self._on_optimizer_step, self._step_error)
         self._server: MetricsServer | NodeEndpointProcess | None = None
         self._endpoint_failures = 0
         self._stop = threading.Event()

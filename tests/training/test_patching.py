@@ -315,3 +315,32 @@ def test_concurrent_installs_wrap_once():
         assert calls.wrapped == 1 and Owner.__dict__["method"] is patch.wrapper
     finally:
         sys.setswitchinterval(interval)
+
+
+def test_the_optimizer_hook_leaves_a_later_wrapper_in_place_and_does_nothing_inside_it():
+    torch = pytest.importorskip("torch")
+    from torch.optim.optimizer import Optimizer
+
+    from neuron_exporter.training.optimizer_hook import OptimizerHook
+
+    created: list[int] = []
+    errors: list[BaseException] = []
+    hook = OptimizerHook(lambda: created.append(1), lambda *args: None, errors.append)
+    original = Optimizer.__dict__["_patch_step_function"]
+    hook.install()
+    ours = Optimizer.__dict__["_patch_step_function"]
+
+    def theirs(optimizer, *args, **kwargs):
+        return ours(optimizer, *args, **kwargs)
+
+    Optimizer._patch_step_function = theirs  # type: ignore[method-assign]
+    try:
+        torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+        assert created == [1]
+        hook.uninstall()
+        assert Optimizer.__dict__["_patch_step_function"] is theirs
+        torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+        assert created == [1]
+    finally:
+        Optimizer._patch_step_function = original  # type: ignore[method-assign]
+    assert not errors

@@ -26,6 +26,7 @@ from collections.abc import Callable
 import torch
 
 from .attribution import SYNC_TENSORS
+from .dynamo_callbacks import CompileCallbacks
 from .dynamo_skip import never_compiled
 
 # Tensor method -> cause, the label value of xla_host_reads_total{cause}
@@ -46,13 +47,15 @@ MAX_BATCH_TENSORS = 64  # tensors of a loader's batch whose shapes are recorded
 
 
 class HostReadHook:
-    def __init__(self, read: Callable, on_upload: Callable):
+    def __init__(self, read: Callable, on_upload: Callable, on_error: Callable[[BaseException], None]):
         """``read(original, cause, tensor, args, kwargs, frame)`` makes a read of device data from ``frame``: it calls
         ``original(tensor, *args, **kwargs)`` once and returns its result (its exceptions reach the caller unchanged),
         and records the read around it. ``on_upload(frame, shapes)`` records an upload. Both run on the thread of the
-        read or upload and raise nothing of their own."""
+        read or upload and raise nothing of their own. ``on_error`` is told why a wrapper could not go in or come
+        out."""
         self._owner_read = read
         self._on_upload = on_upload
+        self._on_error = on_error
         self._local = threading.local()
         self._originals: dict[str, object] = {}  # method -> the class attribute it replaced, MISSING if inherited
         self._from_aten: Callable | None = None
@@ -60,7 +63,7 @@ class HostReadHook:
         self._next_item: Callable | None = None
         self._next_item_wrapper: Callable | None = None
         self._compiling = 0
-        self._dynamo_callbacks: tuple[Callable, Callable] | None = None
+        self._callbacks = CompileCallbacks(self._compile_started, self._compile_ended, on_error)
 
     # -- wrappers -------------------------------------------------------------------------------------------
     def _read(self, original, cause: str, tensor, args, kwargs):
@@ -154,9 +157,10 @@ class HostReadHook:
         self._next_item = ParallelLoader.__dict__["next_item"]
         self._next_item_wrapper = self._wrap_next_item(self._next_item)
         setattr(ParallelLoader, "next_item", self._next_item_wrapper)  # noqa: B010 (typed as a method)
-        self._watch_dynamo()
+        self._callbacks.register()
 
     def uninstall(self) -> None:
+        self._callbacks.remove()
         self._take_off()
         if self._from_aten is not None:
             import torch_xla
@@ -169,13 +173,6 @@ class HostReadHook:
             if ParallelLoader.__dict__.get("next_item") is self._next_item_wrapper:
                 setattr(ParallelLoader, "next_item", self._next_item)  # noqa: B010 (typed as a method)
             self._next_item = self._next_item_wrapper = None
-        if self._dynamo_callbacks is not None:
-            from torch._dynamo.callback import callback_handler
-
-            start, end = self._dynamo_callbacks
-            callback_handler.remove_start_callback(start)
-            callback_handler.remove_end_callback(end)
-            self._dynamo_callbacks = None
 
     def _put_on(self) -> None:
         if self._originals:
@@ -194,24 +191,14 @@ class HostReadHook:
                 setattr(torch.Tensor, name, original)
         self._originals = {}
 
-    def _watch_dynamo(self) -> None:
-        try:
-            from torch._dynamo.callback import callback_handler
-        except ImportError:
-            return
+    def _compile_started(self, *_) -> None:
+        self._compiling += 1
+        self._take_off()
 
-        def start(*_):
-            self._compiling += 1
-            self._take_off()
-
-        def end(*_):
-            self._compiling = max(0, self._compiling - 1)
-            if not self._compiling:
-                self._put_on()
-
-        callback_handler.register_start_callback(start)
-        callback_handler.register_end_callback(end)
-        self._dynamo_callbacks = (start, end)
+    def _compile_ended(self, *_) -> None:
+        self._compiling = max(0, self._compiling - 1)
+        if not self._compiling:
+            self._put_on()
 
 
 def _target_type(args, kwargs) -> str | None:

@@ -40,7 +40,7 @@ class XlaSource:
         self.tracker = StepTracker(options.warmup_steps, *counters, self.attribution)
         self.families = XlaFamilies(self, options.max_op_series, options.max_site_series)
         self._hook = StepHook(self._step_marker, self._step_error)
-        self._host_reads = HostReadHook(self._host_read, self._on_upload)
+        self._host_reads = HostReadHook(self._host_read, self._on_upload, self._step_error)
         self._probe: FallbackProbe | None = None
         if options.fallback_sites:
             from .fallback_probe import FallbackProbe

@@ -39,6 +39,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from ..snapshot_metrics import LabelBudget
 from .dynamo_callbacks import CompileCallbacks
 from .dynamo_callbacks import problem as probe_callbacks  # the compile callbacks
+from .patching import Patch
 from .sites import UNKNOWN, SiteFinder
 
 log = logging.getLogger("neuron_exporter")
@@ -388,7 +389,7 @@ class TorchCompileSource:
         self._places = Places()
         self._utils: Any = None  # torch._dynamo.utils, whose _compilation_metrics may be replaced by a new deque
         self._callbacks: CompileCallbacks | None = None
-        self._hook: tuple | None = None  # (owner of log_graph_break, the original, the wrapper)
+        self._breaks: Patch | None = None  # the wrapper of log_graph_break
         self.readable: tuple[str, ...] = ()  # of READABLE
         self.record_pending = False  # a compilation ended whose record may not have been read yet
         self._clear()
@@ -426,9 +427,8 @@ class TorchCompileSource:
                     self._on_error,
                 )
             registered = self._callbacks is not None and self._callbacks.register()
-            if hook is not None:
-                self._wrap_graph_breaks(hook)
-            self.readable = readable(records is None, registered, hook is not None)
+            wrapped = hook is not None and self._wrap_graph_breaks(hook)
+            self.readable = readable(records is None, registered, wrapped)
             self.mode = mode_of(self.readable)
             self._say_unreadable([problem for problem in (records, callbacks, graph_breaks) if problem])
         except Exception as error:  # noqa: BLE001 (an exporter failure never reaches the training script)
@@ -449,20 +449,24 @@ class TorchCompileSource:
                 self._seen_before(record)
                 self._newest = record
 
-    def _wrap_graph_breaks(self, hook: BreakHook) -> None:
-        source, original, signature, read = self, vars(hook.owner)["log_graph_break"], hook.signature, hook.read
+    def _wrap_graph_breaks(self, hook: BreakHook) -> bool:
+        """Whether the wrapper of ``log_graph_break`` went in."""
+        source, signature, read = self, hook.signature, hook.read
 
-        def log_graph_break(*args, **kwargs):
-            try:
-                found = read(signature.bind(*args, **kwargs).arguments)
-                if found is not None:
-                    source._graph_break(*found)
-            except Exception as error:  # noqa: BLE001
-                source._on_error(error)
-            return original(*args, **kwargs)
+        def wrap(original):
+            def log_graph_break(*args, **kwargs):
+                try:
+                    found = read(signature.bind(*args, **kwargs).arguments)
+                    if found is not None:
+                        source._graph_break(*found)
+                except Exception as error:  # noqa: BLE001
+                    source._on_error(error)
+                return original(*args, **kwargs)
 
-        setattr(hook.owner, "log_graph_break", log_graph_break)  # noqa: B010 (torch's module or class)
-        self._hook = (hook.owner, original, log_graph_break)
+            return log_graph_break
+
+        self._breaks = Patch(hook.owner, "log_graph_break", wrap, self._on_error)
+        return self._breaks.install()
 
     def _say_unreadable(self, problems: list[str]) -> None:
         """One log line, if any private API could not be read."""
@@ -480,11 +484,9 @@ class TorchCompileSource:
         if self._callbacks is not None:
             self._callbacks.remove()
             self._callbacks = None
-        if self._hook is not None:
-            owner, original, wrapper = self._hook
-            if vars(owner).get("log_graph_break") is wrapper:
-                owner.log_graph_break = original
-            self._hook = None
+        if self._breaks is not None:
+            self._breaks.undo()
+            self._breaks = None
         self.poll()  # what was compiled before detach() is still served; nothing compiled after it
         self._utils = None
 

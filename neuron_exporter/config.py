@@ -19,11 +19,12 @@ from pathlib import Path
 
 import yaml
 
+from . import AUTO_ENV, FALSE, TRUE
+from . import auto_enabled as auto_enabled  # read where config is too heavy to import, see __init__
 from .config_file import SHOWN_CHARACTERS, ConfigError, YamlFile, printable, quoted
 
 ENV_PREFIX = "NEURON_EXPORTER_"
 CONFIG_FILE_ENV = ENV_PREFIX + "CONFIG"
-AUTO_ENV = ENV_PREFIX + "AUTO"  # attach in every process that imports torch (see training/autostart.py)
 # A path, not an import: its sitecustomize attaches a process that imports torch when NEURON_EXPORTER_AUTO is set.
 AUTOSTART_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "training", "autostart_path")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
@@ -223,16 +224,6 @@ _CHECKS: dict[str, Callable] = {
     "log_level": _check_log_level,
 }
 
-_TRUE = ("1", "true", "yes", "on")
-_FALSE = ("0", "false", "no", "off")
-
-
-def auto_enabled(env: Mapping[str, str]) -> bool:
-    """Whether ``NEURON_EXPORTER_AUTO`` is true as a boolean option reads it (anything else, unset or not a
-    boolean, is off: it is read in every Python process, where it cannot stop with an error). The ``.pth`` file and
-    ``training/autostart_path/sitecustomize.py`` read it the same way, without importing this module."""
-    return env.get(AUTO_ENV, "").strip().lower() in _TRUE
-
 
 def child_environment(values: Mapping, run_id: str, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
     """``environ`` for child processes that attach themselves when they import torch, with the options ``values``
@@ -267,9 +258,9 @@ def _convert(key: str, value, from_text: bool):
             except ValueError:
                 raise ValueError(f"expected a number, got {shown}") from None
         elif kind is bool:
-            if text.lower() not in _TRUE + _FALSE:
+            if text.lower() not in TRUE + FALSE:
                 raise ValueError(f"expected true or false, got {shown}")
-            value = text.lower() in _TRUE
+            value = text.lower() in TRUE
         elif kind == (str | None) and text == "":
             value = None
     if kind is int:

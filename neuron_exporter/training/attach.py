@@ -49,6 +49,7 @@ from .attribution import Attribution
 from .import_watch import after_import, forget
 from .node_endpoint import NodeEndpointProcess
 from .optimizer_hook import OptimizerHook
+from .patching import Patch
 from .rank import rank_labels
 from .rank_collector import RankCollector
 from .self_metrics import SelfStats
@@ -86,7 +87,7 @@ class ExporterHandle:
         self._user_registry = registry
         if registry is not None:  # e.g. the registry the application already serves
             registry.register(self.collector)
-        self._optimizer_hook = OptimizerHook(self._on_optimizer_created, self._on_optimizer_step)
+        self._optimizer_hook = OptimizerHook(self._on_optimizer_created, self._on_optimizer_step, self._step_error)
         self._server: MetricsServer | NodeEndpointProcess | None = None
         self._endpoint_failures = 0
         self._stop = threading.Event()
@@ -109,7 +110,8 @@ class ExporterHandle:
             from .xla_source import XlaSource
 
             source = XlaSource(self.options, self.stats)
-            source.install()
+            if not source.install():
+                return
         except Exception as error:  # noqa: BLE001 (never into the user's import)
             self.stats.record_error("step", error)
             log.warning("neuron-exporter: torch_xla's steps are not measured: %s: %s", type(error).__name__, error)
@@ -384,7 +386,7 @@ def attach(
         # A multiprocessing child ends with os._exit, which skips atexit; it runs its finalizers, which it clears
         # after a fork (so they are registered again there).
         _detach_at_the_end_of_multiprocessing_children(handle)
-        _watch_for_a_crash()
+        _crash_watch_patch.install()
         _attach_children(overrides)
         return handle
 
@@ -404,18 +406,22 @@ def _attach_children(overrides: dict) -> None:
     os.environ.update(child_environment(overrides, rank_labels()["run_id"]))
 
 
-def _watch_for_a_crash() -> None:
-    previous = sys.excepthook
-    if getattr(previous, "_neuron_exporter", False):
-        return
-
+def _crash_watch(previous):
     def excepthook(kind, value, traceback):
         if _current is not None:
             _current._crashed = True
         previous(kind, value, traceback)
 
-    excepthook._neuron_exporter = True  # type: ignore[attr-defined]
-    sys.excepthook = excepthook
+    return excepthook
+
+
+def _crash_watch_failed(error: BaseException) -> None:
+    if _current is not None:
+        _current._step_error(error)
+
+
+# Installed once per process (a forked child inherits it), and never undone: it does nothing without a handle.
+_crash_watch_patch = Patch(sys, "excepthook", _crash_watch, _crash_watch_failed)
 
 
 def detach() -> None:

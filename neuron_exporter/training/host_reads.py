@@ -14,11 +14,13 @@ the training thread, whose own uploads run ahead on a thread of their own) are r
 the input whose shape changed at a recompilation.
 
 While ``torch.compile`` (dynamo) compiles, the wrappers are taken off, so that it traces the methods as they are
-and breaks its graphs exactly where it would without the exporter. ``uninstall()`` puts every method back.
+and breaks its graphs exactly where it would without the exporter. ``uninstall()`` puts every method back, except one
+that someone wrapped after us: theirs stays, and ours inside it does nothing (``patching``).
 """
 
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 from collections.abc import Callable
@@ -26,7 +28,9 @@ from collections.abc import Callable
 import torch
 
 from .attribution import SYNC_TENSORS
+from .dynamo_callbacks import CompileCallbacks
 from .dynamo_skip import never_compiled
+from .patching import Patch
 
 # Tensor method -> cause, the label value of xla_host_reads_total{cause}
 READS = {
@@ -41,31 +45,34 @@ READS = {
     "__repr__": "print",
     "__format__": "print",
 }
-MISSING = object()
 MAX_BATCH_TENSORS = 64  # tensors of a loader's batch whose shapes are recorded
 
 
 class HostReadHook:
-    def __init__(self, read: Callable, on_upload: Callable):
+    def __init__(self, read: Callable, on_upload: Callable, on_error: Callable[[BaseException], None]):
         """``read(original, cause, tensor, args, kwargs, frame)`` makes a read of device data from ``frame``: it calls
         ``original(tensor, *args, **kwargs)`` once and returns its result (its exceptions reach the caller unchanged),
         and records the read around it. ``on_upload(frame, shapes)`` records an upload. Both run on the thread of the
-        read or upload and raise nothing of their own."""
+        read or upload and raise nothing of their own. ``on_error`` is told why a wrapper could not go in or come
+        out."""
         self._owner_read = read
         self._on_upload = on_upload
+        self._on_error = on_error
         self._local = threading.local()
-        self._originals: dict[str, object] = {}  # method -> the class attribute it replaced, MISSING if inherited
-        self._from_aten: Callable | None = None
-        self._sync_multi: Callable | None = None
-        self._next_item: Callable | None = None
-        self._next_item_wrapper: Callable | None = None
+        self.active = False
+        self._methods = [
+            Patch(torch.Tensor, name, functools.partial(self._wrap_read, name, cause), on_error)
+            for name, cause in READS.items()
+        ]
+        self._methods.append(Patch(torch.Tensor, "to", self._wrap_to, on_error))
+        self._bindings: list[Patch] = []
         self._compiling = 0
-        self._dynamo_callbacks: tuple[Callable, Callable] | None = None
+        self._callbacks = CompileCallbacks(self._compile_started, self._compile_ended, on_error)
 
     # -- wrappers -------------------------------------------------------------------------------------------
     def _read(self, original, cause: str, tensor, args, kwargs):
         local = self._local
-        if getattr(local, "depth", 0):
+        if getattr(local, "depth", 0) or not self.active:
             return original(tensor, *args, **kwargs)
         local.depth = 1
         try:
@@ -73,8 +80,7 @@ class HostReadHook:
         finally:
             local.depth = 0
 
-    def _wrap_read(self, name: str, cause: str):
-        original = getattr(torch.Tensor, name)
+    def _wrap_read(self, name: str, cause: str, original):
         hook = self
 
         def read(tensor, *args, **kwargs):
@@ -86,15 +92,14 @@ class HostReadHook:
         never_compiled(read)
         return read
 
-    def _wrap_to(self):
-        original = torch.Tensor.to
+    def _wrap_to(self, original):
         hook = self
 
         def to(tensor, *args, **kwargs):
             if tensor.is_xla:
                 if _target_type(args, kwargs) == "cpu":
                     return hook._read(original, "cpu", tensor, args, kwargs)
-            elif _target_type(args, kwargs) == "xla":
+            elif hook.active and _target_type(args, kwargs) == "xla":
                 hook._on_upload(sys._getframe(1), (tuple(tensor.shape),))
             return original(tensor, *args, **kwargs)
 
@@ -106,10 +111,11 @@ class HostReadHook:
         hook = self
 
         def _xla_tensors_from_aten(tensors, *args, **kwargs):
-            try:
-                hook._on_upload(sys._getframe(1), tuple(tuple(t.shape) for t in tensors))
-            except Exception:  # noqa: BLE001 (the upload goes on whatever the bookkeeping thinks of its arguments)
-                pass
+            if hook.active:
+                try:
+                    hook._on_upload(sys._getframe(1), tuple(tuple(t.shape) for t in tensors))
+                except Exception:  # noqa: BLE001 (the upload goes on whatever the bookkeeping thinks of its arguments)
+                    pass
             return original(tensors, *args, **kwargs)
 
         never_compiled(_xla_tensors_from_aten)
@@ -120,7 +126,7 @@ class HostReadHook:
 
         def next_item(loader, device):
             item = original(loader, device)
-            if item is not None:
+            if item is not None and hook.active:
                 try:
                     hook._on_upload(sys._getframe(1), _batch_shapes(item))
                 except Exception:  # noqa: BLE001 (the batch goes on whatever the bookkeeping thinks of it)
@@ -141,77 +147,46 @@ class HostReadHook:
 
     # -- life cycle -----------------------------------------------------------------------------------------
     def install(self) -> None:
-        self._put_on()
+        """Never raises: a wrapper that cannot go in is counted, the others go in."""
         import torch_xla
-
-        xlac = torch_xla._XLAC
-        self._from_aten = xlac._xla_tensors_from_aten
-        xlac._xla_tensors_from_aten = self._wrap_from_aten(self._from_aten)
-        self._sync_multi = xlac._xla_sync_multi
-        xlac._xla_sync_multi = self._wrap_sync_multi(self._sync_multi)
         from torch_xla.distributed.parallel_loader import ParallelLoader
 
-        self._next_item = ParallelLoader.__dict__["next_item"]
-        self._next_item_wrapper = self._wrap_next_item(self._next_item)
-        setattr(ParallelLoader, "next_item", self._next_item_wrapper)  # noqa: B010 (typed as a method)
-        self._watch_dynamo()
+        if not self._bindings:
+            xlac, on_error = torch_xla._XLAC, self._on_error
+            self._bindings = [
+                Patch(xlac, "_xla_tensors_from_aten", self._wrap_from_aten, on_error),
+                Patch(xlac, "_xla_sync_multi", self._wrap_sync_multi, on_error),
+                Patch(ParallelLoader, "next_item", self._wrap_next_item, on_error),
+            ]
+        self.active = True
+        self._put_on()
+        for patch in self._bindings:
+            patch.install()
+        self._callbacks.register()
 
     def uninstall(self) -> None:
+        self.active = False
+        self._callbacks.remove()
         self._take_off()
-        if self._from_aten is not None:
-            import torch_xla
-
-            torch_xla._XLAC._xla_tensors_from_aten = self._from_aten
-            torch_xla._XLAC._xla_sync_multi = self._sync_multi
-            self._from_aten = self._sync_multi = None
-            from torch_xla.distributed.parallel_loader import ParallelLoader
-
-            if ParallelLoader.__dict__.get("next_item") is self._next_item_wrapper:
-                setattr(ParallelLoader, "next_item", self._next_item)  # noqa: B010 (typed as a method)
-            self._next_item = self._next_item_wrapper = None
-        if self._dynamo_callbacks is not None:
-            from torch._dynamo.callback import callback_handler
-
-            start, end = self._dynamo_callbacks
-            callback_handler.remove_start_callback(start)
-            callback_handler.remove_end_callback(end)
-            self._dynamo_callbacks = None
+        for patch in self._bindings:
+            patch.undo()
 
     def _put_on(self) -> None:
-        if self._originals:
-            return
-        wrappers = {name: self._wrap_read(name, cause) for name, cause in READS.items()}
-        wrappers["to"] = self._wrap_to()
-        for name, wrapper in wrappers.items():
-            self._originals[name] = torch.Tensor.__dict__.get(name, MISSING)
-            setattr(torch.Tensor, name, wrapper)
+        for patch in self._methods:
+            patch.install()
 
     def _take_off(self) -> None:
-        for name, original in self._originals.items():
-            if original is MISSING:
-                delattr(torch.Tensor, name)  # it was inherited from torch._C.TensorBase
-            else:
-                setattr(torch.Tensor, name, original)
-        self._originals = {}
+        for patch in self._methods:
+            patch.undo()
 
-    def _watch_dynamo(self) -> None:
-        try:
-            from torch._dynamo.callback import callback_handler
-        except ImportError:
-            return
+    def _compile_started(self, *_) -> None:
+        self._compiling += 1
+        self._take_off()
 
-        def start(*_):
-            self._compiling += 1
-            self._take_off()
-
-        def end(*_):
-            self._compiling = max(0, self._compiling - 1)
-            if not self._compiling:
-                self._put_on()
-
-        callback_handler.register_start_callback(start)
-        callback_handler.register_end_callback(end)
-        self._dynamo_callbacks = (start, end)
+    def _compile_ended(self, *_) -> None:
+        self._compiling = max(0, self._compiling - 1)
+        if not self._compiling and self.active:
+            self._put_on()
 
 
 def _target_type(args, kwargs) -> str | None:

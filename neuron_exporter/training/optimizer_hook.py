@@ -13,42 +13,51 @@ from collections.abc import Callable
 from typing import Any
 
 from .dynamo_skip import never_compiled
+from .patching import Patch
 
 
 class OptimizerHook:
-    def __init__(self, on_created: Callable[[], None], on_step: Callable[[Any, Any, Any], None]):
+    def __init__(
+        self,
+        on_created: Callable[[], None],
+        on_step: Callable[[Any, Any, Any], None],
+        on_error: Callable[[BaseException], None],
+    ):
         """``on_created()`` runs when an optimizer is made, ``on_step(optimizer, args, kwargs)`` after every optimizer
         step (it is the post hook itself, one call fewer per step), on the thread that made or stepped it; neither may
-        raise."""
+        raise. ``on_error`` is told why the creation hook could not go in or come out."""
         self._on_created = on_created
         self._on_step = on_step
+        self._on_error = on_error
         self._handle: Any = None
-        self._original_patch: Any = None
+        self._patch: Patch | None = None
+        self.active = False
 
     def install(self) -> None:
         from torch.optim.optimizer import Optimizer, register_optimizer_step_post_hook
 
         never_compiled(self._on_step)
         self._handle = register_optimizer_step_post_hook(self._on_step)
-        original = getattr(Optimizer, "_patch_step_function", None)
-        if original is None:
-            return
+        self.active = True
+        if hasattr(Optimizer, "_patch_step_function"):
+            self._patch = self._patch or Patch(Optimizer, "_patch_step_function", self._wrap, self._on_error)
+            self._patch.install()
+
+    def _wrap(self, original: Callable) -> Callable:
         hook = self
 
         def patch_step_function(optimizer, *args, **kwargs):
-            hook._on_created()
+            if hook.active:
+                hook._on_created()
             return original(optimizer, *args, **kwargs)
 
         never_compiled(patch_step_function)
-        self._original_patch = original
-        setattr(Optimizer, "_patch_step_function", patch_step_function)  # noqa: B010 (typed as a method)
+        return patch_step_function
 
     def uninstall(self) -> None:
+        self.active = False  # if someone wrapped ours since, it stays inside theirs, doing nothing
         if self._handle is not None:
             self._handle.remove()
             self._handle = None
-        if self._original_patch is not None:
-            from torch.optim.optimizer import Optimizer
-
-            setattr(Optimizer, "_patch_step_function", self._original_patch)  # noqa: B010 (typed as a method)
-            self._original_patch = None
+        if self._patch is not None:
+            self._patch.undo()

@@ -11,49 +11,41 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from .dynamo_skip import never_compiled
-
-MARK = "__neuron_exporter_original__"
-
-
-def _xlac():
-    import torch_xla
-
-    return torch_xla._XLAC
+from .patching import Patch
 
 
 class StepHook:
-    def __init__(self, make_wrapper: Callable[[Callable, StepHook], Callable]):
+    def __init__(
+        self, make_wrapper: Callable[[Callable, StepHook], Callable], on_error: Callable[[BaseException], None]
+    ):
         """``make_wrapper(original, hook)`` returns the function that replaces the binding: it calls ``original`` with
         the caller's arguments and returns its result (its exceptions reach the caller unchanged), and while
         ``hook.active`` is False it does nothing else. The owner writes the whole wrapper, so that the step marker
-        pays for one Python call, not three."""
+        pays for one Python call, not three. ``on_error`` is told why the hook could not go in or come out."""
         self._make_wrapper = make_wrapper
-        self._original: Callable | None = None
-        self._wrapper: Callable | None = None
+        self._on_error = on_error
+        self._patch: Patch | None = None
         self.active = False
 
     @property
     def installed(self) -> bool:
-        return self._wrapper is not None
+        return self._patch is not None and self._patch.installed
 
-    def install(self) -> None:
-        xlac = _xlac()
-        original = xlac._xla_step_marker
-        if hasattr(original, MARK):
-            raise RuntimeError("the neuron-exporter step hook is already installed")
+    def install(self) -> bool:
+        """Whether the hook is in."""
+        if self._patch is None:
+            import torch_xla
+
+            self._patch = Patch(torch_xla._XLAC, "_xla_step_marker", self._wrap, self._on_error)
+        self.active = self._patch.install()
+        return self.active
+
+    def _wrap(self, original: Callable) -> Callable:
         step_marker = self._make_wrapper(original, self)
         never_compiled(step_marker)
-        setattr(step_marker, MARK, original)
-        self._original, self._wrapper = original, step_marker
-        self.active = True
-        xlac._xla_step_marker = step_marker
+        return step_marker
 
     def uninstall(self) -> None:
-        if self._wrapper is None:
-            return
-        self.active = False
-        xlac = _xlac()
-        if xlac._xla_step_marker is self._wrapper:
-            xlac._xla_step_marker = self._original
-        # else someone wrapped the binding after us; unwrapping theirs would drop their hook: ours stays, inert.
-        self._original = self._wrapper = None
+        self.active = False  # if someone wrapped the binding after us, ours stays inside theirs, doing nothing
+        if self._patch is not None:
+            self._patch.undo()

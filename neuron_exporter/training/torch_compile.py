@@ -37,7 +37,9 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from ..snapshot_metrics import LabelBudget
-from .dynamo_skip import never_compiled
+from .dynamo_callbacks import CompileCallbacks
+from .dynamo_callbacks import problem as probe_callbacks  # the compile callbacks
+from .patching import Patch
 from .sites import UNKNOWN, SiteFinder
 
 log = logging.getLogger("neuron_exporter")
@@ -66,7 +68,6 @@ RECORD_FIELDS = (
     "is_runtime",
     "start_time_us",
 )
-CALLBACK_METHODS = ("register_start_callback", "register_end_callback", "remove_start_callback", "remove_end_callback")
 MAX_FUNCTIONS = 1000  # compiled functions remembered (the metrics' label budget is separate and smaller)
 MAX_BREAK_SITES = 1000
 MAX_FRAMES = 10_000  # dynamo frame ids remembered, to name the function of a backward or recompile-limit record
@@ -176,16 +177,6 @@ def probe_records() -> str | None:
     fields = {f.name for f in dataclasses.fields(record)} if dataclasses.is_dataclass(record) else set()
     missing = [name for name in RECORD_FIELDS if name not in fields]
     return f"CompilationMetrics lacks {', '.join(missing)}" if missing else None
-
-
-def probe_callbacks() -> str | None:
-    """The compile callbacks, ``torch._dynamo.callback.callback_handler`` (the same from torch 2.9 to 2.14)."""
-    try:
-        from torch._dynamo.callback import callback_handler
-    except Exception as error:  # noqa: BLE001
-        return f"cannot import torch._dynamo.callback: {type(error).__name__}: {error}"
-    gone = [name for name in CALLBACK_METHODS if not callable(getattr(callback_handler, name, None))]
-    return f"callback_handler.{', '.join(gone)} gone" if gone else None
 
 
 @dataclass(frozen=True)
@@ -397,8 +388,8 @@ class TorchCompileSource:
         self._lock = threading.RLock()
         self._places = Places()
         self._utils: Any = None  # torch._dynamo.utils, whose _compilation_metrics may be replaced by a new deque
-        self._callbacks: tuple[Callable, Callable] | None = None
-        self._hook: tuple | None = None  # (owner of log_graph_break, the original, the wrapper)
+        self._callbacks: CompileCallbacks | None = None
+        self._breaks: Patch | None = None  # the wrapper of log_graph_break
         self.readable: tuple[str, ...] = ()  # of READABLE
         self.record_pending = False  # a compilation ended whose record may not have been read yet
         self._clear()
@@ -427,16 +418,17 @@ class TorchCompileSource:
             if records is None:
                 self._read_records()
             if callbacks is None:
-                self._register_callbacks(
+                self._callbacks = CompileCallbacks(
                     *(
                         (self._on_compile_start, self._on_compile_end)
                         if records is None
                         else (self._counting_start, self._counting_end)
-                    )
+                    ),
+                    self._on_error,
                 )
-            if hook is not None:
-                self._wrap_graph_breaks(hook)
-            self.readable = readable(records is None, callbacks is None, hook is not None)
+            registered = self._callbacks is not None and self._callbacks.register()
+            wrapped = hook is not None and self._wrap_graph_breaks(hook)
+            self.readable = readable(records is None, registered, wrapped)
             self.mode = mode_of(self.readable)
             self._say_unreadable([problem for problem in (records, callbacks, graph_breaks) if problem])
         except Exception as error:  # noqa: BLE001 (an exporter failure never reaches the training script)
@@ -457,20 +449,24 @@ class TorchCompileSource:
                 self._seen_before(record)
                 self._newest = record
 
-    def _wrap_graph_breaks(self, hook: BreakHook) -> None:
-        source, original, signature, read = self, vars(hook.owner)["log_graph_break"], hook.signature, hook.read
+    def _wrap_graph_breaks(self, hook: BreakHook) -> bool:
+        """Whether the wrapper of ``log_graph_break`` went in."""
+        source, signature, read = self, hook.signature, hook.read
 
-        def log_graph_break(*args, **kwargs):
-            try:
-                found = read(signature.bind(*args, **kwargs).arguments)
-                if found is not None:
-                    source._graph_break(*found)
-            except Exception as error:  # noqa: BLE001
-                source._on_error(error)
-            return original(*args, **kwargs)
+        def wrap(original):
+            def log_graph_break(*args, **kwargs):
+                try:
+                    found = read(signature.bind(*args, **kwargs).arguments)
+                    if found is not None:
+                        source._graph_break(*found)
+                except Exception as error:  # noqa: BLE001
+                    source._on_error(error)
+                return original(*args, **kwargs)
 
-        setattr(hook.owner, "log_graph_break", log_graph_break)  # noqa: B010 (torch's module or class)
-        self._hook = (hook.owner, original, log_graph_break)
+            return log_graph_break
+
+        self._breaks = Patch(hook.owner, "log_graph_break", wrap, self._on_error)
+        return self._breaks.install()
 
     def _say_unreadable(self, problems: list[str]) -> None:
         """One log line, if any private API could not be read."""
@@ -484,33 +480,13 @@ class TorchCompileSource:
                 ", ".join(unread) or "nothing",
             )
 
-    def _register_callbacks(self, start, end) -> None:
-        from torch._dynamo.callback import callback_handler
-
-        never_compiled(start, end)
-        callback_handler.register_start_callback(start)
-        callback_handler.register_end_callback(end)
-        self._callbacks = (start, end)
-
     def uninstall(self) -> None:
         if self._callbacks is not None:
-            from torch._dynamo.callback import callback_handler
-
-            start, end = self._callbacks
-            for remove, callback in (
-                (callback_handler.remove_start_callback, start),
-                (callback_handler.remove_end_callback, end),
-            ):
-                try:
-                    remove(callback)
-                except ValueError:
-                    pass
+            self._callbacks.remove()
             self._callbacks = None
-        if self._hook is not None:
-            owner, original, wrapper = self._hook
-            if vars(owner).get("log_graph_break") is wrapper:
-                owner.log_graph_break = original
-            self._hook = None
+        if self._breaks is not None:
+            self._breaks.undo()
+            self._breaks = None
         self.poll()  # what was compiled before detach() is still served; nothing compiled after it
         self._utils = None
 

@@ -39,8 +39,8 @@ class XlaSource:
         counters = self.reader.compile_counters()
         self.tracker = StepTracker(options.warmup_steps, *counters, self.attribution)
         self.families = XlaFamilies(self, options.max_op_series, options.max_site_series)
-        self._hook = StepHook(self._step_marker)
-        self._host_reads = HostReadHook(self._host_read, self._on_upload)
+        self._hook = StepHook(self._step_marker, self._step_error)
+        self._host_reads = HostReadHook(self._host_read, self._on_upload, self._step_error)
         self._probe: FallbackProbe | None = None
         if options.fallback_sites:
             from .fallback_probe import FallbackProbe
@@ -51,9 +51,12 @@ class XlaSource:
         self._graphs_seen, self._compiles_seen = counters
 
     # -- life cycle ---------------------------------------------------------------------------------------
-    def install(self) -> None:
-        self._hook.install()
+    def install(self) -> bool:
+        """Whether the step hook went in (if not, nothing did, and the failure is counted and logged)."""
+        if not self._hook.install():
+            return False
         self._host_reads.install()
+        return True
 
     def uninstall(self) -> None:
         self._hook.uninstall()

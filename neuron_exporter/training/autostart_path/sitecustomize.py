@@ -1,7 +1,8 @@
 """Run by Python at the start of every process whose PYTHONPATH has this directory (set by ``neuron-exporter run``
 and by ``attach()`` for its children): with ``NEURON_EXPORTER_AUTO=1``, the exporter attaches itself once the process
-imports torch_xla (see ``neuron_exporter/training/autostart.py``). The variable is read as a boolean option is
-(``config.auto_enabled``), and ``python -I`` is left alone. The sitecustomize this file shadows, if any, still runs.
+imports torch_xla (see ``neuron_exporter/training/autostart.py``). The variable is read as the ``.pth`` file reads it
+(``neuron_exporter.auto_enabled``), and ``python -I`` is left alone. The sitecustomize this file shadows, if any,
+still runs.
 """
 
 import importlib.machinery
@@ -10,12 +11,13 @@ import sys
 
 
 def _install_autostart() -> None:
-    if (
-        os.environ.get("NEURON_EXPORTER_AUTO", "").strip().lower() not in ("1", "true", "yes", "on")
-        or sys.flags.isolated
-    ):
+    if sys.flags.isolated or not os.environ.get("NEURON_EXPORTER_AUTO"):
         return
     try:
+        import neuron_exporter
+
+        if not neuron_exporter.auto_enabled(os.environ):
+            return
         from neuron_exporter.training import autostart
     except Exception as error:  # noqa: BLE001 (never stop the user's program)
         print(f"neuron-exporter: cannot attach in this process: {type(error).__name__}: {error}", file=sys.stderr)

@@ -1,0 +1,66 @@
+"""dynamo's compile callbacks, ``torch._dynamo.callback.callback_handler`` (private API, the same from torch 2.9 to
+2.14): registered here only.
+
+``start(args)`` runs when dynamo starts compiling a frame, ``end(args)`` when it is done (before that compilation's
+record is added), on the compiling thread. ``torch._dynamo.reset()`` drops every callback, so removing one that is
+gone already is not an error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+
+from .dynamo_skip import never_compiled
+
+METHODS = ("register_start_callback", "register_end_callback", "remove_start_callback", "remove_end_callback")
+
+
+def problem() -> str | None:
+    """What is wrong with the compile callbacks on this torch, None if nothing."""
+    try:
+        from torch._dynamo.callback import callback_handler
+    except Exception as error:  # noqa: BLE001 (any import failure means: not readable)
+        return f"cannot import torch._dynamo.callback: {type(error).__name__}: {error}"
+    gone = [name for name in METHODS if not callable(getattr(callback_handler, name, None))]
+    return f"callback_handler.{', '.join(gone)} gone" if gone else None
+
+
+class CompileCallbacks:
+    def __init__(self, start: Callable, end: Callable, on_error: Callable[[BaseException], None]):
+        """``start`` and ``end`` must not raise; ``on_error`` is told why they could not be registered or removed."""
+        self._start = start
+        self._end = end
+        self._on_error = on_error
+        self.registered = False
+
+    def register(self) -> bool:
+        """Register both, once, if this torch has the callbacks; whether they are registered. Never raises."""
+        if self.registered or problem() is not None:
+            return self.registered
+        try:
+            from torch._dynamo.callback import callback_handler
+
+            never_compiled(self._start, self._end)
+            self.registered = True
+            callback_handler.register_start_callback(self._start)
+            callback_handler.register_end_callback(self._end)
+        except Exception as error:  # noqa: BLE001 (never into the caller)
+            self._on_error(error)
+            self.remove()
+        return self.registered
+
+    def remove(self) -> None:
+        """Never raises."""
+        if not self.registered:
+            return
+        self.registered = False
+        try:
+            from torch._dynamo.callback import callback_handler
+
+            with contextlib.suppress(ValueError):
+                callback_handler.remove_start_callback(self._start)
+            with contextlib.suppress(ValueError):
+                callback_handler.remove_end_callback(self._end)
+        except Exception as error:  # noqa: BLE001
+            self._on_error(error)

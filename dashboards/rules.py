@@ -10,13 +10,15 @@ dashboards. Every alert carries a ``severity`` label and the annotations ``summa
 ``runbook_url`` (the configured base URL and an anchor named after the alert).
 
 Every expression and annotation is written out as one PromQL or Go-template text in which ``${name}`` stands for
-what the configuration decides (labels, selectors, windows, thresholds) and is filled in by ``fill``.
+what the configuration decides (labels, selectors, windows, thresholds) and is filled in by ``fill``. The alerts
+come in one group per topic: XLA training, torch.compile, and the exporter itself.
 """
 
 from __future__ import annotations
 
 import re
 import textwrap
+from collections.abc import Callable
 
 from .config import DEFAULTS, Config
 
@@ -40,6 +42,12 @@ FALLBACK_RATE = f"rank_op:xla_cpu_fallback_ops:rate{WINDOW}"
 # run's steps summed over its ranks), so the sites of a run add up to the run's own ratio.
 SITE_CUTS_PER_STEP = f"run_location:xla_graph_cuts_per_step:ratio{WINDOW}"
 SITE_RECOMPILATIONS_PER_STEP = f"run_location:xla_recompilations_per_step:ratio{WINDOW}"
+
+# The rule groups: recording rules first (the alerts read them), then the alerts by topic.
+RECORDING_GROUP = "neuron-exporter.xla.recording"
+XLA_GROUP = "neuron-exporter.xla"
+TORCH_COMPILE_GROUP = "neuron-exporter.torch_compile"
+EXPORTER_GROUP = "neuron-exporter.exporter"
 
 # The rank an alert's description names, from the first sample of a template query.
 RANK = 'rank {{ label "rank" . }} (local rank {{ label "local_rank" . }}) of {{ label "instance" . }}'
@@ -738,18 +746,24 @@ def exporter_alerts(c: Config) -> list[dict]:
 
 # -- rule files ----------------------------------------------------------------------------------------------------
 
+ALERT_GROUPS: dict[str, Callable[[Config], list[dict]]] = {
+    XLA_GROUP: xla_alerts,
+    TORCH_COMPILE_GROUP: torch_compile_alerts,
+    EXPORTER_GROUP: exporter_alerts,
+}
+
 
 def alert_rules(c: Config = DEFAULTS) -> list[dict]:
-    """Every alert: XLA training, torch.compile, the exporter."""
-    return [*xla_alerts(c), *torch_compile_alerts(c), *exporter_alerts(c)]
+    """Every alert, group after group."""
+    return [rule for alerts in ALERT_GROUPS.values() for rule in alerts(c)]
 
 
 def rule_files(c: Config = DEFAULTS) -> dict[str, dict]:
     """{file name: rule file content} for the two files Prometheus loads."""
     recording = [{"record": name, "expr": expr} for name, expr in recording_rules(c).items()]
     return {
-        RECORDING_FILE: {"groups": [{"name": "neuron-exporter.recording", "rules": recording}]},
-        ALERTS_FILE: {"groups": [{"name": "neuron-exporter.alerts", "rules": alert_rules(c)}]},
+        RECORDING_FILE: {"groups": [{"name": RECORDING_GROUP, "rules": recording}]},
+        ALERTS_FILE: {"groups": [{"name": name, "rules": alerts(c)} for name, alerts in ALERT_GROUPS.items()]},
     }
 
 

@@ -50,6 +50,20 @@ def test_promtool_check_rules_is_clean():
     assert f"SUCCESS: {len(rules.RECORDING_RULES)} rules found" in result.stdout
 
 
+def test_alerts_are_grouped_by_topic():
+    recording = yaml.safe_load(RULE_FILES[0].read_text())["groups"]
+    assert [group["name"] for group in recording] == ["neuron-exporter.xla.recording"]
+    groups = {group["name"]: group["rules"] for group in yaml.safe_load(RULE_FILES[1].read_text())["groups"]}
+    prefixes = {
+        "neuron-exporter.xla": "Xla",
+        "neuron-exporter.torch_compile": "TorchCompile",
+        "neuron-exporter.exporter": "NeuronExporter",
+    }
+    assert list(groups) == list(prefixes)
+    for name, prefix in prefixes.items():
+        assert groups[name] and all(rule["alert"].startswith(prefix) for rule in groups[name]), name
+
+
 def test_fill_replaces_placeholders_and_leaves_go_template_variables():
     text = rules.fill("{{ $value }} of {{ $labels.job }} over ${window}", window="5m")
     assert text == "{{ $value }} of {{ $labels.job }} over 5m"

@@ -41,7 +41,7 @@ check: venv
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy
-	$(PY) -m mypy --python-version 3.11 --cache-dir .mypy_cache/3.11 dashboards
+	$(PY) -m mypy --python-version 3.11 --cache-dir .mypy_cache/3.11 neuron_exporter/dashboards/*.py
 
 demo: venv prometheus
 	$(PY) examples/demo.py
@@ -115,7 +115,7 @@ fuzz: venv
 	NEURON_EXPORTER_FUZZ_CASES=20000 $(PY) -m pytest -q -k fuzz
 
 dashboards: venv
-	$(PY) -m dashboards.build
+	$(PY) -m neuron_exporter.dashboards.build
 
 bench: venv
 	$(PY) benchmarks/step_overhead.py

@@ -12,10 +12,10 @@ import pytest
 import yaml
 
 pytest.importorskip("grafana_foundation_sdk", reason="the dashboards extra (Python 3.11 or later)")
-from dashboards import build, rules
-from dashboards.config import DEFAULTS, RUNBOOK_URL, Config, ConfigError, config_from, load_config
+from neuron_exporter.dashboards import build, rules
+from neuron_exporter.dashboards.config import DEFAULTS, RUNBOOK_URL, Config, ConfigError, config_from, load_config
 from tests.support.contract import CONTRACT_METRICS, metric_names
-from tests.support.paths import ROOT
+from tests.support.paths import DASHBOARDS, ROOT
 
 RULES_DIR = build.RULES_DIR
 RULE_FILES = [RULES_DIR / rules.RECORDING_FILE, RULES_DIR / rules.ALERTS_FILE]
@@ -211,9 +211,9 @@ def test_runbook_has_one_section_per_alert_and_nothing_else():
 
 
 def test_readme_lists_every_alert():
-    readme = (ROOT / "dashboards" / "README.md").read_text()
+    readme = (DASHBOARDS / "README.md").read_text()
     for rule in committed_alerts():
-        assert f"`{rule['alert']}`" in readme, f"dashboards/README.md does not list {rule['alert']}"
+        assert f"`{rule['alert']}`" in readme, f"neuron_exporter/dashboards/README.md does not list {rule['alert']}"
 
 
 def test_rules_use_only_contract_metrics_and_their_own_recordings():
@@ -469,7 +469,7 @@ def test_bad_config_file_gives_one_line_naming_the_problem(tmp_path, content, me
         [
             sys.executable,
             "-m",
-            "dashboards.build",
+            "neuron_exporter.dashboards.build",
             "--config",
             str(path),
             "--dashboards-dir",

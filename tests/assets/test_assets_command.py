@@ -33,10 +33,7 @@ def test_the_package_ships_what_the_command_reads():
     package_data = pyproject["tool"]["setuptools"]["package-data"]
     assert tuple(package_data["neuron_exporter.deploy"]) == assets_command.DEPLOY_FILES
     assert package_data["neuron_exporter.dashboards"] == ["*.json"]
-    assert pyproject["tool"]["setuptools"]["package-dir"] == {
-        "neuron_exporter.dashboards": "dashboards",
-        "neuron_exporter.deploy": "deploy",
-    }
+    assert pyproject["tool"]["setuptools"]["package-dir"] == {"neuron_exporter.deploy": "deploy"}
 
 
 @pytest.mark.parametrize(

@@ -20,13 +20,13 @@ import pytest
 import yaml
 
 from neuron_exporter import __version__
-from tests.support.paths import ROOT
+from tests.support.paths import DASHBOARDS, ROOT
 
 pytestmark = pytest.mark.packaging
 
 PROMTOOL = "/usr/bin/promtool" if os.access("/usr/bin/promtool", os.X_OK) else "promtool"
 DEPENDENCIES = ("prometheus-client", "psutil", "pyyaml")  # what the wheel needs, at the versions installed here
-COMMITTED_DASHBOARDS = {path.name: path.read_text() for path in sorted((ROOT / "dashboards").glob("*.json"))}
+COMMITTED_DASHBOARDS = {path.name: path.read_text() for path in sorted(DASHBOARDS.glob("*.json"))}
 RULES_DIR = ROOT / "deploy" / "prometheus" / "rules"
 COMMITTED_RULES = {path.name: path.read_text() for path in sorted(RULES_DIR.glob("*.yml"))}
 REPORT = ROOT / "tests" / "fixtures" / "reports" / "fallback.report.txt"
@@ -91,9 +91,7 @@ def cli(venv, tmp_path):
 
 def source_modules() -> set[str]:
     """Every module of the checkout, by its path in the installed package."""
-    modules = {path.relative_to(ROOT).as_posix() for path in (ROOT / "neuron_exporter").rglob("*.py")}
-    modules |= {f"neuron_exporter/dashboards/{path.name}" for path in (ROOT / "dashboards").glob("*.py")}
-    return modules
+    return {path.relative_to(ROOT).as_posix() for path in (ROOT / "neuron_exporter").rglob("*.py")}
 
 
 def test_the_wheel_holds_every_module_the_assets_and_the_metadata(dist):
@@ -113,7 +111,8 @@ def test_the_wheel_holds_every_module_the_assets_and_the_metadata(dist):
         *(f"neuron_exporter/dashboards/{name}" for name in COMMITTED_DASHBOARDS),
         *(f"neuron_exporter/deploy/prometheus/rules/{name}" for name in COMMITTED_RULES),
     } <= names
-    assert not [name for name in names if "__pycache__" in name or name.startswith(("tests/", "deploy/"))]
+    outside = ("tests/", "deploy/", "dashboards/")  # deploy/ travels as neuron_exporter/deploy
+    assert not [name for name in names if "__pycache__" in name or name.startswith(outside)]
     headers = list(metadata.split("\n\n")[0].splitlines())
     assert f"Version: {__version__}" in headers
     assert "Requires-Python: >=3.10" in headers
@@ -141,8 +140,9 @@ def test_the_sdist_holds_what_the_wheel_is_built_from_and_the_tests(dist):
         "deploy/Dockerfile",
         "deploy/PROTOCOL.md",
         "deploy/prometheus/rules/tests/xla-alerts.yml",
-        "dashboards/build.py",
-        *(f"dashboards/{name}" for name in COMMITTED_DASHBOARDS),
+        "neuron_exporter/dashboards/build.py",
+        "neuron_exporter/dashboards/README.md",
+        *(f"neuron_exporter/dashboards/{name}" for name in COMMITTED_DASHBOARDS),
     } <= names
     assert {path.relative_to(ROOT).as_posix() for path in (ROOT / "neuron_exporter").rglob("*.py")} <= names
     assert not [name for name in names if "__pycache__" in name or name.startswith((".venv", ".git"))]

@@ -29,7 +29,7 @@ from .config_file import ConfigError, dump_yaml
 
 PACKAGE = Path(__file__).resolve().parent
 FORMATS = ("plain", "prometheus-operator", "grafana-configmaps", "mixin")
-# What the package ships of deploy/ (pyproject.toml lists the same files as package data). deploy/ stays at the
+# What the package ships of deploy/ (pyproject.toml force-includes the same files in the wheel). deploy/ stays at the
 # repository's root, where the rules' runbook_url and users' checkouts find it; a wheel carries these files in
 # the package, as neuron_exporter/deploy.
 DEPLOY_FILES = (

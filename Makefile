@@ -24,9 +24,6 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || { $(PYTHON_EXE) -m venv $(VENV) && echo '*' > $(VENV)/.gitignore; }
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[$(EXTRAS)]'
-	@# A wheel puts this file in site-packages (setup.py); an editable install does not.
-	cp neuron_exporter/training/autostart_path/neuron_exporter_autostart.pth \
-	  "$$($(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/"
 	touch $@
 
 prometheus:
@@ -41,7 +38,7 @@ check: venv
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy
-	$(PY) -m mypy --python-version 3.11 --cache-dir .mypy_cache/3.11 dashboards
+	$(PY) -m mypy --python-version 3.11 --cache-dir .mypy_cache/3.11 neuron_exporter/dashboards/*.py
 
 demo: venv prometheus
 	$(PY) examples/demo.py
@@ -100,8 +97,6 @@ COMPAT_PINS_2.8 := torch==2.8.* torch-xla==2.8.0 torchvision==0.23.*
 	  test = tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["test"]; \
 	  print("\n".join(r for r in test if not r.startswith("torch")))' > .venv-xla-$*/test-requirements.txt
 	.venv-xla-$*/bin/python -m pip install --quiet -e '.[auth]' -r .venv-xla-$*/test-requirements.txt $(COMPAT_PINS_$*)
-	cp neuron_exporter/training/autostart_path/neuron_exporter_autostart.pth \
-	  "$$(.venv-xla-$*/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/"
 	touch $@
 
 # One release after the other (each suite takes both cores); every release runs even when one fails.
@@ -115,7 +110,7 @@ fuzz: venv
 	NEURON_EXPORTER_FUZZ_CASES=20000 $(PY) -m pytest -q -k fuzz
 
 dashboards: venv
-	$(PY) -m dashboards.build
+	$(PY) -m neuron_exporter.dashboards.build
 
 bench: venv
 	$(PY) benchmarks/step_overhead.py

@@ -2,7 +2,7 @@
 deployment files (systemd unit, Kubernetes manifests, scrape config) that come with the package, written out as
 plain files or in the form a monitoring stack loads:
 
-- ``plain``: the files as the repository keeps them: ``dashboards/*.json``, ``prometheus/rules/*.yml``,
+- ``plain``: the files as the package ships them: ``dashboards/*.json``, ``prometheus/rules/*.yml``,
   ``prometheus/runbook.md``, ``prometheus/prometheus.yml``, ``systemd/``, ``kubernetes/``, ``web-config.example.yml``;
 - ``prometheus-operator``: ``prometheus-rule.yaml``, one ``PrometheusRule`` (monitoring.coreos.com/v1) holding every
   rule group;
@@ -12,7 +12,8 @@ plain files or in the form a monitoring stack loads:
   built monitoring mixin.
 
 ``--config FILE`` builds the dashboards and rules anew from the mixin configuration in FILE (a YAML mapping of the
-keys of dashboards/config.py: selectors, labels, severities, thresholds); that needs the ``dashboards`` extra.
+keys of dashboards/config.py in this package: selectors, labels, severities, thresholds); that needs the
+``dashboards`` extra.
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ from .config_file import ConfigError, dump_yaml
 
 PACKAGE = Path(__file__).resolve().parent
 FORMATS = ("plain", "prometheus-operator", "grafana-configmaps", "mixin")
-# What the package ships of deploy/ (pyproject.toml lists the same files as package data).
+# What the package ships of deploy/ (pyproject.toml force-includes the same files in the wheel). deploy/ stays at the
+# repository's root, where the rules' runbook_url and users' checkouts find it; a wheel carries these files in
+# the package, as neuron_exporter/deploy.
 DEPLOY_FILES = (
     "prometheus/prometheus.yml",
     "prometheus/rules/*.yml",
@@ -84,7 +87,7 @@ def register(subparsers) -> None:
         metavar="FILE",
         type=Path,
         help="rebuild the dashboards and rules with this mixin configuration (YAML: selector, "
-        "aggregation_labels, severities, thresholds; see dashboards/config.py); needs the "
+        "aggregation_labels, severities, thresholds; see neuron_exporter/dashboards/config.py); needs the "
         "dashboards extra",
     )
     parser.set_defaults(run=run)
@@ -102,15 +105,15 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def source_dir(name: str) -> Path:
-    """``dashboards`` or ``deploy``: inside the installed package, or beside it in a source checkout."""
-    installed = PACKAGE / name
-    return installed if installed.is_dir() else PACKAGE.parent / name
+def deploy_dir() -> Path:
+    """The deployment files: inside the installed package (a wheel), or at the root of a source checkout."""
+    installed = PACKAGE / "deploy"
+    return installed if installed.is_dir() else PACKAGE.parent / "deploy"
 
 
 def shipped_files() -> dict[str, str]:
     """Every file the package ships, by its path in the plain layout."""
-    dashboards, deploy = source_dir("dashboards"), source_dir("deploy")
+    dashboards, deploy = PACKAGE / "dashboards", deploy_dir()
     paths = {f"{DASHBOARDS_DIR}/{path.name}": path for path in sorted(dashboards.glob("*.json"))}
     for pattern in DEPLOY_FILES:
         paths.update((path.relative_to(deploy).as_posix(), path) for path in sorted(deploy.glob(pattern)))

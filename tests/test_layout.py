@@ -4,7 +4,9 @@ The tests keep to theirs: a folder per room, helpers shared through tests/suppor
 training/ (inside the training process) never imports reports/; node/ (the daemon) never imports training/ or
 reports/; web/ and reports/ import no other folder; the shared top-level modules import no folder at all (only the
 public face, ``__init__``, ``__main__`` and ``cli``, puts the folders together). In web/, the connection layer
-(``connections``) knows no route, metric or user: of the package it uses the rate limits only.
+(``connections``) knows no route, metric or user: of the package it uses the rate limits only. dashboards/, the
+generator of the dashboards and rules (it needs the Grafana SDK, an extra), imports no other folder, and only
+``assets_command`` (``neuron-exporter assets --config``) imports it.
 """
 
 from __future__ import annotations
@@ -17,15 +19,18 @@ import pytest
 from tests.support.paths import ROOT
 
 PACKAGE = ROOT / "neuron_exporter"
-FOLDERS = {"training", "node", "reports", "web"}
+FOLDERS = {"training", "node", "reports", "web", "dashboards"}
 FORBIDDEN = {
-    "training": {"reports"},
-    "node": {"training", "reports"},
-    "reports": {"training", "node", "web"},
-    "web": {"training", "node", "reports"},
+    "training": {"reports", "dashboards"},
+    "node": {"training", "reports", "dashboards"},
+    "reports": {"training", "node", "web", "dashboards"},
+    "web": {"training", "node", "reports", "dashboards"},
+    "dashboards": {"training", "node", "reports", "web"},
     "": FOLDERS,  # config, snapshot, ...: shared by all, so they depend on none
 }
 PUBLIC_FACE = {"__init__.py", "__main__.py", "cli.py"}
+# The one way into the dashboards generator from the rest of the package: `neuron-exporter assets --config`.
+ALLOWED = {"assets_command.py": {"dashboards"}}
 
 
 def imported_modules(path: Path, root: Path = PACKAGE) -> set[str]:
@@ -59,7 +64,7 @@ def violations(package: Path = PACKAGE) -> list[str]:
             continue
         for module in sorted(imported_modules(path, package)):
             target = folder_of(module)
-            if target and target in FORBIDDEN[folder]:
+            if target and target in FORBIDDEN[folder] - ALLOWED.get(relative.as_posix(), set()):
                 found.append(f"{relative} imports {module}")
     return found
 
@@ -83,14 +88,13 @@ def test_the_package_keeps_its_import_rules():
         ("node", "import neuron_exporter.training.attach"),
         ("web", "from ..node import spool"),
         ("reports", "from ..web.http_server import MetricsServer"),
+        ("web", "from ..dashboards import build"),
+        ("training", "import neuron_exporter.dashboards.rules"),
+        ("dashboards", "from ..training.rank import rank_labels"),
     ],
 )
 def test_a_forbidden_import_is_caught(tmp_path, folder, line):
-    copy = tmp_path / "neuron_exporter"
-    for path in PACKAGE.rglob("*.py"):
-        target = copy / path.relative_to(PACKAGE)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(path.read_text())
+    copy = copy_of_the_package(tmp_path)
     module = sorted((copy / folder).glob("[!_]*.py"))[0]
     module.write_text(module.read_text() + f"\n{line}\n")
     forbidden_folder = line.replace("..", "neuron_exporter.").split()[1].split(".")[1]
@@ -130,6 +134,26 @@ def test_an_application_import_in_the_connection_layer_is_caught(tmp_path, line)
     copy.parent.mkdir(parents=True)
     copy.write_text((PACKAGE / "web" / "connections.py").read_text() + f"\n{line}\n")
     assert connection_layer_violations(tmp_path / "neuron_exporter")
+
+
+def test_only_assets_command_imports_the_dashboards_generator(tmp_path):
+    copy = copy_of_the_package(tmp_path)
+    assert "from .dashboards import build" in (copy / "assets_command.py").read_text()
+    config = copy / "config.py"
+    config.write_text(config.read_text() + "\nfrom .dashboards import build\n")
+    assert violations(copy) == [
+        "config.py imports neuron_exporter.dashboards",
+        "config.py imports neuron_exporter.dashboards.build",
+    ]
+
+
+def copy_of_the_package(tmp_path: Path) -> Path:
+    copy = tmp_path / "neuron_exporter"
+    for path in PACKAGE.rglob("*.py"):
+        target = copy / path.relative_to(PACKAGE)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(path.read_text())
+    return copy
 
 
 TESTS = ROOT / "tests"

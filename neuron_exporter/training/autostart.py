@@ -2,7 +2,7 @@
 
 ``install()`` is called at interpreter start-up when ``NEURON_EXPORTER_AUTO=1``: by ``autostart_path/
 sitecustomize.py`` (on ``PYTHONPATH`` under ``neuron-exporter run`` and in the children of an attached process)
-and by the ``neuron_exporter_autostart.pth`` file an installed wheel puts in site-packages. It only adds an
+and by the ``neuron_exporter_autostart.pth`` file an install puts in site-packages. It only adds an
 import watcher: a process that never imports torch loads nothing else of the exporter. After the import,
 ``attach()`` runs as if the script had called it, except that the process takes the HTTP port only once it trains
 (the node endpoint is usually served by someone else); torch_xla's and torch.compile's sources start when those are

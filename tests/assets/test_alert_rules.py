@@ -12,10 +12,10 @@ import pytest
 import yaml
 
 pytest.importorskip("grafana_foundation_sdk", reason="the dashboards extra (Python 3.11 or later)")
-from dashboards import build, rules
-from dashboards.config import DEFAULTS, RUNBOOK_URL, Config, ConfigError, config_from, load_config
+from neuron_exporter.dashboards import build, rules
+from neuron_exporter.dashboards.config import DEFAULTS, RUNBOOK_URL, Config, ConfigError, config_from, load_config
 from tests.support.contract import CONTRACT_METRICS, metric_names
-from tests.support.paths import ROOT
+from tests.support.paths import DASHBOARDS, ROOT
 
 RULES_DIR = build.RULES_DIR
 RULE_FILES = [RULES_DIR / rules.RECORDING_FILE, RULES_DIR / rules.ALERTS_FILE]
@@ -23,8 +23,13 @@ TEST_FILES = sorted((RULES_DIR / "tests").glob("*.yml"))
 RUNBOOK = ROOT / "deploy" / "prometheus" / "runbook.md"
 
 
+def rules_of(content: dict) -> list[dict]:
+    """The rules of a rule file's content, group after group."""
+    return [rule for group in content["groups"] for rule in group["rules"]]
+
+
 def committed_alerts() -> list[dict]:
-    return yaml.safe_load(RULE_FILES[1].read_text())["groups"][0]["rules"]
+    return rules_of(yaml.safe_load(RULE_FILES[1].read_text()))
 
 
 def promtool(*args: str) -> subprocess.CompletedProcess:
@@ -43,6 +48,43 @@ def test_promtool_check_rules_is_clean():
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"SUCCESS: {len(rules.alert_rules())} rules found" in result.stdout
     assert f"SUCCESS: {len(rules.RECORDING_RULES)} rules found" in result.stdout
+
+
+def test_alerts_are_grouped_by_topic():
+    recording = yaml.safe_load(RULE_FILES[0].read_text())["groups"]
+    assert [group["name"] for group in recording] == ["neuron-exporter.xla.recording"]
+    groups = {group["name"]: group["rules"] for group in yaml.safe_load(RULE_FILES[1].read_text())["groups"]}
+    prefixes = {
+        "neuron-exporter.xla": "Xla",
+        "neuron-exporter.torch_compile": "TorchCompile",
+        "neuron-exporter.exporter": "NeuronExporter",
+    }
+    assert list(groups) == list(prefixes)
+    for name, prefix in prefixes.items():
+        assert groups[name] and all(rule["alert"].startswith(prefix) for rule in groups[name]), name
+
+
+def test_fill_replaces_placeholders_and_leaves_go_template_variables():
+    text = rules.fill("{{ $value }} of {{ $labels.job }} over ${window}", window="5m")
+    assert text == "{{ $value }} of {{ $labels.job }} over 5m"
+    # A template that starts on a new line is written indented like the code: it loses the indentation.
+    assert rules.fill("\n    count by (${run}) (\n      up\n    )\n    ", run="job") == "count by (job) (\n  up\n)"
+    assert rules.fill("a ${x} and ${x}", x="%q") == "a %q and %q"  # values are not templates themselves
+    assert rules.fill("${x}", x="${y}") == "${y}"
+
+
+@pytest.mark.parametrize(
+    "template, values, message",
+    [
+        ("rate(${counter}[${windwo}])", {"counter": "up", "window": "5m"}, r"\['windwo'\].*\['window'\]"),
+        ("rate(${counter}[5m])", {"counter": "up", "window": "5m"}, r"without placeholders \['window'\]"),
+        ("rate(${counter}[${window])", {"counter": "up", "window": "5m"}, "malformed"),
+        ("rate(${ counter }[5m])", {"counter": "up"}, "malformed"),
+    ],
+)
+def test_fill_raises_on_a_placeholder_without_a_value_or_a_value_without_a_placeholder(template, values, message):
+    with pytest.raises(ValueError, match=message):
+        rules.fill(template, **values)
 
 
 @pytest.mark.parametrize("test_file", TEST_FILES, ids=lambda p: p.name)
@@ -154,7 +196,7 @@ def aggregations(expr: str) -> list[list[str]]:
 def test_every_aggregation_keeps_the_configured_labels(labels):
     config = config_from({"aggregation_labels": list(labels)})
     for _name, content in rules.rule_files(config).items():
-        for rule in content["groups"][0]["rules"]:
+        for rule in rules_of(content):
             groupings = aggregations(rule["expr"])
             assert groupings or rule.get("alert") == "NeuronExporterDown", rule  # `up == 0` keeps every label
             for grouping in groupings:
@@ -169,15 +211,15 @@ def test_runbook_has_one_section_per_alert_and_nothing_else():
 
 
 def test_readme_lists_every_alert():
-    readme = (ROOT / "dashboards" / "README.md").read_text()
+    readme = (DASHBOARDS / "README.md").read_text()
     for rule in committed_alerts():
-        assert f"`{rule['alert']}`" in readme, f"dashboards/README.md does not list {rule['alert']}"
+        assert f"`{rule['alert']}`" in readme, f"neuron_exporter/dashboards/README.md does not list {rule['alert']}"
 
 
 def test_rules_use_only_contract_metrics_and_their_own_recordings():
     recorded = set(rules.RECORDING_RULES)
     for path in RULE_FILES:
-        for rule in yaml.safe_load(path.read_text())["groups"][0]["rules"]:
+        for rule in rules_of(yaml.safe_load(path.read_text())):
             unknown = metric_names(rule["expr"]) - CONTRACT_METRICS - recorded
             assert not unknown, f"{path.name}: {rule.get('alert') or rule.get('record')} uses {sorted(unknown)}"
 
@@ -292,7 +334,7 @@ def test_changing_a_severity_or_the_selector_changes_the_generated_rules(tmp_pat
     # description's rank lookups; and the defaults carry theirs.
     for config, selector in ((changed, 'job="training", container="trainer"'), (DEFAULTS, DEFAULTS.selector)):
         for content in rules.rule_files(config).values():
-            for rule in content["groups"][0]["rules"]:
+            for rule in rules_of(content):
                 found = selected_metrics(rule["expr"])
                 for lookup in re.findall(
                     r'printf "((?:[^"\\]|\\.)*)"', rule.get("annotations", {}).get("description", "")
@@ -379,7 +421,7 @@ def test_build_entry_point_writes_everything_from_a_config(tmp_path):
         f"rules/{rules.ALERTS_FILE}",
         f"rules/{rules.RECORDING_FILE}",
     ]
-    alerts = yaml.safe_load((tmp_path / "rules" / rules.ALERTS_FILE).read_text())["groups"][0]["rules"]
+    alerts = rules_of(yaml.safe_load((tmp_path / "rules" / rules.ALERTS_FILE).read_text()))
     assert next(r for r in alerts if r["alert"] == "NeuronExporterDown")["expr"] == 'up{job="training"} == 0'
     assert 'job=\\"training\\"' in (tmp_path / "dashboards" / "training-overview.json").read_text()
     with pytest.raises(ConfigError, match="unknown configuration key 'graphs_per_step'"):
@@ -427,7 +469,7 @@ def test_bad_config_file_gives_one_line_naming_the_problem(tmp_path, content, me
         [
             sys.executable,
             "-m",
-            "dashboards.build",
+            "neuron_exporter.dashboards.build",
             "--config",
             str(path),
             "--dashboards-dir",

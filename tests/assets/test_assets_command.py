@@ -29,14 +29,22 @@ def run_cli(capsys, *args) -> tuple[int, str, str]:
 
 
 def test_the_package_ships_what_the_command_reads():
-    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    package_data = pyproject["tool"]["setuptools"]["package-data"]
-    assert tuple(package_data["neuron_exporter.deploy"]) == assets_command.DEPLOY_FILES
-    assert package_data["neuron_exporter.dashboards"] == ["*.json"]
-    assert pyproject["tool"]["setuptools"]["package-dir"] == {
-        "neuron_exporter.dashboards": "dashboards",
-        "neuron_exporter.deploy": "deploy",
+    """The wheel carries the package, dashboards included, and, as neuron_exporter/deploy, exactly the files of
+    deploy/ that DEPLOY_FILES name (pyproject.toml force-includes them)."""
+    wheel = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["hatch"]["build"]["targets"]["wheel"]
+    assert wheel["packages"] == ["neuron_exporter"]
+    assert not [pattern for pattern in wheel.get("exclude", []) if "dashboards" in pattern and "README" not in pattern]
+    deploy = ROOT / "deploy"
+    forced = set()
+    for source, target in wheel["force-include"].items():
+        if source.startswith("deploy/"):
+            assert target == f"neuron_exporter/{source}"
+            path = ROOT / source
+            forced |= {file.relative_to(deploy).as_posix() for file in [path, *path.rglob("*")] if file.is_file()}
+    named = {
+        path.relative_to(deploy).as_posix() for pattern in assets_command.DEPLOY_FILES for path in deploy.glob(pattern)
     }
+    assert forced == named
 
 
 @pytest.mark.parametrize(

@@ -10,9 +10,9 @@ import re
 import pytest
 
 pytest.importorskip("grafana_foundation_sdk", reason="the dashboards extra (Python 3.11 or later)")
-from dashboards import build
+from neuron_exporter.dashboards import build
 from tests.support.contract import CONTRACT_METRICS, metric_names
-from tests.support.paths import ROOT
+from tests.support.paths import DASHBOARDS
 
 
 # The metric contract: every name the exporter serves (the training process and the node endpoint), plus
@@ -48,7 +48,9 @@ def test_committed_json_is_what_the_code_builds(tmp_path):
     for name in DASHBOARD_FILES:
         committed = (build.DASHBOARDS_DIR / name).read_text()
         fresh = (tmp_path / "dashboards" / name).read_text()
-        assert committed == fresh, f"dashboards/{name} is stale: run `make dashboards` and commit the result"
+        assert committed == fresh, (
+            f"neuron_exporter/dashboards/{name} is stale: run `make dashboards` and commit the result"
+        )
 
 
 @pytest.mark.parametrize("name", DASHBOARD_FILES)
@@ -83,7 +85,7 @@ def selectors(expr: str):
 
 @pytest.mark.parametrize("name", DASHBOARD_FILES)
 def test_every_selector_follows_the_selector_and_the_variables(name):
-    from dashboards.config import DEFAULTS
+    from neuron_exporter.dashboards.config import DEFAULTS
 
     for title, expr in all_exprs(load(name)):
         assert metric_names(expr), f"{name}: panel {title!r} selects no metric"
@@ -99,7 +101,7 @@ def test_every_selector_follows_the_selector_and_the_variables(name):
 
 
 def test_the_selector_reaches_every_query_and_variable():
-    from dashboards.config import config_from
+    from neuron_exporter.dashboards.config import config_from
 
     config = config_from({"selector": 'job="training", container="trainer"'})
     for name in DASHBOARD_FILES:
@@ -233,16 +235,18 @@ def test_per_rank_panels_name_the_run():
 
 
 def test_readme_lists_every_panel():
-    readme = (ROOT / "dashboards" / "README.md").read_text()
+    readme = (DASHBOARDS / "README.md").read_text()
     for name in DASHBOARD_FILES:
         for panel in data_panels(load(name)):
             if panel["type"] == "text":
                 continue  # the README says each row of the fragmentation dashboard opens with one
-            assert panel["title"] in readme, f"dashboards/README.md does not list panel {panel['title']!r}"
+            assert panel["title"] in readme, (
+                f"neuron_exporter/dashboards/README.md does not list panel {panel['title']!r}"
+            )
 
 
 def test_threshold_lines_follow_the_alert_thresholds():
-    from dashboards.config import config_from
+    from neuron_exporter.dashboards.config import config_from
 
     changed = config_from({"graph_cuts_per_step": 2.5})
     board = json.loads(build.dashboard_json("fragmentation-recompiles.json", changed))

@@ -20,8 +20,8 @@ import time
 import pytest
 
 pytest.importorskip("grafana_foundation_sdk", reason="the dashboards extra (Python 3.11 or later)")
-from dashboards import build, rules
-from dashboards.config import DEFAULTS, Config
+from neuron_exporter.dashboards import build, rules
+from neuron_exporter.dashboards.config import DEFAULTS, Config
 from tests.support.paths import SCRIPTS
 from tests.support.processes import wait_until, xla_env
 from tests.support.prometheus import Prometheus, running_prometheus

@@ -2,7 +2,7 @@
 does), the wheel installed without torch into a fresh virtual environment, every command run from there, and the
 assets it writes checked by promtool, loaded as Kubernetes objects and compared with the committed files.
 
-About a minute: building runs setuptools in isolated environments. ``-m "not packaging"`` leaves it out.
+About a minute: building runs hatchling in isolated environments. ``-m "not packaging"`` leaves it out.
 """
 
 from __future__ import annotations
@@ -20,13 +20,13 @@ import pytest
 import yaml
 
 from neuron_exporter import __version__
-from tests.support.paths import ROOT
+from tests.support.paths import DASHBOARDS, ROOT
 
 pytestmark = pytest.mark.packaging
 
 PROMTOOL = "/usr/bin/promtool" if os.access("/usr/bin/promtool", os.X_OK) else "promtool"
 DEPENDENCIES = ("prometheus-client", "psutil", "pyyaml")  # what the wheel needs, at the versions installed here
-COMMITTED_DASHBOARDS = {path.name: path.read_text() for path in sorted((ROOT / "dashboards").glob("*.json"))}
+COMMITTED_DASHBOARDS = {path.name: path.read_text() for path in sorted(DASHBOARDS.glob("*.json"))}
 RULES_DIR = ROOT / "deploy" / "prometheus" / "rules"
 COMMITTED_RULES = {path.name: path.read_text() for path in sorted(RULES_DIR.glob("*.yml"))}
 REPORT = ROOT / "tests" / "fixtures" / "reports" / "fallback.report.txt"
@@ -91,9 +91,7 @@ def cli(venv, tmp_path):
 
 def source_modules() -> set[str]:
     """Every module of the checkout, by its path in the installed package."""
-    modules = {path.relative_to(ROOT).as_posix() for path in (ROOT / "neuron_exporter").rglob("*.py")}
-    modules |= {f"neuron_exporter/dashboards/{path.name}" for path in (ROOT / "dashboards").glob("*.py")}
-    return modules
+    return {path.relative_to(ROOT).as_posix() for path in (ROOT / "neuron_exporter").rglob("*.py")}
 
 
 def test_the_wheel_holds_every_module_the_assets_and_the_metadata(dist):
@@ -113,7 +111,8 @@ def test_the_wheel_holds_every_module_the_assets_and_the_metadata(dist):
         *(f"neuron_exporter/dashboards/{name}" for name in COMMITTED_DASHBOARDS),
         *(f"neuron_exporter/deploy/prometheus/rules/{name}" for name in COMMITTED_RULES),
     } <= names
-    assert not [name for name in names if "__pycache__" in name or name.startswith(("tests/", "deploy/"))]
+    outside = ("tests/", "deploy/", "dashboards/")  # deploy/ travels as neuron_exporter/deploy
+    assert not [name for name in names if "__pycache__" in name or name.startswith(outside)]
     headers = list(metadata.split("\n\n")[0].splitlines())
     assert f"Version: {__version__}" in headers
     assert "Requires-Python: >=3.10" in headers
@@ -128,8 +127,6 @@ def test_the_sdist_holds_what_the_wheel_is_built_from_and_the_tests(dist):
         names = {name.partition("/")[2] for name in sdist.getnames()}
     assert {
         "pyproject.toml",
-        "setup.py",
-        "MANIFEST.in",
         "LICENSE",
         "README.md",
         "CHANGELOG.md",
@@ -141,11 +138,12 @@ def test_the_sdist_holds_what_the_wheel_is_built_from_and_the_tests(dist):
         "deploy/Dockerfile",
         "deploy/PROTOCOL.md",
         "deploy/prometheus/rules/tests/xla-alerts.yml",
-        "dashboards/build.py",
-        *(f"dashboards/{name}" for name in COMMITTED_DASHBOARDS),
+        "neuron_exporter/dashboards/build.py",
+        "neuron_exporter/dashboards/README.md",
+        *(f"neuron_exporter/dashboards/{name}" for name in COMMITTED_DASHBOARDS),
     } <= names
     assert {path.relative_to(ROOT).as_posix() for path in (ROOT / "neuron_exporter").rglob("*.py")} <= names
-    assert not [name for name in names if "__pycache__" in name or name.startswith((".venv", ".git"))]
+    assert not [name for name in names if "__pycache__" in name or name.startswith((".venv", ".git/", "build/"))]
 
 
 def test_the_installed_wheel_runs_without_torch(cli):
@@ -160,12 +158,30 @@ def test_the_installed_wheel_runs_without_torch(cli):
     assert "aten::lgamma" in cli("explain", REPORT).stdout
 
 
+AUTOSTART_PROBE = "import sys; print(any(type(f).__module__.startswith('neuron_exporter') for f in sys.meta_path))"
+
+
 def test_the_autostart_file_reaches_site_packages(cli):
-    probe = "import sys; print(any(type(f).__module__.startswith('neuron_exporter') for f in sys.meta_path))"
+    probe = AUTOSTART_PROBE
     assert cli("-c", probe, program="python").stdout.strip() == "False"
     assert cli("-c", probe, program="python", NEURON_EXPORTER_AUTO="1").stdout.strip() == "True"
     assert cli("-c", probe, program="python", NEURON_EXPORTER_AUTO="false").stdout.strip() == "False"
     assert cli("-I", "-c", probe, program="python", NEURON_EXPORTER_AUTO="1").stdout.strip() == "False"
+
+
+def test_an_editable_install_gets_the_autostart_file_too(tmp_path):
+    """`pip install -e .`, as the Makefile's environments are made: the wheel's force-included .pth is in the
+    editable wheel as well, so no environment needs it copied by hand."""
+    venv = tmp_path / "editable"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "NEURON_EXPORTER_"))}
+    run(sys.executable, "-m", "venv", "--without-pip", venv)
+    python = venv / "bin" / "python"
+    run(sys.executable, "-m", "pip", "--python", python, "install", "--quiet", "--no-deps", "-e", ROOT, env=env)
+    purelib = Path(run(python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))").stdout.strip())
+    pth = ROOT / "neuron_exporter" / "training" / "autostart_path" / "neuron_exporter_autostart.pth"
+    assert (purelib / pth.name).read_text() == pth.read_text()
+    on = run(python, "-c", AUTOSTART_PROBE, cwd=tmp_path, env={**env, "NEURON_EXPORTER_AUTO": "1"})
+    assert on.stdout.strip() == "True"
 
 
 def assets(cli, tmp_path, fmt: str) -> dict[str, str]:

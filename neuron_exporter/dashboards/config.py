@@ -2,8 +2,8 @@
 
 It follows the ``_config`` pattern of monitoring mixins: every selector, aggregation label, severity, ``for``
 duration, window and threshold is a key of ``Config`` below, and a deployment overrides only the keys it
-changes, from Python (``config_from({"selector": 'job="training"'})``, ``dashboards.build.build(config)``) or
-from a YAML file (``python -m dashboards.build --config my-config.yml``). ``make dashboards`` writes the
+changes, from Python (``config_from({"selector": 'job="training"'})``, ``build.build(config)``) or from a YAML
+file (``python -m neuron_exporter.dashboards.build --config my-config.yml``). ``make dashboards`` writes the
 committed files from the defaults.
 """
 
@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from neuron_exporter.config_file import ConfigError, YamlFile
+from ..config_file import ConfigError, YamlFile
 
 REPO_URL = "https://github.com/neuron-exporter/neuron-exporter"
 RUNBOOK_PATH = "deploy/prometheus/runbook.md"

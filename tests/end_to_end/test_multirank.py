@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.support.daemon import Daemon
 from tests.support.exposition import scrape, value
 from tests.support.paths import ROOT
 from tests.support.processes import wait_until, xla_env
@@ -122,40 +123,8 @@ class Run:
                 process.wait()
 
 
-class Daemon:
-    """``neuron-exporter serve`` in its own process."""
-
-    def __init__(self, tmp_path: Path, spool: Path, port: int = 0):
-        self.log = tmp_path / f"daemon-{port}-{len(list(tmp_path.glob('daemon-*.log')))}.log"
-        with open(self.log, "w") as out:
-            self.process = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "neuron_exporter",
-                    "serve",
-                    "--addr",
-                    "127.0.0.1",
-                    "--port",
-                    str(port),
-                    "--spool-dir",
-                    str(spool),
-                ],
-                env={"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT)},
-                stderr=out,
-            )
-        found = wait_until(
-            lambda: re.search(r"listening on (\S+)", self.log.read_text()) or self.process.poll(),
-            timeout=60,
-            what="the daemon to listen",
-        )
-        assert self.process.poll() is None, self.log.read_text()
-        self.url = found.group(1)
-        self.port = int(self.url.split(":")[2].split("/")[0])
-
-    def stop(self) -> None:
-        self.process.terminate()
-        assert self.process.wait(timeout=30) == 0, self.log.read_text()
+def start_daemon(tmp_path: Path, spool: Path, port: int = 0) -> Daemon:
+    return Daemon(tmp_path, "--addr", "127.0.0.1", "--port", str(port), "--spool-dir", str(spool))
 
 
 @pytest.fixture
@@ -214,7 +183,7 @@ def test_one_url_shows_both_ranks_without_a_daemon(tmp_path, cleanup):
 
 def test_the_daemon_serves_both_ranks_with_their_own_values(tmp_path, cleanup):
     spool = tmp_path / "spool"
-    daemon = Daemon(tmp_path, spool)
+    daemon = start_daemon(tmp_path, spool)
     cleanup(daemon)
     run = Run(tmp_path, "--steps", "3,5", env=rank_env(spool, 0))  # each rank also serves itself on a free port
     cleanup(run)
@@ -225,14 +194,14 @@ def test_the_daemon_serves_both_ranks_with_their_own_values(tmp_path, cleanup):
     assert [value(text, "neuron_exporter_rank_state", rank=r, state="running") for r in "01"] == [1, 1]
     run.release()
     assert run.finish() == {0: 3, 1: 5}
-    daemon.stop()
+    assert daemon.stop() == 0, daemon.log.read_text()
 
 
 def test_a_killed_rank_is_dead_keeps_its_counters_and_the_other_goes_on(tmp_path, cleanup):
     # torchrun stops every worker when one fails, so the two ranks are started as torchrun would start them
     # (same variables) but independently: then the survivor can be watched.
     spool = tmp_path / "spool"
-    daemon = Daemon(tmp_path, spool)
+    daemon = start_daemon(tmp_path, spool)
     cleanup(daemon)
     run = Run(tmp_path, "--steps", "3,3", "--forever", env=rank_env(spool, 0), torchrun=False)
     cleanup(run)
@@ -255,19 +224,19 @@ def test_a_killed_rank_is_dead_keeps_its_counters_and_the_other_goes_on(tmp_path
     run.release()
     assert run.processes[1].wait(timeout=60) == -signal.SIGKILL
     assert run.finish()[0] >= survivor + 3
-    daemon.stop()
+    assert daemon.stop() == 0, daemon.log.read_text()
 
 
 def test_restarting_the_daemon_loses_nothing(tmp_path, cleanup):
     spool = tmp_path / "spool"
-    daemon = Daemon(tmp_path, spool)
+    daemon = start_daemon(tmp_path, spool)
     cleanup(daemon)
     run = Run(tmp_path, "--steps", "3,4", "--forever", env=rank_env(spool, 0))
     cleanup(run)
     run.wait_stepped()
     before = wait_until(shows(daemon.url, r0=3, r1=4), timeout=60, what="both ranks on the daemon")
-    daemon.stop()
-    again = Daemon(tmp_path, spool, port=daemon.port)
+    assert daemon.stop() == 0, daemon.log.read_text()
+    again = start_daemon(tmp_path, spool, port=daemon.port)
     cleanup(again)
     assert again.url == daemon.url
     after = scrape(again.url)
@@ -283,18 +252,18 @@ def test_restarting_the_daemon_loses_nothing(tmp_path, cleanup):
     assert lost == {}
     run.release()
     run.finish()
-    again.stop()
+    assert again.stop() == 0, again.log.read_text()
 
 
 def test_training_finishes_normally_when_the_daemon_stops_for_good(tmp_path, cleanup):
     spool = tmp_path / "spool"
-    daemon = Daemon(tmp_path, spool)
+    daemon = start_daemon(tmp_path, spool)
     cleanup(daemon)
     run = Run(tmp_path, "--steps", "3,3", "--after", "5", env=rank_env(spool, 0))
     cleanup(run)
     run.wait_stepped()
     wait_until(shows(daemon.url, r0=3, r1=3), timeout=60, what="both ranks on the daemon")
-    daemon.stop()
+    assert daemon.stop() == 0, daemon.log.read_text()
     run.release()
     assert run.finish() == {0: 8, 1: 8}
     assert "Traceback" not in run.output()

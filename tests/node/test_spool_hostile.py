@@ -28,7 +28,7 @@ from neuron_exporter.node.spool import (
     write_rank_file,
     writer_alive,
 )
-from tests.support.daemon import Daemon
+from tests.support.daemon import Daemon, serve_command
 from tests.support.exposition import samples, scrape, total, value
 from tests.support.fuzz import cases
 from tests.support.paths import RUN, SCRIPTS
@@ -355,18 +355,7 @@ def test_a_spool_directory_squatted_by_another_user_is_not_served(tmp_path, daem
     try:
         assert spool.stat().st_uid == NOBODY and rank_file(spool, "0").stat().st_uid == NOBODY
         served = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "neuron_exporter",
-                "serve",
-                "--addr",
-                "127.0.0.1",
-                "--port",
-                "0",
-                "--spool-dir",
-                str(spool),
-            ],
+            serve_command(spool),
             capture_output=True,
             text=True,
             timeout=60,

@@ -15,6 +15,15 @@ from tests.support.paths import ROOT
 from tests.support.processes import wait_until
 
 
+def serve_command(spool: Path | str, *options: str, port: int = 0) -> list[str]:
+    """The command line of ``neuron-exporter serve`` on loopback, serving ``spool``."""
+    return [
+        *[sys.executable, "-m", "neuron_exporter", "serve"],
+        *["--addr", "127.0.0.1", "--port", str(port), "--spool-dir", str(spool)],
+        *options,
+    ]
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

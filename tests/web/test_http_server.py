@@ -8,7 +8,6 @@ import os
 import re
 import socket
 import subprocess
-import sys
 import urllib.error
 import urllib.request
 
@@ -18,6 +17,7 @@ from neuron_exporter import __version__
 from neuron_exporter.config import ConfigError
 from neuron_exporter.web.http_server import MetricsServer
 from neuron_exporter.web.web_config import load_web_config
+from tests.support.daemon import serve_command
 from tests.support.http import BODY, client_context, get, raw_exchange
 from tests.support.paths import ROOT
 from tests.support.processes import wait_until
@@ -159,20 +159,7 @@ def test_plain_http_to_the_tls_port_gets_no_metrics(server, tls_files):
 
 def test_the_daemon_serves_https_with_basic_auth(tmp_path, tls_files):
     daemon = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "neuron_exporter",
-            "serve",
-            "--addr",
-            "127.0.0.1",
-            "--port",
-            "0",
-            "--spool-dir",
-            str(tmp_path / "spool"),
-            "--web.config.file",
-            str(tls_files / "web.yml"),
-        ],
+        serve_command(tmp_path / "spool", "--web.config.file", str(tls_files / "web.yml")),
         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)},
         stderr=subprocess.PIPE,
         text=True,
@@ -233,18 +220,7 @@ def test_a_port_in_use_is_waited_for_by_the_daemon(tmp_path):
     blocker.listen()
     port = blocker.getsockname()[1]
     daemon = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "neuron_exporter",
-            "serve",
-            "--addr",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--spool-dir",
-            str(tmp_path),
-        ],
+        serve_command(tmp_path, port=port),
         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)},
         stderr=subprocess.PIPE,
         text=True,

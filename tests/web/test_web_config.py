@@ -10,7 +10,6 @@ import shutil
 import socket
 import ssl
 import subprocess
-import sys
 import urllib.request
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import pytest
 
 from neuron_exporter.web.http_server import MetricsServer
 from neuron_exporter.web.web_config import WebConfigError, load_web_config
+from tests.support.daemon import serve_command
 from tests.support.fuzz import cases
 from tests.support.http import get
 from tests.support.paths import ROOT
@@ -115,20 +115,7 @@ def test_a_fifo_is_refused_without_blocking(tmp_path):
 def test_the_daemon_prints_one_line_for_a_bad_web_config(tmp_path, data):
     (tmp_path / "web.yml").write_bytes(data)
     result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "neuron_exporter",
-            "serve",
-            "--addr",
-            "127.0.0.1",
-            "--port",
-            "0",
-            "--spool-dir",
-            str(tmp_path / "spool"),
-            "--web.config.file",
-            str(tmp_path / "web.yml"),
-        ],
+        serve_command(tmp_path / "spool", "--web.config.file", str(tmp_path / "web.yml")),
         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)},
         capture_output=True,
         text=True,

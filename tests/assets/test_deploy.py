@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.support.http import make_certificate
 from tests.support.paths import ROOT
 
 try:
@@ -221,26 +222,7 @@ def test_systemd_unit_has_no_unknown_settings(tmp_path):
 
 def test_web_config_example_loads(tmp_path):
     shutil.copy(DEPLOY / "web-config.example.yml", tmp_path / "web.yml")
-    subprocess.run(
-        [
-            "openssl",
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "1",
-            "-subj",
-            "/CN=x",
-            "-keyout",
-            str(tmp_path / "server.key"),
-            "-out",
-            str(tmp_path / "server.crt"),
-        ],
-        check=True,
-        capture_output=True,
-    )
+    make_certificate(tmp_path)
     config = load_web_config(tmp_path / "web.yml")
     assert config.tls and list(config.users) == ["prometheus"]
 

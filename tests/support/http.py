@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import socket
 import ssl
+import subprocess
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -37,3 +38,32 @@ def raw_exchange(port: int, data: bytes) -> bytes:
         while chunk := sock.recv(65536):
             chunks.append(chunk)
     return b"".join(chunks)
+
+
+def make_certificate(directory: Path, name: str = "server") -> bytes:
+    """A self-signed certificate for 127.0.0.1 and localhost (``name``.crt, ``name``.key); returns it in DER form."""
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-days",
+            "1",
+            "-keyout",
+            str(directory / f"{name}.key"),
+            "-out",
+            str(directory / f"{name}.crt"),
+            "-subj",
+            "/CN=localhost",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1,DNS:localhost",
+        ],
+        check=True,
+        capture_output=True,
+    )
+    return ssl.PEM_cert_to_DER_cert((directory / f"{name}.crt").read_text())

@@ -1,11 +1,9 @@
 """Fixtures of the web room: a metrics server, TLS files."""
 
-import subprocess
-
 import pytest
 
 from neuron_exporter.web.http_server import MetricsServer
-from tests.support.http import BODY
+from tests.support.http import BODY, make_certificate
 
 bcrypt = pytest.importorskip("bcrypt", reason="basic auth needs the 'auth' extra (bcrypt)")
 
@@ -28,28 +26,7 @@ def server():
 def tls_files(tmp_path_factory):
     """A self-signed certificate for 127.0.0.1 and a web config using it with one bcrypt user."""
     directory = tmp_path_factory.mktemp("tls")
-    subprocess.run(
-        [
-            "openssl",
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "1",
-            "-keyout",
-            str(directory / "server.key"),
-            "-out",
-            str(directory / "server.crt"),
-            "-subj",
-            "/CN=localhost",
-            "-addext",
-            "subjectAltName=IP:127.0.0.1,DNS:localhost",
-        ],
-        check=True,
-        capture_output=True,
-    )
+    make_certificate(directory)
     hashed = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=4)).decode().replace("$2b$", "$2y$")  # htpasswd's form
     (directory / "web.yml").write_text(
         "tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n"

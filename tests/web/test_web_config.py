@@ -19,40 +19,11 @@ from neuron_exporter.web.http_server import MetricsServer
 from neuron_exporter.web.web_config import WebConfigError, load_web_config
 from tests.support.daemon import serve_command
 from tests.support.fuzz import cases
-from tests.support.http import get
+from tests.support.http import get, make_certificate
 from tests.support.paths import ROOT
 from tests.support.processes import wait_until
 
 bcrypt = pytest.importorskip("bcrypt", reason="basic auth needs the 'auth' extra (bcrypt)")
-
-
-def make_certificate(directory: Path, name: str = "server") -> bytes:
-    """A self-signed certificate for 127.0.0.1 (``name``.crt, ``name``.key); returns it in DER form."""
-    subprocess.run(
-        [
-            "openssl",
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-days",
-            "1",
-            "-keyout",
-            str(directory / f"{name}.key"),
-            "-out",
-            str(directory / f"{name}.crt"),
-            "-subj",
-            "/CN=localhost",
-            "-addext",
-            "subjectAltName=IP:127.0.0.1",
-        ],
-        check=True,
-        capture_output=True,
-    )
-    return ssl.PEM_cert_to_DER_cert((directory / f"{name}.crt").read_text())
 
 
 def hashed(password: str, cost: int = 4) -> str:

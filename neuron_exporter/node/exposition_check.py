@@ -18,6 +18,8 @@ import hashlib
 import re
 from dataclasses import dataclass
 
+from ..config_file import printable
+
 NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
 LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\\n]|\\[\\"n])*)"')
 LABELS = re.compile(rf"{LABEL.pattern}(?:,{LABEL.pattern})*,?")
@@ -86,11 +88,6 @@ def escape_label_value(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
-def _shown(line: str) -> str:
-    text = line[:SHOWN].encode("unicode_escape").decode("ascii")
-    return text + ("..." if len(line) > SHOWN else "")
-
-
 def is_rank_family(name: str) -> bool:
     return name.startswith(RANK_PREFIXES) and name not in NODE_FAMILIES and not name.startswith(NODE_PREFIXES)
 
@@ -118,28 +115,29 @@ def check_exposition(exposition: bytes, rank: str, local_rank: str, run_id: str)
         if line.startswith("# HELP "):
             match = HELP.fullmatch(line)
             if not match:
-                raise ExpositionError(f"{where}: malformed HELP line: {_shown(line)}")
+                raise ExpositionError(f"{where}: malformed HELP line: {printable(line, SHOWN)}")
             family = match.group(1)
             if not is_rank_family(family) or family.endswith(RESERVED_SUFFIXES):
-                raise ExpositionError(f"{where}: {_shown(family)} is not a family a rank may publish")
+                raise ExpositionError(f"{where}: {printable(family, SHOWN)} is not a family a rank may publish")
             if family in seen:
                 raise ExpositionError(f"{where}: family {family} appears twice")
             seen.add(family)
         elif line.startswith("# TYPE "):
             match = TYPE.fullmatch(line)
             if not match or match.group(1) != family:
-                raise ExpositionError(f"{where}: TYPE line does not follow its HELP line: {_shown(line)}")
+                raise ExpositionError(f"{where}: TYPE line does not follow its HELP line: {printable(line, SHOWN)}")
         else:
             match = SAMPLE.fullmatch(line)
             if not match or not VALUE.fullmatch(match.group(3)):
-                raise ExpositionError(f"{where}: malformed line: {_shown(line)}")
+                raise ExpositionError(f"{where}: malformed line: {printable(line, SHOWN)}")
             if family is None or not _belongs(match.group(1), family):
-                raise ExpositionError(f"{where}: sample outside its family: {_shown(line)}")
+                raise ExpositionError(f"{where}: sample outside its family: {printable(line, SHOWN)}")
             body = match.group(2) or ""
             if body and not LABELS.fullmatch(body):
-                raise ExpositionError(f"{where}: malformed labels: {_shown(line)}")
+                raise ExpositionError(f"{where}: malformed labels: {printable(line, SHOWN)}")
             labels = dict(LABEL.findall(body))
             if labels.get("rank") != rank or labels.get("local_rank") != local_rank or labels.get("run_id") != run:
                 raise ExpositionError(
-                    f"{where}: a series of another rank in the file of rank {rank} of run {run_id}: {_shown(line)}"
+                    f"{where}: a series of another rank in the file of rank {rank} of run {run_id}: "
+                    + printable(line, SHOWN)
                 )

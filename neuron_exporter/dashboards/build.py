@@ -21,17 +21,14 @@ from typing import Any
 
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 
+from ..assets_command import deploy_dir
 from ..config_file import dump_yaml
 from . import fragmentation, torch_compile, training_overview
 from .config import DEFAULTS, Config, ConfigError, config_from, load_config
 from .rules import rule_files
 
-HERE = Path(__file__).resolve().parent
-PACKAGE = HERE.parent
-DASHBOARDS_DIR = HERE
-# deploy/ is at the repository's root; a wheel carries its files in the package, as neuron_exporter/deploy.
-DEPLOY_DIR = PACKAGE / "deploy" if (PACKAGE / "deploy").is_dir() else PACKAGE.parent / "deploy"
-RULES_DIR = DEPLOY_DIR / "prometheus" / "rules"
+DASHBOARDS_DIR = Path(__file__).resolve().parent
+RULES_DIR = deploy_dir() / "prometheus" / "rules"
 
 DASHBOARDS = {
     "training-overview.json": training_overview.build,

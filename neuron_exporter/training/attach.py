@@ -46,7 +46,7 @@ from ..node.spool import write_rank_file
 from ..web.http_server import MetricsServer
 from ..web.web_config import load_web_config
 from .attribution import Attribution
-from .import_watch import after_import, forget
+from .import_watch import after_import, forget, poll
 from .node_endpoint import NodeEndpointProcess
 from .optimizer_hook import OptimizerHook
 from .patching import Patch
@@ -103,9 +103,12 @@ class ExporterHandle:
             self.torch_compile.install()  # never raises
 
     def _start_xla(self) -> None:
-        """Right after torch_xla is imported (on the importing thread): its hooks go in."""
+        """Right after torch_xla is fully imported (on the importing thread): its hooks go in. If they cannot, the
+        source says so (``neuron_exporter_source_started{source="xla"} 0``, the failure counted and logged once) and
+        tries again at the training thread's next chance (``_retry_sources``)."""
         if self._detached or self.xla is not None:
             return
+        self.stats.sources["xla"] = False
         try:
             from .xla_source import XlaSource
 
@@ -114,9 +117,9 @@ class ExporterHandle:
                 return
         except Exception as error:  # noqa: BLE001 (never into the user's import)
             self.stats.record_error("step", error)
-            log.warning("neuron-exporter: torch_xla's steps are not measured: %s: %s", type(error).__name__, error)
             return
         self.xla = source
+        self.stats.sources["xla"] = True
         for name, collect_part in source.families.parts().items():
             self.collector.add_part(name, collect_part)
 
@@ -128,8 +131,16 @@ class ExporterHandle:
     def _step_error(self, error: BaseException) -> None:
         self.stats.record_error("step", error)
 
+    def _retry_sources(self) -> None:
+        """The training thread's chance for a source that has not started: a library whose import ended unnoticed
+        (``import_watch.poll``), or one whose hooks could not go in."""
+        poll()
+        if self.stats.sources.get("xla") is False:
+            self._start_xla()
+
     def _on_optimizer_created(self) -> None:
         try:
+            self._retry_sources()
             self.steps.on_optimizer_created()
             if self.xla is not None:
                 self.xla.on_optimizer_created()
@@ -141,6 +152,8 @@ class ExporterHandle:
             xla = self.xla
             if xla is not None:
                 xla.tracker.optimizer_steps += 1  # carried by the next step marker
+            elif self.stats.sources:
+                self._retry_sources()
             self.steps.on_optimizer_step(optimizer)
             if self.torch_compile.record_pending:
                 self.torch_compile.check()
@@ -333,7 +346,9 @@ class ExporterHandle:
         if self._server is not None:
             self._server.close_inherited_socket()
             self._server = None
+        sources = self.stats.sources
         self.stats = SelfStats()
+        self.stats.sources = dict(sources)
         self.collector.stats = self.stats
         if self.xla is not None:
             self.xla.after_fork(self.stats)

@@ -1,8 +1,17 @@
-"""Run a function right after a module is imported, or at once if it already is.
+"""Run a function right after a module is fully imported, or at once if it already is.
 
 Each source of the training process starts with the library it reads: torch_xla's hooks when torch_xla is imported,
 torch.compile's when ``torch._dynamo`` is; ``autostart`` attaches when ``torch`` is. Nothing here imports a watched
 module, so a process that never uses torch_xla never loads it.
+
+"Imported" means the module's code has run to its end. A module can be in ``sys.modules`` half-way through its own
+code: ``import torch_xla`` puts torch_xla there, then imports torch, and autostart attaches inside that, while
+torch_xla has no ``_XLAC`` yet. The functions for such a module wait for the end of its import: Python marks the
+module's spec ``_initializing`` while its code runs and clears the mark when it ends; the spec is given a subclass
+whose ``_initializing`` runs the functions when the mark is cleared, on the importing thread, before the ``import``
+statement returns. Where that cannot be done (a module that replaced itself in ``sys.modules``, an interpreter
+without the mark), the functions run at the next import of any module, or at ``poll()``, whichever finds the module
+whole first.
 
 The watcher is a plain object with ``find_spec`` in ``sys.meta_path`` (``importlib.abc`` would cost every Python
 process of an environment tens of milliseconds at start-up, see ``autostart``): it finds nothing itself, and wraps
@@ -16,15 +25,28 @@ from _thread import allocate_lock  # what threading.Lock is, without importing t
 _lock = allocate_lock()
 
 
+def _run(functions) -> None:
+    for function in functions:
+        function()
+
+
+def _initializing(name):
+    """Whether the module ``name`` is in ``sys.modules`` with its code still running."""
+    spec = getattr(sys.modules.get(name), "__spec__", None)
+    return bool(getattr(spec, "_initializing", False))
+
+
 class _ImportWatcher:
     def __init__(self):
         self.waiting = {}  # module name -> the functions to call after its import
+        self.unfinished = {}  # module name, imported but its code still running -> the functions to call after it
 
     def find_spec(self, name, path=None, target=None):
         with _lock:
             functions = self.waiting.pop(name, None)
-            if not self.waiting and self in sys.meta_path:
-                sys.meta_path.remove(self)
+            finished = self._take_finished()
+            self._leave_if_idle()
+        _run(finished)
         if functions is None:
             return None
         import importlib.util
@@ -36,37 +58,96 @@ class _ImportWatcher:
 
         def exec_then_run(module):
             exec_module(module)
-            for function in functions:
-                function()
+            _run(functions)
 
         spec.loader.exec_module = exec_then_run  # type: ignore[method-assign]
         return spec
+
+    def _take_finished(self) -> list:
+        """The functions of the unfinished modules whose import has ended (those that failed are dropped)."""
+        finished = []
+        for name in [name for name in self.unfinished if not _initializing(name)]:
+            functions = self.unfinished.pop(name)
+            if name in sys.modules:
+                finished.extend(functions)
+        return finished
+
+    def _leave_if_idle(self) -> None:
+        if not self.waiting and not self.unfinished and self in sys.meta_path:
+            sys.meta_path.remove(self)
+
+    def _join(self) -> None:
+        if self not in sys.meta_path:
+            sys.meta_path.insert(0, self)
 
 
 _watcher = _ImportWatcher()
 
 
+def _call_when_the_mark_is_cleared(name) -> bool:
+    """Give the spec of ``name`` (being imported) a class whose ``_initializing`` runs the module's unfinished
+    functions when Python clears it. False where the spec cannot take it."""
+    spec = getattr(sys.modules.get(name), "__spec__", None)
+    if spec is None or type(spec).__name__ == "_WatchedSpec" or "_initializing" not in vars(spec):
+        return type(spec).__name__ == "_WatchedSpec"
+
+    class _WatchedSpec(type(spec)):  # type: ignore[misc]
+        @property
+        def _initializing(self):
+            return self.__dict__.get("_initializing", False)
+
+        @_initializing.setter
+        def _initializing(self, value):
+            self.__dict__["_initializing"] = value
+            if not value:
+                with _lock:
+                    functions = _watcher.unfinished.pop(name, []) if name in sys.modules else []
+                    _watcher._leave_if_idle()
+                _run(functions)
+
+    try:
+        spec.__class__ = _WatchedSpec
+    except TypeError:
+        return False
+    return True
+
+
 def after_import(name: str, function) -> None:
-    """Call ``function()`` right after ``name`` is imported (on the importing thread), or now if it already is.
-    ``function`` must not raise."""
+    """Call ``function()`` right after ``name`` is fully imported (on the importing thread), or now if it already
+    is. ``function`` must not raise."""
     with _lock:
-        if name not in sys.modules:
-            waiting = _watcher.waiting.setdefault(name, [])
-            if function not in waiting:
-                waiting.append(function)
-            if _watcher not in sys.meta_path:
-                sys.meta_path.insert(0, _watcher)
+        if name in sys.modules and not _initializing(name):
+            pass
+        else:
+            table = _watcher.unfinished if name in sys.modules else _watcher.waiting
+            functions = table.setdefault(name, [])
+            if function not in functions:
+                functions.append(function)
+            _watcher._join()  # for a module not yet imported, and for the next chance of an unfinished one
+            if table is _watcher.unfinished:
+                _call_when_the_mark_is_cleared(name)
             return
     function()
+
+
+def poll() -> None:
+    """Run the functions of modules whose import ended without anyone noticing (see the module's text): a cheap
+    check, called at the training thread's chances (an optimizer created, a step)."""
+    if not _watcher.unfinished:
+        return
+    with _lock:
+        finished = _watcher._take_finished()
+        _watcher._leave_if_idle()
+    _run(finished)
 
 
 def forget(function) -> None:
     """Do not call ``function`` after any import it waits for."""
     with _lock:
-        for name, functions in list(_watcher.waiting.items()):
-            if function in functions:
-                functions.remove(function)
-            if not functions:
-                del _watcher.waiting[name]
-        if not _watcher.waiting and _watcher in sys.meta_path:
-            sys.meta_path.remove(_watcher)
+        for table in (_watcher.waiting, _watcher.unfinished):
+            for name, functions in list(table.items()):
+                if function in functions:
+                    functions.remove(function)
+                if not functions:
+                    del table[name]
+        _watcher._leave_if_idle()

@@ -108,6 +108,15 @@ class RankCollector:
         for stage in STAGES:
             family.add_metric(list(labels.values()) + [stage], self.stats.errors[stage])
         yield family
+        started = GaugeMetricFamily(
+            "neuron_exporter_source_started",
+            "1 once a source's hooks are in, 0 while its library is imported but it could not start (it tries again "
+            "when an optimizer is created and at each optimizer step)",
+            labels=list(labels) + ["source"],
+        )
+        for source, ok in sorted(self.stats.sources.items()):
+            started.add_metric(list(labels.values()) + [source], int(ok))
+        yield started
         yield single_series(
             CounterMetricFamily,
             "neuron_exporter_step_hook_seconds",

@@ -24,6 +24,7 @@ class SelfStats:
     def __init__(self):
         self.errors = dict.fromkeys(STAGES, 0)
         self.hook_seconds = 0.0
+        self.sources: dict[str, bool] = {}  # a source whose library is imported -> whether its hooks are in
         self._logged: set[tuple[str, str, str]] = set()
         self._lock = threading.Lock()
 

@@ -28,10 +28,9 @@ from ..config import Options
 from .histogram import Histogram
 from .import_watch import after_import, forget, poll
 from .rank_collector import RankCollector
-from .self_metrics import SelfStats
+from .self_metrics import START_TRIES, SelfStats
 
 Collect = Callable[[dict[str, str]], Iterator[Metric]]
-START_TRIES = 10  # attempts to start a source whose library is imported; then it stays off, shown by the gauge
 
 
 class StepCounts(Protocol):

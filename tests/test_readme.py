@@ -23,10 +23,16 @@ def test_readme_options_table_matches_the_code():
     assert table.strip() == options_table().strip()
 
 
+def runnable(module: str) -> bool:
+    """Whether ``python -m module`` runs a file of the checkout: a module, or a package's ``__main__``."""
+    path = ROOT / module.replace(".", "/")
+    return path.with_suffix(".py").is_file() or (path / "__main__.py").is_file()
+
+
 @pytest.mark.parametrize("readme", READMES, ids=lambda path: path.relative_to(ROOT).as_posix())
 def test_links_and_modules_of_the_readmes_exist(readme):
     text = readme.read_text()
     links = [link for link in re.findall(r"\]\(([^)#\s]+)", text) if "://" not in link]
     assert [link for link in links if not (readme.parent / link).exists()] == []
     modules = set(re.findall(r"python3? -m ([a-z_][a-z0-9_.]*)", text))
-    assert [m for m in modules if not (ROOT / (m.replace(".", "/") + ".py")).is_file()] == []
+    assert [m for m in modules if not runnable(m)] == []

@@ -22,6 +22,8 @@ import time
 
 from .. import run_identity
 from ..config import child_environment
+from ..training import AUTOSTART_DIR
+from ..untrusted import EXIT_USAGE
 from .node_view import NodeView
 from .serve_command import add_options, load_options, node_server, prepare_spool_dir
 
@@ -46,7 +48,6 @@ DEFAULT_GRACE_SECONDS = 10.0
 KILL_WAIT_SECONDS = 5.0  # after SIGKILL, for the group's last members to be gone
 # The options the ranks need to find the spool and, if this process cannot serve, the port.
 RANK_OPTIONS = ("addr", "port", "spool_dir", "spool_mode", "web_config_file", "log_level", "run_id")
-EXIT_USAGE = 2
 
 
 def register(subparsers) -> None:
@@ -104,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         values = {key: getattr(options, key) for key in RANK_OPTIONS}
         # Every process of the command is of one run, whatever launches it: this process's, unless one is given.
-        env = child_environment(values, options.run_id or run_identity.run_id())
+        env = child_environment(values, options.run_id or run_identity.run_id(), AUTOSTART_DIR)
         return Supervisor(command, env, grace).run()
     except OSError as error:
         print(f"neuron-exporter run: cannot run {command[0]}: {error.strerror or error}", file=sys.stderr)

@@ -7,8 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from neuron_exporter.reports.explain import SyncHistory, explain, findings
+from neuron_exporter.reports.explain import explain
+from neuron_exporter.reports.findings import findings
 from neuron_exporter.reports.report_parser import parse_report_stream
+from neuron_exporter.reports.step_count import SyncHistory
 from neuron_exporter.snapshot import SECONDS, MetricValue, Snapshot
 from tests.support.paths import FIXTURES as TEST_FIXTURES
 

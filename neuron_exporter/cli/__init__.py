@@ -7,9 +7,10 @@ import argparse
 import os
 import sys
 
-from . import __version__, assets_command
-from .node import run_command, serve_command
-from .reports import diagnose_command, report_commands
+from .. import __version__
+from ..node import run_command, serve_command
+from ..reports import diagnose_command, report_commands
+from . import assets_command
 
 
 def main(argv: list[str] | None = None) -> int:

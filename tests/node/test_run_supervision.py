@@ -13,7 +13,7 @@ import sys
 import psutil
 import pytest
 
-from neuron_exporter.node import run_command
+from neuron_exporter.node import command_keeper
 from tests.support.paths import ROOT
 from tests.support.processes import wait_until
 
@@ -77,7 +77,7 @@ while True:
 
 def test_every_catchable_signal_is_passed_on_and_the_runner_keeps_running(tmp_path):
     process = start(tmp_path, [sys.executable, "-c", RECEIVER])
-    sent = sorted(signal.valid_signals() - run_command.NOT_FORWARDED - {signal.SIGTERM})
+    sent = sorted(signal.valid_signals() - command_keeper.NOT_FORWARDED - {signal.SIGTERM})
     try:
         assert line_from(process) == "up"
         for signum in sent:  # SIGALRM, SIGVTALRM, SIGPROF, SIGXCPU... each once
@@ -140,6 +140,70 @@ def test_the_command_ends_with_a_runner_killed_by_sigkill(tmp_path):
         process.kill()
         if not gone(command):
             os.kill(command, signal.SIGKILL)
+
+
+# The command starts a child, which starts a grandchild in a session of its own, as a daemon does; each prints its
+# role and pid once it is in place, then waits.
+FAMILY = """
+import os, signal
+def arrived(role):
+    os.write(1, b"%s %d\\n" % (role, os.getpid()))
+arrived(b"command")
+if os.fork() == 0:
+    arrived(b"child")
+    if os.fork() == 0:
+        os.setsid()
+        arrived(b"grandchild")
+while True:
+    signal.pause()
+"""
+
+
+def test_nothing_the_command_started_outlives_a_runner_killed_by_sigkill(tmp_path):
+    process = start(tmp_path, [sys.executable, "-c", FAMILY])
+    family: set[int] = set()
+    try:
+        pids = dict(line_from(process).split() for _ in range(3))
+        grandchild = int(pids["grandchild"])
+        assert os.getsid(grandchild) == grandchild != os.getsid(int(pids["command"]))
+        family = {child.pid for child in psutil.Process(process.pid).children(recursive=True)}
+        assert {int(pid) for pid in pids.values()} <= family
+        process.kill()
+        process.wait()
+        wait_until(lambda: all(gone(pid) for pid in family), timeout=30, what="the command's processes to end")
+    finally:
+        process.kill()
+        for pid in family:  # not to leave them behind when the test fails
+            if not gone(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+# The command starts a process in a session of its own and exits 3 once it is there.
+DAEMON = """
+import os, signal, sys
+read, write = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.setsid()
+    os.write(write, b"x")
+    while True:
+        signal.pause()
+os.read(read, 1)
+print(pid, flush=True)
+sys.exit(3)
+"""
+
+
+def test_a_process_in_a_session_of_its_own_is_ended_with_the_command(tmp_path):
+    process = start(tmp_path, [sys.executable, "-c", DAEMON])
+    try:
+        assert process.wait(timeout=120) == 3, process.stderr.read()
+    finally:
+        process.kill()
+    pid = int(line_from(process))
+    if not gone(pid):
+        os.kill(pid, signal.SIGKILL)
+        pytest.fail("the process in a session of its own was left running")
 
 
 # As PID 1, the command makes 100 orphans that end at once, then waits until no process but itself and PID 1 is

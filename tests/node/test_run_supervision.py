@@ -3,12 +3,15 @@ PID 1, ends what the command left in its group, and exits with the command's sta
 
 from __future__ import annotations
 
+import fcntl
 import os
+import pty
 import select
 import shutil
 import signal
 import subprocess
 import sys
+import termios
 
 import psutil
 import pytest
@@ -204,6 +207,58 @@ def test_a_process_in_a_session_of_its_own_is_ended_with_the_command(tmp_path):
     if not gone(pid):
         os.kill(pid, signal.SIGKILL)
         pytest.fail("the process in a session of its own was left running")
+
+
+# The command echoes the lines it reads from the terminal.
+ECHO = """
+import sys
+print("up", flush=True)
+for line in sys.stdin:
+    print("got", line.strip(), flush=True)
+"""
+
+
+def test_ctrl_z_stops_the_runner_with_the_command_and_fg_gives_the_command_the_terminal_again(tmp_path):
+    """The test is the shell: the runner leads a session on a terminal of its own."""
+    terminal, runner_side = pty.openpty()
+    process = subprocess.Popen(
+        runner_command(tmp_path, [sys.executable, "-c", ECHO]),
+        env=environment(),
+        stdin=runner_side,
+        stdout=runner_side,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0),
+    )
+    os.close(runner_side)
+    try:
+        output = Output(terminal)
+        output.wait_for(b"up")
+        os.write(terminal, b"\x1a")  # Ctrl-Z
+        _, status = os.waitpid(process.pid, os.WUNTRACED)
+        assert os.WIFSTOPPED(status)
+        os.kill(process.pid, signal.SIGCONT)  # fg: the runner's group has the terminal again, the keeper gave it
+        os.write(terminal, b"one\n")  # read by a command in the background, it would stop again (SIGTTIN)
+        output.wait_for(b"got one")
+        os.write(terminal, b"\x03")  # Ctrl-C: to the command's group only
+        _, status = os.waitpid(process.pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 128 + signal.SIGINT
+    finally:
+        process.kill()
+        os.close(terminal)
+
+
+class Output:
+    def __init__(self, fd: int):
+        self.fd, self.text = fd, b""
+
+    def wait_for(self, text: bytes, timeout: float = 60.0) -> None:
+        while text not in self.text:
+            ready, _, _ = select.select([self.fd], [], [], timeout)
+            if not ready:
+                pytest.fail(f"no {text!r} from the command in {timeout}s, only {self.text!r}")
+            self.text += os.read(self.fd, 4096)
+        self.text = self.text[self.text.index(text) + len(text) :]
 
 
 # As PID 1, the command makes 100 orphans that end at once, then waits until no process but itself and PID 1 is

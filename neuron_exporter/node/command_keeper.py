@@ -72,6 +72,7 @@ class Keeper:
         self.terminal, self.home_group, self.runner = terminal, home_group, runner
         self.child: subprocess.Popen | None = None
         self.ended = False  # the command reaped: its pid is no longer its own
+        self.paused = False  # stopped with the command: continued, it gives the terminal before the SIGCONT
 
     def run(self) -> int:
         """The command's exit code (128 + N if a signal N ended it); OSError if it cannot start."""
@@ -100,7 +101,7 @@ class Keeper:
 
     def _forward(self, signum: int, _frame) -> None:
         self._check_runner()
-        if self.child is not None and not self.ended:
+        if self.child is not None and not self.ended and not (self.paused and signum == signal.SIGCONT):
             try:
                 os.kill(self.child.pid, signum)
             except OSError:
@@ -113,9 +114,11 @@ class Keeper:
 
     def _stopped(self, pid: int) -> None:
         """The command stopped from the terminal: give it back and stop; continued, continue the command."""
+        self.paused = True
         give_terminal(self.terminal, self.home_group)
         os.kill(os.getpid(), signal.SIGSTOP)
         give_terminal(self.terminal, pid)
+        self.paused = False
         os.killpg(pid, signal.SIGCONT)
 
 

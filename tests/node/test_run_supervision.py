@@ -297,3 +297,16 @@ def test_a_bad_grace_period_is_one_line_and_exit_2(tmp_path):
         timeout=60,
     )
     assert result.returncode == 2 and result.stderr.count("\n") == 1 and "--grace-seconds" in result.stderr
+
+
+def test_a_command_that_cannot_start_is_one_line_and_exit_127(tmp_path):
+    result = subprocess.run(
+        runner_command(tmp_path, [str(tmp_path / "missing")]),
+        env=environment(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 127, result.stderr
+    assert f"cannot run {tmp_path / 'missing'}: No such file or directory\n" in result.stderr
+    assert "Traceback" not in result.stderr

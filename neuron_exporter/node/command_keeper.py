@@ -1,18 +1,18 @@
 """The parent of a ``neuron-exporter run`` command: it owns every process the command starts and ends them all.
 
 Why a process of its own, between the runner and the command: the runner can be killed with SIGKILL, and then it
-can do nothing. The command, which has PR_SET_PDEATHSIG, went with it, but not the processes the command started,
-nor one that left the command's process group with ``setsid``: Linux has no "end my descendants when I die" for an
-ordinary process (only the init of a PID namespace, or a cgroup, has it). So the runner starts this keeper, and the
-keeper starts the command. The keeper is the command's child subreaper (PR_SET_CHILD_SUBREAPER): whatever process
-group or session they move to, the command's processes stay in its tree, an orphan becoming the keeper's child. So
-every one of them can be found in /proc by its parent, and none is left once the keeper has no child. When the
-command ends, what it left gets SIGTERM, then SIGKILL after the grace period. When the runner dies, the keeper
-learns it from PR_SET_PDEATHSIG (SIGHUP, its parent no longer the runner) and sends SIGKILL to the whole tree, as
-the runner's SIGKILL meant. It is in a process group of its own: a signal to the runner's group (a shell's ``kill
-%1``) or from the terminal (Ctrl-C goes to the command's group) does not reach it, so the command gets no signal
-twice and the keeper outlives the runner. What Linux gives no way around is the keeper itself killed by SIGKILL
-(the command still goes, through its PR_SET_PDEATHSIG): there, a PID namespace or a cgroup is the answer.
+can do nothing. PR_SET_PDEATHSIG takes its child along, but not the processes that child started, nor one that left
+the command's process group with ``setsid``: Linux has no "end my descendants when I die" for an ordinary process
+(only the init of a PID namespace, or a cgroup, has it). So the runner starts this keeper, and the keeper starts the
+command. The keeper is the command's child subreaper (PR_SET_CHILD_SUBREAPER): whatever process group or session
+they move to, the command's processes stay in its tree, an orphan becoming the keeper's child. So every one of them
+can be found in /proc by its parent, and none is left once the keeper has no child. When the command ends, what it
+left gets SIGTERM, then SIGKILL after the grace period. When the runner dies, the keeper learns it from
+PR_SET_PDEATHSIG (SIGHUP, its parent then no longer the runner) and sends SIGKILL to the whole tree, as the runner's
+SIGKILL meant. It is in a process group of its own: a signal to the runner's group (a shell's ``kill %1``) or from
+the terminal (Ctrl-C goes to the command's group) does not reach it, so the command gets no signal twice and the
+keeper outlives the runner. What Linux gives no way around is the keeper itself killed with SIGKILL: the command
+goes (its PR_SET_PDEATHSIG), what it started does not; a PID namespace or a cgroup is the answer there.
 
 As PID 1 of a PID namespace, the runner is the command's parent itself (``Keeper`` in its own process): the kernel
 ends every process of the namespace with it, and every orphan of the namespace comes to it to be reaped.

@@ -24,6 +24,8 @@ OPTIONS_TABLE_PAGE = ROOT / "docs" / "user-guide.md"
 METRIC = re.compile(
     r"(?<![\w:./-])((?:xla|training|torch_compile|torchneuron|neuron_exporter)_[a-z0-9_]*[a-z0-9])(?![\w:./-])"
 )
+# Paths that are not in a checkout: the wheel carries deploy/ inside the package.
+NOT_IN_A_CHECKOUT = {"neuron_exporter/deploy/"}
 ALERT = re.compile(r"\b((?:Xla|TorchCompile|TorchNeuron|NeuronExporter)[A-Z][A-Za-z]+)\b")
 
 
@@ -73,6 +75,19 @@ def broken_links(page: Path) -> list[str]:
     return broken
 
 
+def missing_paths(page: Path, root: Path = ROOT) -> list[str]:
+    """Paths of the repository the page names in code (`deploy/prometheus/runbook.md`, `tests/training/*.py`)
+    that are not there."""
+    folders = {path.name for path in root.iterdir() if path.is_dir()}
+    _, code = prose_and_code(page.read_text())
+    named = {path for span in code for path in re.findall(r"(?<![\w/.])[\w.*-]+(?:/[\w.*-]+)*/?", span) if "/" in path}
+    return sorted(
+        path
+        for path in named - NOT_IN_A_CHECKOUT
+        if path.split("/")[0] in folders and not any(root.glob(path.rstrip("/")))
+    )
+
+
 def make_targets() -> set[str]:
     return set(re.findall(r"^([a-z][\w-]*)\s*:", (ROOT / "Makefile").read_text(), flags=re.MULTILINE))
 
@@ -109,6 +124,11 @@ def test_links_and_modules_of_the_docs_exist(page):
 
 
 @pytest.mark.parametrize("page", READMES, ids=page_id)
+def test_the_paths_the_docs_name_exist(page):
+    assert missing_paths(page) == []
+
+
+@pytest.mark.parametrize("page", READMES, ids=page_id)
 def test_the_make_targets_the_docs_name_exist(page):
     _, code = prose_and_code(page.read_text())
     named = {match.group(1) for span in code if (match := re.match(r"make ([a-z][\w-]*)", span))}
@@ -139,6 +159,8 @@ def test_a_broken_link_a_missing_anchor_and_an_unknown_metric_are_caught(tmp_pat
         "```sh\n# not a heading\n```\n[bad too](#not-a-heading) `xla_no_such_family_total` `make no-such-target`\n"
     )
     assert broken_links(page) == ["#nowhere", "missing.md", "#not-a-heading"]
+    page.write_text("`tests/test_readme.py`, `tests/*.py`, `docs/`, `tests/no_such_test.py`, `docs/gone/`, a/b\n")
+    assert missing_paths(page) == ["docs/gone/", "tests/no_such_test.py"]
     assert not exported("xla_no_such_family_total", package_text())
     assert exported("xla_steps_total", package_text())
     assert "no-such-target" not in make_targets() and "demo" in make_targets()

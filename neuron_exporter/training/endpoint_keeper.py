@@ -19,10 +19,11 @@ from typing import Protocol
 from prometheus_client import CollectorRegistry, generate_latest
 
 from .. import diagnosis
-from ..config import AUTOSTART_DIR, Options
+from ..config import Options
 from ..node.job_link import DIAGNOSIS, METRICS
 from ..web.http_server import MetricsServer
 from ..web.web_config import WebConfig
+from . import AUTOSTART_DIR
 from .node_endpoint import NodeEndpointProcess
 from .rank import rank_labels
 from .self_metrics import SelfStats

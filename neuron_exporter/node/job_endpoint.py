@@ -23,9 +23,8 @@ import sys
 import threading
 import time
 
-from .. import diagnosis
 from ..config import Options
-from ..web.http_server import MetricsServer
+from ..web.http_server import metrics_server
 from .job_link import DIAGNOSIS, METRICS, Asker, read_answer
 from .node_view import NodeView
 
@@ -71,13 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     options = Options(**config["options"])
     logging.basicConfig(level=options.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     endpoint = JobEndpoint(options, config["run_id"], Asker(link))
-    server = MetricsServer(
-        endpoint.render,
-        options.addr,
-        options.port,
-        options.web_config_file,
-        pages={"/diagnosis": diagnosis.page(endpoint.diagnosis)},
-        listener=listener,
+    server = metrics_server(
+        endpoint.render, endpoint.diagnosis, options.addr, options.port, options.web_config_file, listener
     ).start()
     while not stop.wait(PARENT_CHECK_SECONDS):
         if os.getppid() != parent or endpoint.asker.closed:

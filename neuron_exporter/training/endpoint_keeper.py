@@ -18,12 +18,10 @@ from typing import Protocol
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from .. import diagnosis
 from ..config import AUTOSTART_DIR, Options
-from ..node.job_link import DIAGNOSIS, METRICS
-from ..web.http_server import MetricsServer
+from ..node.job_link import DIAGNOSIS, METRICS, JobEndpointProcess
+from ..web.http_server import MetricsServer, metrics_server
 from ..web.web_config import WebConfig
-from .node_endpoint import NodeEndpointProcess
 from .rank import rank_labels
 from .self_metrics import SelfStats
 
@@ -54,7 +52,7 @@ class EndpointKeeper:
         self.options = rank.options
         self.registry = registry  # this rank's own families
         self.web_config = web_config
-        self.server: MetricsServer | NodeEndpointProcess | None = None
+        self.server: MetricsServer | JobEndpointProcess | None = None
         self._endpoint_failures = 0
         self._stop = threading.Event()
         self._spool_thread: threading.Thread | None = None
@@ -71,15 +69,10 @@ class EndpointKeeper:
         options = self.options
         try:
             if options.node_view and self._endpoint_failures < ENDPOINT_MAX_FAILURES:
-                tls = self.web_config is not None and bool(self.web_config.tls)
-                self.server = NodeEndpointProcess(options, rank_labels()["run_id"], tls, AUTOSTART_DIR)
+                self.server = JobEndpointProcess(options, rank_labels()["run_id"], self.web_config, AUTOSTART_DIR)
             else:
-                self.server = MetricsServer(
-                    self.registry,
-                    options.addr,
-                    options.port,
-                    self.web_config,
-                    pages={"/diagnosis": diagnosis.page(self.rank.diagnosis)},
+                self.server = metrics_server(
+                    self.registry, self.rank.diagnosis, options.addr, options.port, self.web_config
                 ).start()
         except OSError as error:
             if first_try and not self.rank.auto:
@@ -91,7 +84,7 @@ class EndpointKeeper:
                     error.strerror or error,
                 )
 
-    def _endpoint_ended(self, endpoint: NodeEndpointProcess) -> None:
+    def _endpoint_ended(self, endpoint: JobEndpointProcess) -> None:
         """An endpoint process that keeps ending soon after it started (it cannot start here) is not started again:
         this process serves its own rank instead, and says so once."""
         if endpoint.lived_seconds() > ENDPOINT_SHORT_LIFE_SECONDS:
@@ -126,7 +119,7 @@ class EndpointKeeper:
 
     def stop_spool_thread(self) -> None:
         self._stop.set()
-        if isinstance(self.server, NodeEndpointProcess):
+        if isinstance(self.server, JobEndpointProcess):
             self.server.wake()
         if self._spool_thread is not None:
             self._spool_thread.join()
@@ -138,7 +131,7 @@ class EndpointKeeper:
         while not self._stop.is_set():
             server = self.server
             wait = max(0.0, next_write - time.monotonic())
-            if isinstance(server, NodeEndpointProcess):
+            if isinstance(server, JobEndpointProcess):
                 try:
                     gone = not server.answer(wait, self._answer)
                 except Exception as error:  # noqa: BLE001

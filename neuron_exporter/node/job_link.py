@@ -133,10 +133,11 @@ def read_requests(sock: socket.socket) -> list[tuple[bytes, int]]:
 
 
 class JobEndpointProcess:
-    """Raises ``OSError`` if the port is taken (another rank or the daemon serves the node)."""
+    """Binds ``port`` (``options.port``, or the one ``port=0`` picked before); raises ``OSError`` if it is taken
+    (another rank or the daemon serves the node)."""
 
-    def __init__(self, options: Options, run_id: str, web_config: WebConfig | None, autostart_dir: str):
-        listener = bind_listener(options.addr, options.port)
+    def __init__(self, options: Options, port: int, run_id: str, web_config: WebConfig | None, autostart_dir: str):
+        listener = bind_listener(options.addr, port)
         theirs = None
         try:
             self.link, theirs = socket.socketpair()
@@ -161,7 +162,12 @@ class JobEndpointProcess:
             self.link.settimeout(SEND_TIMEOUT_SECONDS)
             send_answer(
                 self.link,
-                {"sequence": 0, "run_id": run_id, "options": {**dataclasses.asdict(options), "port": self.port}},
+                {
+                    "sequence": 0,
+                    "run_id": run_id,
+                    "every_run": options.port != 0,  # see job_endpoint: which runs a job's endpoint serves
+                    "options": {**dataclasses.asdict(options), "port": self.port},
+                },
             )
         except BaseException:
             if theirs is not None:

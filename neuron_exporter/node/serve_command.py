@@ -14,10 +14,9 @@ import signal
 import sys
 import threading
 
-from .. import diagnosis
 from ..config import ConfigError, Options, resolve_options
 from ..untrusted import EXIT_USAGE
-from ..web.http_server import MetricsServer
+from ..web.http_server import MetricsServer, metrics_server
 from . import spool
 from .node_view import NodeView
 
@@ -132,9 +131,7 @@ def prepare_spool_dir(options: Options) -> str | None:
 
 def node_server(view: NodeView, options: Options, web_config) -> MetricsServer:
     """The node endpoint's server, bound (``OSError`` if the port is taken) but not yet serving."""
-    return MetricsServer(
-        view.render, options.addr, options.port, web_config, pages={"/diagnosis": diagnosis.page(view.diagnosis)}
-    )
+    return metrics_server(view.render, view.diagnosis, options.addr, options.port, web_config)
 
 
 def serve(options: Options, web_config=None) -> int:

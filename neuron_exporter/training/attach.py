@@ -42,7 +42,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from .. import diagnosis
 from ..config import AUTOSTART_DIR, Options, auto_enabled, child_environment, resolve_options
 from ..node.job_link import DIAGNOSIS, METRICS
-from ..node.spool import write_rank_file
+from ..node.spool_writer import write_rank_file
 from ..web.http_server import MetricsServer
 from ..web.web_config import load_web_config
 from .attribution import Attribution

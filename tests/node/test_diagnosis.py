@@ -15,7 +15,8 @@ import uuid
 import pytest
 
 from neuron_exporter import diagnosis
-from neuron_exporter.node.spool import RankMeta, release_rank_lock, write_rank_file
+from neuron_exporter.node.spool import RankMeta
+from neuron_exporter.node.spool_writer import release_rank_lock, write_rank_file
 from neuron_exporter.training.attribution import Attribution
 from tests.scripts.spool_writer import rank_exposition
 from tests.support.daemon import Daemon
@@ -206,7 +207,8 @@ def test_a_diagnosis_file_over_the_cap_is_left_out_in_one_line(tmp_path, caplog)
 
     from neuron_exporter.config import resolve_options
     from neuron_exporter.node.node_view import NodeView
-    from neuron_exporter.node.spool import RankMeta, release_rank_lock, write_rank_file
+    from neuron_exporter.node.spool import RankMeta
+    from neuron_exporter.node.spool_writer import release_rank_lock, write_rank_file
 
     exposition = (
         b"# HELP xla_steps_total Steps\n# TYPE xla_steps_total counter\n"

@@ -30,7 +30,8 @@ from prometheus_client import (
 )
 
 from neuron_exporter import run_identity
-from neuron_exporter.node.spool import RankMeta, write_rank_file
+from neuron_exporter.node.spool import RankMeta
+from neuron_exporter.node.spool_writer import write_rank_file
 
 LABELS = ["run_id", "rank", "local_rank"]
 

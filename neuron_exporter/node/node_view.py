@@ -25,6 +25,7 @@ from prometheus_client.utils import floatToGoString
 
 from .. import __version__, diagnosis
 from ..config import Options
+from ..config_file import printable
 from .exposition_check import escape_label_value
 from .host_metrics import HostCollector
 from .spool import DIAGNOSIS_SUFFIX, RankMeta, RankReport, RejectedFile
@@ -191,7 +192,7 @@ class NodeView:
         reports, self.rejected = self._reader.refresh(read_changed=not background)
         for name, rejection in self.rejected:
             if rejection.reason != "over_budget":
-                self._log_once(name, rejection.reason, f"{name}: {rejection}")
+                self._log_once(name, rejection.reason, f"{printable(name, 300)}: {rejection}")  # any name
         if self._reader.over_budget and not self._budget_logged:
             self._budget_logged = True
             log.warning(

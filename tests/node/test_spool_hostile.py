@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -27,31 +26,10 @@ from tests.support.exposition import samples, scrape, total, value
 from tests.support.fuzz import cases
 from tests.support.paths import RUN, SCRIPTS
 from tests.support.processes import TrainingRun, wait_until, xla_env
-from tests.support.rank_files import rank_file
+from tests.support.rank_files import rank_file, rank_file_bytes, steps_exposition
 from tests.support.spool_writer import Writer
 
 NOBODY = 65534
-
-
-def rank_file_bytes(rank: str, exposition: bytes, **header) -> bytes:
-    me = psutil.Process()
-    fields = {
-        "format": 2,
-        "run_id": RUN,
-        "rank": rank,
-        "local_rank": rank,
-        "pid": me.pid,
-        "start_time": me.create_time(),
-        "finished": False,
-        "last_step_time": None,
-        **header,
-    }
-    return json.dumps(fields).encode() + b"\n" + exposition
-
-
-def steps_exposition(rank: str, name: str = "xla_steps_total", labels: str | None = None) -> bytes:
-    labels = labels if labels is not None else f'local_rank="{rank}",rank="{rank}",run_id="{RUN}"'
-    return (f"# HELP {name} Steps\n# TYPE {name} counter\n{name}{{{labels}}} 7.0\n").encode()
 
 
 def test_the_spool_modes_are_the_options_modes():

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+
+import psutil
 
 from tests.support.paths import RUN
 
@@ -16,3 +19,24 @@ def only_rank_file(directory, rank: str) -> Path:
     found = sorted(Path(directory).glob(f"rank-{rank}.*.prom"))
     assert len(found) == 1, found
     return found[0]
+
+
+def rank_file_bytes(rank: str, exposition: bytes, **header) -> bytes:
+    me = psutil.Process()
+    fields = {
+        "format": 2,
+        "run_id": RUN,
+        "rank": rank,
+        "local_rank": rank,
+        "pid": me.pid,
+        "start_time": me.create_time(),
+        "finished": False,
+        "last_step_time": None,
+        **header,
+    }
+    return json.dumps(fields).encode() + b"\n" + exposition
+
+
+def steps_exposition(rank: str, name: str = "xla_steps_total", labels: str | None = None) -> bytes:
+    labels = labels if labels is not None else f'local_rank="{rank}",rank="{rank}",run_id="{RUN}"'
+    return (f"# HELP {name} Steps\n# TYPE {name} counter\n{name}{{{labels}}} 7.0\n").encode()

@@ -255,8 +255,9 @@ class NodeView:
                 if os.path.lexists(path):
                     left_out.append((report.meta, "left out: past the spool budget (spool_max_total_bytes)"))
                 continue
-            part = self._rank_diagnosis(report)
-            size = len(diagnosis.dumps(part)) if part is not None else 0
+            # A file larger than the room left is not even read (its JSON on the page is hardly shorter).
+            part = self._rank_diagnosis(report) if within_budget[path] <= room else None
+            size = len(diagnosis.dumps(part)) if part is not None else within_budget[path]
             if size > room:
                 left_out.append((report.meta, f"left out: this page holds {diagnosis.MAX_PAGE_BYTES} bytes at most"))
             elif part is not None:

@@ -203,7 +203,7 @@ class SpoolReader:
         self._entries: dict[str, _Entry] = {}
         self._lock = threading.Lock()
         self.over_budget = 0  # files left out by the last refresh for the budget
-        self.diagnoses: set[Path] = set()  # the diagnosis files within the budget at the last refresh
+        self.diagnoses: dict[Path, int] = {}  # the diagnosis files within the budget at the last refresh: their sizes
 
     def refresh(self, read_changed: bool = True) -> tuple[list[RankReport], list[tuple[str, RejectedFile]]]:
         """The reports of every good rank file, ordered by run and rank, and the files rejected (name, reason).
@@ -248,7 +248,7 @@ class SpoolReader:
             elif entry.rejection is not None:
                 rejected.append((name, entry.rejection))
         self._entries = entries
-        self.diagnoses = set()
+        self.diagnoses = {}
         for report in reports:  # what the rank files left of the budget, in the same order
             path = report.path.with_name(report.stem + DIAGNOSIS_SUFFIX)
             try:
@@ -260,7 +260,7 @@ class SpoolReader:
                 rejected.append((path.name, self._over_budget()))
                 continue
             budget -= size
-            self.diagnoses.add(path)
+            self.diagnoses[path] = size
         reports.sort(key=lambda r: (r.meta.run_id, rank_order(r.meta.rank)))
         return reports, rejected
 

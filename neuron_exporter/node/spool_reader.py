@@ -49,8 +49,6 @@ from .spool import (
 from .spool_dir import file_identity, open_regular
 
 DEFAULT_MAX_BYTES = 4 * 1024 * 1024  # of one rank file
-DEFAULT_MAX_FILES = 1024
-DEFAULT_MAX_TOTAL_BYTES = 64 * 1024 * 1024
 FRESH_SECONDS = 60.0
 
 
@@ -187,8 +185,8 @@ class SpoolReader:
         self,
         directory,
         max_file_bytes: int,
-        max_total_bytes: int = DEFAULT_MAX_TOTAL_BYTES,
-        max_files: int = DEFAULT_MAX_FILES,
+        max_total_bytes: int,
+        max_files: int,
         run_id: str | None = None,
         trusted: frozenset[int] | None = None,
     ):

@@ -28,7 +28,7 @@ EXPOSITION = exposition()
 
 
 def read_spool(directory) -> list:
-    return SpoolReader(directory, max_file_bytes=1 << 20).refresh()[0]
+    return SpoolReader(directory, max_file_bytes=1 << 20, max_total_bytes=1 << 24, max_files=100).refresh()[0]
 
 
 def test_round_trip_keeps_meta_and_exposition_bytes(tmp_path):

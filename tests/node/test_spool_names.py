@@ -3,6 +3,7 @@ never a failed scrape; numbers in names and in diagnoses are ASCII digits only."
 
 from __future__ import annotations
 
+import json
 import os
 import urllib.request
 
@@ -123,4 +124,7 @@ def test_diagnose_prints_ranks_named_with_any_digit(output):
     with serving(diagnosis.dumps({"format": 1, "ranks": ranks}).encode()) as url:
         result = diagnose(url, "--format", output)
     assert result.returncode == 0 and result.stderr == "", result
-    assert "²" in result.stdout and "internal error" not in result.stdout
+    if output == "json":
+        assert [rank["rank"] for rank in json.loads(result.stdout)["ranks"]] == [r["rank"] for r in ranks]
+    else:
+        assert "²" in result.stdout and "internal error" not in result.stdout

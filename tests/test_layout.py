@@ -4,7 +4,8 @@ The tests keep to theirs: a folder per room, helpers shared through tests/suppor
 training/ (inside the training process) never imports reports/; node/ (the daemon) never imports training/ or
 reports/; web/ and reports/ import no other folder; the shared top-level modules import no folder at all (only the
 public face, ``__init__``, ``__main__`` and ``cli``, puts the folders together). In web/, the connection layer
-(``connections``) knows no route, metric or user: of the package it uses the rate limits only. dashboards/, the
+(``connections``, ``http_messages``, ``lanes``) knows no route, metric or user: of the package it uses the rate
+limits only. dashboards/, the
 generator of the dashboards and rules (it needs the Grafana SDK, an extra), imports no other folder, and only
 ``assets_command`` (``neuron-exporter assets --config``) imports it.
 """
@@ -103,16 +104,18 @@ def test_a_forbidden_import_is_caught(tmp_path, folder, line):
     assert all(v.startswith(f"{module.relative_to(copy)} imports neuron_exporter.{forbidden_folder}") for v in found)
 
 
-CONNECTIONS_MAY_USE = "neuron_exporter.web.rate_limit"
+# The connection layer: its modules may use the rate limits and one another, nothing else of the package.
+CONNECTION_LAYER = ("connections", "http_messages", "lanes")
+CONNECTIONS_MAY_USE = ("neuron_exporter.web.rate_limit", *(f"neuron_exporter.web.{name}" for name in CONNECTION_LAYER))
 
 
 def connection_layer_violations(package: Path = PACKAGE) -> list[str]:
-    path = package / "web" / "connections.py"
     return [
-        f"web/connections.py imports {module}"
-        for module in sorted(imported_modules(path, package))
+        f"web/{name}.py imports {module}"
+        for name in CONNECTION_LAYER
+        for module in sorted(imported_modules(package / "web" / f"{name}.py", package))
         if module.split(".")[0] in ("neuron_exporter", "prometheus_client")
-        and not (module + ".").startswith(CONNECTIONS_MAY_USE + ".")
+        and not any((module + ".").startswith(allowed + ".") for allowed in CONNECTIONS_MAY_USE)
     ]
 
 
@@ -120,6 +123,7 @@ def test_the_connection_layer_knows_no_route_metric_or_user():
     assert connection_layer_violations() == []
 
 
+@pytest.mark.parametrize("name", CONNECTION_LAYER)
 @pytest.mark.parametrize(
     "line",
     [
@@ -129,11 +133,14 @@ def test_the_connection_layer_knows_no_route_metric_or_user():
         "from prometheus_client.exposition import choose_encoder",
     ],
 )
-def test_an_application_import_in_the_connection_layer_is_caught(tmp_path, line):
-    copy = tmp_path / "neuron_exporter" / "web" / "connections.py"
-    copy.parent.mkdir(parents=True)
-    copy.write_text((PACKAGE / "web" / "connections.py").read_text() + f"\n{line}\n")
-    assert connection_layer_violations(tmp_path / "neuron_exporter")
+def test_an_application_import_in_the_connection_layer_is_caught(tmp_path, name, line):
+    copy = tmp_path / "neuron_exporter" / "web"
+    copy.mkdir(parents=True)
+    for module in CONNECTION_LAYER:
+        (copy / f"{module}.py").write_text((PACKAGE / "web" / f"{module}.py").read_text())
+    (copy / f"{name}.py").write_text((PACKAGE / "web" / f"{name}.py").read_text() + f"\n{line}\n")
+    found = connection_layer_violations(tmp_path / "neuron_exporter")
+    assert found and all(violation.startswith(f"web/{name}.py imports ") for violation in found)
 
 
 def test_only_assets_command_imports_the_dashboards_generator(tmp_path):

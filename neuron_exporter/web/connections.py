@@ -26,6 +26,7 @@ import queue
 import selectors
 import socket
 import ssl
+import struct
 import threading
 import time
 from collections import Counter
@@ -141,8 +142,10 @@ class Connections:
                 log.debug("HTTP server loop", exc_info=True)
 
     def _sweep(self, now: float) -> None:
-        for connection in [c for c in (*self._waiting, *self._writing) if c.deadline <= now]:
-            self._close(connection)  # a head that never came, or a response the client does not read
+        for connection in [c for c in self._waiting if c.deadline <= now]:
+            self._close(connection)  # a head that never came
+        for connection in [c for c in self._writing if c.deadline <= now]:
+            self._close(connection, reset=True)  # a response the client does not read: drop what the kernel holds
         for connection in [c for c in self._paused if c.paused_until <= now]:
             wait = self._refusals.seconds_until_token(connection.client)
             if wait:  # its other connections took the token
@@ -330,7 +333,7 @@ class Connections:
             self._selector.modify(sock, events, connection)
         connection.events = events
 
-    def _close(self, connection: _Connection) -> None:
+    def _close(self, connection: _Connection, reset: bool = False) -> None:
         for place in (self._waiting, self._writing, self._paused):
             place.pop(connection, None)
         self._busy.discard(connection)
@@ -338,6 +341,8 @@ class Connections:
         if connection.events:
             self._selector.unregister(connection.sock)
             connection.events = 0
+        if reset:  # a reset, not a FIN after the unsent bytes: the kernel keeps none of them
+            connection.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         connection.sock.close()
         connection.sock = None
         self._per_client[connection.client] -= 1

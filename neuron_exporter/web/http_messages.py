@@ -84,7 +84,7 @@ def keeps_alive(request: Request) -> bool:
     return (
         request.version == "HTTP/1.1"
         and "close" not in (token.strip().lower() for token in headers.get("connection", "").split(","))
-        and int(headers.get("content-length", "0")) == 0
+        and not headers.get("content-length", "0").lstrip("0")  # digits only (checked): any length but 0
         and "transfer-encoding" not in headers
     )
 

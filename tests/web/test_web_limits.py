@@ -199,3 +199,25 @@ def test_a_paused_client_is_answered_when_its_rate_allows(server, monkeypatch):
     )
     assert re.findall(rb"HTTP/1.1 (\d+)", reply) == [b"404", b"404", b"404", b"200"] and reply.endswith(BODY)
     assert scrape(s) == (200, BODY)  # a new connection of the paused client: parked at first, then answered
+
+
+def test_past_the_limit_the_crowded_address_loses_its_own_connections(server, monkeypatch):
+    monkeypatch.setattr(connections, "MAX_CONNECTIONS", 8)
+    s = server()
+    other = socket.create_connection(("127.0.0.1", s.port), timeout=10, source_address=("127.0.0.2", 0))
+    other.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")  # the oldest connection, still waiting for its head
+    crowd = []
+    try:
+        for _ in range(12):
+            sock = socket.create_connection(("127.0.0.1", s.port), timeout=10)
+            sock.sendall(b"GET /metrics HTTP/1.1\r\n")
+            crowd.append(sock)
+        wait_until(lambda: sum(map(closed_by_server, crowd)) >= len(crowd) + 1 - 8, what="room to be made")
+        other.setblocking(True)
+        other.sendall(b"Connection: close\r\n\r\n")
+        reply = b"".join(iter(lambda: other.recv(65536), b""))
+        assert reply.startswith(b"HTTP/1.1 200 OK") and reply.endswith(BODY)
+    finally:
+        other.close()
+        for sock in crowd:
+            sock.close()

@@ -7,11 +7,13 @@ are counted, and a scrape must be answered by one of the first renders that coul
 
 from __future__ import annotations
 
+import json
 import re
 import socket
 import subprocess
 import sys
 import threading
+import urllib.parse
 import urllib.request
 
 import pytest
@@ -22,6 +24,7 @@ from neuron_exporter.web.lanes import FairQueue
 from tests.support.daemon import Daemon
 from tests.support.http import BODY, get
 from tests.support.paths import ROOT
+from tests.support.processes import xla_env
 
 LOAD = ROOT / "tests" / "scripts" / "http_load.py"
 # A render serves the requests that came before it started; the one running when a scrape comes started before it.
@@ -144,3 +147,30 @@ def test_a_fair_queue_takes_each_client_in_turn():
     queue.put("c", "c1")
     queue.put("b", "b2")
     assert [queue.get() for _ in range(len(queue))] == ["a1", "b1", "c1", "a2", "b2", "a3"]
+
+
+@pytest.mark.training
+@pytest.mark.parametrize("node_view", ["true", "false"], ids=["job endpoint", "rank endpoint"])
+def test_a_training_job_answers_a_scrape_while_8_connections_pipeline(tmp_path, node_view):
+    """A job's node endpoint (a process of its own, asking the training process for its exposition) and a rank's
+    own endpoint (in the training process)."""
+    job = subprocess.Popen(
+        [sys.executable, str(ROOT / "tests" / "scripts" / "endpoint_job.py"), "0", str(tmp_path / "spool")],
+        env=xla_env(NEURON_EXPORTER_RUN_ID="fair-service", NEURON_EXPORTER_NODE_VIEW=node_view),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        url = json.loads(job.stdout.readline())["url"]
+        with Load("pipeline", urllib.parse.urlsplit(url).port) as load:
+            for _ in range(3):
+                status, _, body = get(url)
+                assert status == 200 and b"training_steps_total" in body
+        job.communicate(input="", timeout=120)
+        assert job.returncode == 0
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+    assert load.answered < load.sent

@@ -24,6 +24,7 @@ from prometheus_client.core import CounterMetricFamily, Metric
 
 from ...metric_family import histogram_family, single_series
 from ..histogram import STEP_DURATION_BUCKETS, Histogram
+from ..self_metrics import SelfStats
 from ..source import Source, StepCounts
 
 STEPS_HELP = (
@@ -52,7 +53,7 @@ class TrainingSteps(Source):
         self._step_end = self._clock()  # where the next step starts
         self.last_step_end: float | None = None
 
-    def after_fork(self, stats) -> None:
+    def after_fork(self, stats: SelfStats) -> None:
         self._start()
 
     def parts(self) -> dict:

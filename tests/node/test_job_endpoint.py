@@ -341,3 +341,22 @@ def test_a_jobs_endpoint_removes_the_expired_files_of_ranks_that_ended(tmp_path)
             assert list(spool.glob(f"rank-2.{RUN}.*"))  # alive, however old its file
             wait_until(lambda: list(spool.glob("rank-0.job-a.prom")), what="the job's own file")
             job.finish()
+
+
+def test_the_endpoint_link_and_the_server_with_its_pages_are_each_in_one_place():
+    """The server of an endpoint with its /diagnosis page is built by one builder, the endpoint process is started
+    by one module (which holds both ends of its link), and only that module binds a port outside the web layer."""
+    from tests.support.paths import ROOT
+
+    sources = {path.relative_to(ROOT).as_posix(): path.read_text() for path in (ROOT / "neuron_exporter").rglob("*.py")}
+
+    def holding(text: str) -> set[str]:
+        return {path for path, source in sources.items() if text in source}
+
+    assert holding("pages=") == {"neuron_exporter/web/http_server.py"}
+    assert holding("job_endpoint import main") == {"neuron_exporter/node/job_link.py"}
+    assert holding("bind_listener(") == {
+        "neuron_exporter/node/job_link.py",
+        "neuron_exporter/web/connections.py",
+        "neuron_exporter/web/http_server.py",
+    }

@@ -15,6 +15,7 @@ import sys
 import threading
 
 from ..config import ConfigError, Options, resolve_options
+from ..untrusted import EXIT_USAGE
 from ..web.http_server import MetricsServer, metrics_server
 from . import spool
 from .node_view import NodeView
@@ -35,7 +36,6 @@ FLAGS = {
     "log_level": "--log-level",
 }
 BIND_RETRY_SECONDS = 2.0
-EXIT_CONFIG = 2
 
 
 def register(subparsers) -> None:
@@ -99,7 +99,7 @@ def load_options(args: argparse.Namespace, command: str):
             web_config = load_web_config(options.web_config_file)
     except ConfigError as error:
         print(f"neuron-exporter {command}: {error}", file=sys.stderr)
-        return EXIT_CONFIG
+        return EXIT_USAGE
     logging.basicConfig(level=options.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     return options, web_config
 
@@ -141,7 +141,7 @@ def serve(options: Options, web_config=None) -> int:
     problem = prepare_spool_dir(options)
     if problem:
         print(f"neuron-exporter serve: {problem}", file=sys.stderr)
-        return EXIT_CONFIG
+        return EXIT_USAGE
     view = NodeView(options).start_reading()
     server = None
     waiting = False
@@ -154,7 +154,7 @@ def serve(options: Options, web_config=None) -> int:
                     f"neuron-exporter serve: cannot listen on {options.addr}:{options.port}: {error.strerror or error}",
                     file=sys.stderr,
                 )
-                return EXIT_CONFIG
+                return EXIT_USAGE
             if not waiting:
                 # Under attach(), a training rank may hold the port and serve the node view itself.
                 log.warning(

@@ -17,8 +17,8 @@ import urllib.request
 from urllib.parse import urlsplit, urlunsplit
 
 from .. import diagnosis
+from ..untrusted import EXIT_USAGE
 
-EXIT_ERROR = 2
 PASSWORD_ENV = "NEURON_EXPORTER_PASSWORD"
 
 
@@ -69,11 +69,11 @@ def run(args: argparse.Namespace) -> int:
     except urllib.error.HTTPError as error:
         hint = " (an exporter older than 0.2 has no /diagnosis)" if error.code == 404 else ""
         print(f"neuron-exporter diagnose: {args.url}: HTTP {error.code} {error.reason}{hint}", file=sys.stderr)
-        return EXIT_ERROR
+        return EXIT_USAGE
     except (OSError, ValueError, ssl.SSLError) as error:
         reason = getattr(error, "reason", None) or error
         print(f"neuron-exporter diagnose: {args.url!s:.200}: {str(reason)[:300]}", file=sys.stderr)
-        return EXIT_ERROR
+        return EXIT_USAGE
     if args.format == "json":
         print(diagnosis.dumps(document))
     else:

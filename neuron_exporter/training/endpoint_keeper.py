@@ -18,10 +18,11 @@ from typing import Protocol
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from ..config import AUTOSTART_DIR, Options
+from ..config import Options
 from ..node.job_link import DIAGNOSIS, METRICS, JobEndpointProcess
 from ..web.http_server import MetricsServer, metrics_server
 from ..web.web_config import WebConfig
+from . import AUTOSTART_DIR
 from .rank import rank_labels
 from .self_metrics import SelfStats
 

@@ -36,7 +36,7 @@ from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from ..snapshot_metrics import LabelBudget
+from ..untrusted import LabelBudget
 from .dynamo_callbacks import CompileCallbacks
 from .dynamo_callbacks import problem as probe_callbacks  # the compile callbacks
 from .patching import Patch

@@ -8,13 +8,26 @@ diagnose``, rooms that may not import each other: the package imports nothing el
 may import it. Its names are here for them.
 """
 
-from .document import FORMAT, MAX_BYTES, MAX_FRAMES, MAX_TEXT, DiagnosisError, dumps, fit, loads, merge, rank_order
+from .document import (
+    FORMAT,
+    MAX_BYTES,
+    MAX_FRAMES,
+    MAX_PAGE_BYTES,
+    MAX_TEXT,
+    DiagnosisError,
+    dumps,
+    fit,
+    loads,
+    merge,
+    rank_order,
+)
 from .render import page, render_text
 
 __all__ = [
     "FORMAT",
     "MAX_BYTES",
     "MAX_FRAMES",
+    "MAX_PAGE_BYTES",
     "MAX_TEXT",
     "DiagnosisError",
     "dumps",

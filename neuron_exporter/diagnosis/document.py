@@ -39,6 +39,7 @@ import json
 
 FORMAT = 1
 MAX_BYTES = 1024 * 1024  # a rank's document on disk; more is not a rank's
+MAX_PAGE_BYTES = 8 * 1024 * 1024  # a node endpoint's /diagnosis?format=json: it holds no more, diagnose reads no more
 RECOMPILATION_WEIGHT = 10  # in the ranking (advice.py) and when sites are cut, a compilation weighs this many cuts
 # Bounds of a document, checked field by field by ``loads`` and kept by ``fit``, the writer's side.
 MAX_COUNT = 2.0**63  # a count or a number of seconds: finite, at least 0 and at most this
@@ -198,14 +199,14 @@ def merge(documents: list[dict]) -> dict:
 
 def rank_order(rank: str):
     """The order of ranks: numbers by value, before any other label in text order."""
-    return (0, int(rank), "") if rank.isdigit() else (1, 0, rank)
+    return (0, int(rank), "") if rank.isascii() and rank.isdigit() else (1, 0, rank)  # '²'.isdigit() too
 
 
-def loads(data: bytes, where: str) -> dict:
+def loads(data: bytes, where: str, max_bytes: int = MAX_BYTES) -> dict:
     """A document from JSON, checked field by field (types and bounds); ``DiagnosisError`` naming ``where`` and
     the field otherwise. Fields this module does not know are left out."""
-    if len(data) > MAX_BYTES:
-        raise DiagnosisError(f"{where}: more than {MAX_BYTES} bytes")
+    if len(data) > max_bytes:
+        raise DiagnosisError(f"{where}: more than {max_bytes} bytes")
     try:
         document = json.loads(data)
     except (ValueError, RecursionError) as error:

@@ -14,7 +14,7 @@ for the job alone (``port=0``, reported by ``handle.port``), only the job's own 
 endpoint, and serving the other runs too would export them twice.
 
 Without a daemon, nothing else tidies the spool: like the daemon, it removes the expired files of ranks that ended,
-of every run, at its start and every ``EXPIRY_CHECK_SECONDS``.
+of every run, at its start and every ``spool_expiry.CHECK_INTERVAL_SECONDS`` (``spool_expiry.remove_expired``).
 
 It serves as long as the process that started it lives (it checks its parent twice a second) or until that process
 stops it (``detach()``), and never outlives the job: the next rank to step then binds the port and starts another.
@@ -37,54 +37,13 @@ from ..config import Options
 from ..web.http_server import metrics_server
 from .job_link import DIAGNOSIS, METRICS, Asker, read_answer
 from .node_view import NodeView
-from .spool import (
-    DATA_SUFFIX,
-    PREFIX,
-    RejectedFile,
-    check_spool_dir,
-    file_trust,
-    read_rank_file,
-    remove_rank_files,
-    remove_stale_temp_files,
-    trusted_owners,
-    writer_alive,
-)
+from .spool_expiry import CHECK_INTERVAL_SECONDS, remove_expired
 
 log = logging.getLogger("neuron_exporter")
 
 ASK_TIMEOUT_SECONDS = 2.0  # then the training process's spool file stands in for its own exposition
 PARENT_CHECK_SECONDS = 0.5
 CONFIG_TIMEOUT_SECONDS = 60.0
-EXPIRY_CHECK_SECONDS = 60.0
-
-
-def remove_expired(options: Options, now: float | None = None) -> None:
-    """The files of every run's ranks that ended, once their last report is older than ``expire_after_seconds``,
-    removed (best effort, never raises); only an expired file is read, to learn whose lock to probe."""
-    now = time.time() if now is None else now
-    directory = options.spool_dir
-    trusted = trusted_owners(options.spool_trusted_users)
-    try:
-        check_spool_dir(directory, options.spool_mode, writer=False, trusted=trusted)
-        remove_stale_temp_files(directory, now)
-        with os.scandir(directory) as entries:
-            expired = [
-                entry.path
-                for entry in entries
-                if entry.name.startswith(PREFIX)
-                and entry.name.endswith(DATA_SUFFIX)
-                and now - entry.stat(follow_symlinks=False).st_mtime > options.expire_after_seconds
-            ]
-    except OSError:
-        return  # missing, or not to be touched: the endpoint's spool_directory_ok says which
-    trust = file_trust(options.spool_mode, trusted)
-    for path in expired:
-        try:
-            report = read_rank_file(path, options.spool_max_file_bytes, trusted=trust)
-        except (OSError, RejectedFile):
-            continue
-        if report is not None and writer_alive(report, trust) is False:
-            remove_rank_files(report)
 
 
 class JobEndpoint:
@@ -131,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
             break
         if time.monotonic() >= next_expiry:
             remove_expired(options)
-            next_expiry = time.monotonic() + EXPIRY_CHECK_SECONDS
+            next_expiry = time.monotonic() + CHECK_INTERVAL_SECONDS
     server.stop()
     return 0
 

@@ -17,8 +17,9 @@ import threading
 from ..config import ConfigError, Options, resolve_options
 from ..untrusted import EXIT_USAGE
 from ..web.http_server import MetricsServer, metrics_server
-from . import spool
+from . import spool_dir
 from .node_view import NodeView
+from .spool_expiry import CHECK_INTERVAL_SECONDS, remove_expired
 
 log = logging.getLogger("neuron_exporter")
 SHARED_MODES = ("group-shared", "shared")
@@ -113,16 +114,16 @@ def run(args: argparse.Namespace) -> int:
 
 def prepare_spool_dir(options: Options) -> str | None:
     """In a shared mode, create the spool directory (the ranks of several users write there); in the other modes a
-    rank creates its own. An existing directory that is unsafe to read is refused: returns the one-line reason."""
+    rank creates its own. Returns the one-line reason why an existing directory is unsafe to read, if it is."""
     try:
         if options.spool_mode in SHARED_MODES and not os.path.lexists(options.spool_dir):
-            spool.prepare_spool_dir(options.spool_dir, options.spool_mode)
+            spool_dir.prepare_spool_dir(options.spool_dir, options.spool_mode)
         if os.path.lexists(options.spool_dir):
-            spool.check_spool_dir(
+            spool_dir.check_spool_dir(
                 options.spool_dir,
                 options.spool_mode,
                 writer=False,
-                trusted=spool.trusted_owners(options.spool_trusted_users),
+                trusted=spool_dir.trusted_owners(options.spool_trusted_users),
             )
     except OSError as error:
         return str(error)
@@ -138,11 +139,11 @@ def serve(options: Options, web_config=None) -> int:
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
-    problem = prepare_spool_dir(options)
-    if problem:
-        print(f"neuron-exporter serve: {problem}", file=sys.stderr)
-        return EXIT_USAGE
+    prepare_spool_dir(options)
     view = NodeView(options).start_reading()
+    # An unsafe directory is logged now and served as neuron_exporter_spool_directory_ok 0 (its alert fires) until it
+    # is fixed: the daemon stays up, so that someone hears of it.
+    view.check_directory()
     server = None
     waiting = False
     while server is None and not stop.is_set():
@@ -168,6 +169,8 @@ def serve(options: Options, web_config=None) -> int:
         return 0
     server.start()
     print(f"neuron-exporter serve: listening on {server.url}", file=sys.stderr, flush=True)
-    stop.wait()
+    remove_expired(options)
+    while not stop.wait(CHECK_INTERVAL_SECONDS):
+        remove_expired(options)
     server.stop()
     return 0

@@ -41,7 +41,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from .. import diagnosis
 from ..config import Options, auto_enabled, child_environment, resolve_options
-from ..node.spool import write_rank_file
+from ..node.spool_writer import write_rank_file
 from ..web.web_config import load_web_config
 from . import AUTOSTART_DIR
 from .attribution import Attribution

@@ -138,12 +138,12 @@ class JobEndpointProcess:
 
     def __init__(self, options: Options, port: int, run_id: str, web_config: WebConfig | None, autostart_dir: str):
         listener = bind_listener(options.addr, port)
-        theirs = None
+        theirs = process = None
         try:
             self.link, theirs = socket.socketpair()
             self.port: int = listener.getsockname()[1]
             self.url = url_of(listener, options.addr, web_config)
-            self._process = subprocess.Popen(
+            self._process = process = subprocess.Popen(
                 [
                     sys.executable,
                     "-c",
@@ -172,6 +172,9 @@ class JobEndpointProcess:
         except BaseException:
             if theirs is not None:
                 self.link.close()
+            if process is not None:  # it could not be given its configuration: it must not wait for it
+                process.kill()
+                process.wait()
             raise
         finally:
             listener.close()  # the endpoint process has its copy

@@ -95,20 +95,15 @@ class EndpointKeeper:
 
     def _warn_port_taken(self, error: OSError) -> None:
         options = self.options
-        where = (
-            f"it writes its metrics to the spool directory {options.spool_dir}, which the process holding the port "
-            "serves if it is a node endpoint (the node daemon, or another job's endpoint, which serves every run of "
-            "its spool)"
-            if options.spool_dir
-            else "it is not exported (no spool_dir)"
-        )
         log.warning(
-            "neuron-exporter: cannot listen on %s:%s (%s); training goes on: %s, and this process takes the port "
-            "over once it is free",
+            "neuron-exporter: cannot listen on %s:%s (%s); training goes on: this rank's metrics go to the spool "
+            "directory %s, which the process holding the port serves if it is a node endpoint (neuron-exporter "
+            "serve, or another job's endpoint: it serves every run of its spool); this process takes the port over "
+            "once it is free",
             options.addr,
             options.port,
             error.strerror or error,
-            where,
+            options.spool_dir,
         )
 
     def _endpoint_ended(self, endpoint: JobEndpointProcess) -> None:

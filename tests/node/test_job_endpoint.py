@@ -3,8 +3,12 @@ process never outlives it, and what one scrape reads is bounded."""
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import socket
+import subprocess
+import sys
 
 import psutil
 import pytest
@@ -12,7 +16,7 @@ import pytest
 from neuron_exporter.config import resolve_options
 from neuron_exporter.node.node_view import NodeView
 from tests.support.exposition import samples, scrape, total, value
-from tests.support.paths import RUN
+from tests.support.paths import ROOT, RUN, SCRIPTS
 from tests.support.processes import TrainingRun, wait_until, xla_env
 from tests.support.spool_writer import Writer
 
@@ -235,11 +239,6 @@ class Job:
     """tests/scripts/endpoint_job.py in a process of its own: a CPU training job that calls attach()."""
 
     def __init__(self, port: int, spool, run_id: str, *options: str):
-        import subprocess
-        import sys
-
-        from tests.support.paths import SCRIPTS
-
         self.process = subprocess.Popen(
             [sys.executable, str(SCRIPTS / "endpoint_job.py"), str(port), str(spool), *options],
             env=xla_env(NEURON_EXPORTER_RUN_ID=run_id),
@@ -248,8 +247,6 @@ class Job:
             stderr=subprocess.PIPE,
             text=True,
         )
-        import json
-
         line = self.process.stdout.readline()
         if not line:
             self.process.kill()
@@ -325,8 +322,6 @@ def test_a_killed_endpoint_of_a_port_0_job_is_started_again_on_the_same_port(tmp
 
 
 def test_a_jobs_endpoint_removes_the_expired_files_of_ranks_that_ended(tmp_path):
-    import os
-
     spool = tmp_path / "spool"
     with Writer(spool, "0,1", "--finished"), Writer(spool, "2"):  # an ended run's ranks, and a live one
         old = 10_000
@@ -341,3 +336,20 @@ def test_a_jobs_endpoint_removes_the_expired_files_of_ranks_that_ended(tmp_path)
             assert list(spool.glob(f"rank-2.{RUN}.*"))  # alive, however old its file
             wait_until(lambda: list(spool.glob("rank-0.job-a.prom")), what="the job's own file")
             job.finish()
+
+
+def test_the_endpoint_link_and_the_server_with_its_pages_are_each_in_one_place():
+    """The server of an endpoint with its /diagnosis page is built by one builder, the endpoint process is started
+    by one module (which holds both ends of its link), and only that module binds a port outside the web layer."""
+    sources = {path.relative_to(ROOT).as_posix(): path.read_text() for path in (ROOT / "neuron_exporter").rglob("*.py")}
+
+    def holding(text: str) -> set[str]:
+        return {path for path, source in sources.items() if text in source}
+
+    assert holding("pages=") == {"neuron_exporter/web/http_server.py"}
+    assert holding("job_endpoint import main") == {"neuron_exporter/node/job_link.py"}
+    assert holding("bind_listener(") == {
+        "neuron_exporter/node/job_link.py",
+        "neuron_exporter/web/connections.py",
+        "neuron_exporter/web/http_server.py",
+    }

@@ -1,10 +1,11 @@
 """`make demo`: the training example with the exporter attached, scraped by a local Prometheus with the shipped rules.
 
 Starts Prometheus (Debian's `prometheus`) on a free loopback port with the alert and recording rules (their `for`
-durations shortened so the demo does not wait minutes), runs examples/train.py, waits until the CPU-fallback
-alert fires, and prints what fired and the URLs. Run from a terminal, it then keeps Prometheus and the training
-run going, so the URLs keep working, until Ctrl-C; otherwise (CI, a pipe) it stops them and ends. `--keep` and
-`--no-keep` choose either way.
+durations shortened, and the run's warm-up set to 0 steps, so the demo does not wait minutes), runs
+examples/train.py, waits (at most --timeout seconds) until its four phases have printed and both the CPU-fallback
+and the recompilation alerts fire, and prints every alert that fired and the URLs. Run from a terminal, it then
+keeps Prometheus and the training run going, so the URLs keep working, until Ctrl-C; otherwise (CI, a pipe) it
+stops them and ends. `--keep` and `--no-keep` choose either way.
 """
 
 from __future__ import annotations
@@ -12,11 +13,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -30,6 +33,9 @@ from neuron_exporter.dashboards.build import rules_yaml  # noqa: E402
 from neuron_exporter.dashboards.config import DEFAULTS  # noqa: E402
 from neuron_exporter.dashboards.rules import rule_files  # noqa: E402
 
+# What the demo waits for: the phase lines examples/train.py prints, and the alerts they should fire.
+PHASES = 4
+EXPECTED_ALERTS = ("XlaCpuFallbackOp", "XlaRecompilationStorm")
 DEMO_THRESHOLDS = dataclasses.replace(
     DEFAULTS,
     fallback_for="0s",
@@ -57,6 +63,20 @@ def firing_alerts(prometheus: str) -> list[dict]:
     except OSError:
         return []
     return [a for a in alerts if a["state"] == "firing"]
+
+
+class PhaseLines(threading.Thread):
+    """Passes the training run's output on, line by line, and counts the phases it has printed."""
+
+    def __init__(self, stream):
+        super().__init__(daemon=True)
+        self.stream, self.phases = stream, 0
+
+    def run(self) -> None:
+        for line in self.stream:
+            if line.startswith("phase "):
+                self.phases += 1
+            print(line, end="", flush=True)
 
 
 def ui_prefix(prometheus: str) -> str:
@@ -118,6 +138,9 @@ def main() -> int:
         start_new_session=True,
     )
     # Sessions of their own: Ctrl-C reaches only this script, which stops them in order.
+    # The demo's run counts recompilations from its first step: the rules count a rank once it had made
+    # warmup_steps steps at the first sample of their 5-minute window, and Prometheus' first sample of a run that
+    # has just started is 0 steps.
     training = subprocess.Popen(
         [
             sys.executable,
@@ -127,25 +150,38 @@ def main() -> int:
             "--continue-for",
             "inf" if keep else "3600",
         ],
+        env={**os.environ, "NEURON_EXPORTER_WARMUP_STEPS": "0"},
+        stdout=subprocess.PIPE,
+        text=True,
         start_new_session=True,
     )
+    output = PhaseLines(training.stdout)
+    output.start()
     try:
         print(f"demo: Prometheus at {prometheus_url} (log: {work / 'prometheus.log'})", flush=True)
         deadline = time.monotonic() + args.timeout
-        firing: list[dict] = []
-        while time.monotonic() < deadline and training.poll() is None:
-            firing = firing_alerts(prometheus_url)
-            if any(a["labels"].get("alertname") == "XlaCpuFallbackOp" for a in firing):
-                break
+        fired: dict[tuple, dict] = {}  # alerts seen firing, by name and labels
+
+        def watch() -> set[str]:
+            for alert in firing_alerts(prometheus_url):
+                fired[tuple(sorted(alert["labels"].items()))] = alert
+            return set(EXPECTED_ALERTS) - {alert["labels"]["alertname"] for alert in fired.values()}
+
+        while (watch() or output.phases < PHASES) and time.monotonic() < deadline and training.poll() is None:
             time.sleep(1)
         time.sleep(3)  # one more evaluation round, for the alerts that need two samples of a rate
-        firing = firing_alerts(prometheus_url)
-        print("\ndemo: alerts firing in Prometheus:")
-        for alert in sorted(firing, key=lambda a: a["labels"]["alertname"]):
+        missing = watch()
+        print("\ndemo: alerts that fired in Prometheus:")
+        for _, alert in sorted(fired.items()):
             labels = ", ".join(f'{k}="{v}"' for k, v in sorted(alert["labels"].items()) if k != "alertname")
             print(f"  {alert['labels']['alertname']} {{{labels}}}\n      {alert['annotations'].get('summary', '')}")
-        if not firing:
-            print("  none yet (see the Prometheus log)")
+        if output.phases < PHASES or missing:
+            print(
+                f"demo: after {args.timeout:g} s, {output.phases} of {PHASES} phases have printed"
+                + (f" and {', '.join(sorted(missing))} has not fired" if missing else "")
+                + f" (Prometheus log: {work / 'prometheus.log'})",
+                file=sys.stderr,
+            )
         print(
             "\ndemo: Prometheus and the training run keep going until Ctrl-C:"
             if keep
@@ -162,7 +198,7 @@ def main() -> int:
         )
         sys.stdout.flush()
         if not keep:
-            return 0 if firing else 1
+            return 1 if output.phases < PHASES or missing else 0
         while training.poll() is None and prometheus.poll() is None:
             time.sleep(1)
         ended = "the training run" if training.poll() is not None else "Prometheus"

@@ -6,7 +6,8 @@
 2. item:      loss.item() before the step ends: the graph is cut in two, plus a device-to-host read;
 3. fallback:  torch.lgamma, which has no XLA lowering: it runs on the CPU (aten::lgamma, aten::digamma);
 4. shapes:    the batch size changes every step: the compiler runs again at every step.
-After each phase it prints what the exporter saw, read from its own /metrics like Prometheus would.
+After each phase it prints what the exporter saw, read from its own /metrics like Prometheus would. With
+--continue-for, it then keeps training slowly with both of the last two problems, so that their alerts keep firing.
 """
 
 from __future__ import annotations
@@ -23,6 +24,10 @@ import torch_xla
 import neuron_exporter
 
 PHASES = (("clean", 20), ("item", 10), ("fallback", 10), ("shapes", 8))
+# After the phases: two steps a second with the CPU fallback, every fourth of them with a batch size not seen
+# before. Recompilations stay above the alert's 0.1 per step, and the machine stays nearly idle.
+CONTINUE_STEP_SECONDS = 0.5
+NEW_SHAPE_EVERY = 4
 
 
 def read(url: str) -> dict[str, float]:
@@ -46,8 +51,8 @@ def main() -> None:
         type=float,
         default=0.0,
         metavar="SECONDS",
-        help="after the four phases, keep training with the CPU fallback for this long, so that a "
-        "scraper sees the counters move",
+        help="after the four phases, keep training for this long, two steps a second, with the CPU fallback "
+        "and a new batch size every fourth step, so that a scraper sees the counters move",
     )
     args = parser.parse_args()
 
@@ -58,20 +63,22 @@ def main() -> None:
     model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10)).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
 
+    def step(batch: int, item: bool = False, fallback: bool = False) -> None:
+        x, y = torch.randn(batch, 64).to(device), torch.randint(0, 10, (batch,)).to(device)
+        optimizer.zero_grad()
+        out = model(x)
+        if fallback:
+            out = out + 0.01 * torch.lgamma(out.abs() + 1)
+        loss = torch.nn.functional.cross_entropy(out, y)
+        loss.backward()
+        optimizer.step()
+        if item:
+            loss.item()
+        torch_xla.sync()
+
     def run(phase: str, steps: int) -> None:
-        for step in range(steps):
-            batch = 32 + step if phase == "shapes" else 32
-            x, y = torch.randn(batch, 64).to(device), torch.randint(0, 10, (batch,)).to(device)
-            optimizer.zero_grad()
-            out = model(x)
-            if phase == "fallback":
-                out = out + 0.01 * torch.lgamma(out.abs() + 1)
-            loss = torch.nn.functional.cross_entropy(out, y)
-            loss.backward()
-            optimizer.step()
-            if phase == "item":
-                loss.item()
-            torch_xla.sync()
+        for i in range(steps):
+            step(32 + i if phase == "shapes" else 32, item=phase == "item", fallback=phase == "fallback")
 
     before = read(handle.url)
     for phase, steps in PHASES:
@@ -91,9 +98,21 @@ def main() -> None:
             flush=True,
         )
         before = after
+    if args.continue_for > 0:
+        print(
+            "then: two steps a second with the CPU fallback, every fourth with a new batch size, "
+            + ("until stopped" if args.continue_for == float("inf") else f"for {args.continue_for:g} s"),
+            flush=True,
+        )
     deadline = time.monotonic() + args.continue_for
+    batch = 32 + PHASES[-1][1]  # past the sizes of the shapes phase
+    steps = 0
     while time.monotonic() < deadline:
-        run("fallback", 1)
+        steps += 1
+        if steps % NEW_SHAPE_EVERY == 0:
+            batch += 1
+        step(batch, fallback=True)
+        time.sleep(CONTINUE_STEP_SECONDS)
     neuron_exporter.detach()
 
 

@@ -1,32 +1,166 @@
-"""The READMEs agree with the code: the configuration table is the one the code generates, and the files they
-link to and the modules they run are where they say."""
+"""The documentation agrees with the code: the configuration table is the one the code generates; the files and
+headings it links to, the modules it runs, the make targets it names, the metrics and the alerts it lists exist."""
 
 import re
+from pathlib import Path
 
 import pytest
 
 from neuron_exporter.config import options_table
+from tests.support.contract import CONTRACT_METRICS
 from tests.support.paths import DASHBOARDS, ROOT
 
+# The user documentation (README.md is its front door), and the READMEs of the shipped files.
+DOCS = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md"))]
 READMES = [
-    ROOT / "README.md",
+    *DOCS,
     DASHBOARDS / "README.md",
     ROOT / "deploy" / "README.md",
+    ROOT / "deploy" / "PROTOCOL.md",
     ROOT / "deploy" / "prometheus" / "runbook.md",
 ]
+OPTIONS_TABLE_PAGE = ROOT / "docs" / "user-guide.md"
+# The exporter's own families; a name with one of these prefixes in the docs is a metric.
+METRIC = re.compile(
+    r"(?<![\w:./-])((?:xla|training|torch_compile|torchneuron|neuron_exporter)_[a-z0-9_]*[a-z0-9])(?![\w:./-])"
+)
+# Paths that are not in a checkout: the wheel carries deploy/ inside the package.
+NOT_IN_A_CHECKOUT = {"neuron_exporter/deploy/"}
+ALERT = re.compile(r"\b((?:Xla|TorchCompile|TorchNeuron|NeuronExporter)[A-Z][A-Za-z]+)\b")
 
 
-def test_readme_options_table_matches_the_code():
-    readme = (ROOT / "README.md").read_text()
-    start = readme.index("<!-- options table")
-    table = readme[readme.index("\n", start) + 1 : readme.index("<!-- end of options table -->")]
+def page_id(path: Path) -> str:
+    return path.relative_to(ROOT).as_posix()
+
+
+def prose_and_code(text: str) -> tuple[str, list[str]]:
+    """The text outside fenced code blocks, and the inline code spans and lines of code blocks."""
+    prose, code, fenced = [], [], False
+    for line in text.splitlines():
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        elif fenced:
+            code.append(line.strip())
+        else:
+            prose.append(line)
+            code.extend(re.findall(r"`([^`]+)`", line))
+    return "\n".join(prose), code
+
+
+def anchors(page: Path) -> set[str]:
+    """The anchors GitHub gives a page's headings (lower case, punctuation dropped, spaces as hyphens, repeats
+    numbered), plus explicit <a name> and <a id> ones."""
+    prose, _ = prose_and_code(page.read_text())
+    found: set[str] = set(re.findall(r'<a (?:name|id)="([^"]+)"', prose))
+    seen: dict[str, int] = {}
+    for heading in re.findall(r"^#{1,6}\s+(.+?)\s*#*$", prose, flags=re.MULTILINE):
+        slug = re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+        found.add(slug if slug not in seen else f"{slug}-{seen[slug]}")
+        seen[slug] = seen.get(slug, 0) + 1
+    return found
+
+
+def broken_links(page: Path) -> list[str]:
+    prose, _ = prose_and_code(page.read_text())
+    broken = []
+    for link in re.findall(r"\]\(([^)\s]+)\)", prose):
+        if "://" in link or link.startswith("mailto:"):
+            continue
+        path, _, anchor = link.partition("#")
+        target = (page.parent / path).resolve() if path else page
+        if not target.exists():
+            broken.append(link)
+        elif anchor and target.suffix == ".md" and anchor not in anchors(target):
+            broken.append(link)
+    return broken
+
+
+def missing_paths(page: Path, root: Path = ROOT) -> list[str]:
+    """Paths of the repository the page names in code (`deploy/prometheus/runbook.md`, `tests/training/*.py`)
+    that are not there."""
+    folders = {path.name for path in root.iterdir() if path.is_dir()}
+    _, code = prose_and_code(page.read_text())
+    named = {path for span in code for path in re.findall(r"(?<![\w/.])[\w.*-]+(?:/[\w.*-]+)*/?", span) if "/" in path}
+    return sorted(
+        path
+        for path in named - NOT_IN_A_CHECKOUT
+        if path.split("/")[0] in folders and not any(root.glob(path.rstrip("/")))
+    )
+
+
+def make_targets() -> set[str]:
+    return set(re.findall(r"^([a-z][\w-]*)\s*:", (ROOT / "Makefile").read_text(), flags=re.MULTILINE))
+
+
+def package_text() -> str:
+    return "\n".join(path.read_text() for path in sorted((ROOT / "neuron_exporter").rglob("*.py")))
+
+
+def exported(name: str, code: str) -> bool:
+    """A family the exporter serves: in the metric contract, or named in the package's code (where a counter's
+    or histogram's name goes without its suffix)."""
+    base = re.sub(r"_(total|bucket|sum|count)$", "", name)
+    return name in CONTRACT_METRICS or f'"{name}"' in code or f'"{base}"' in code
+
+
+def alert_names() -> set[str]:
+    rules = (ROOT / "deploy" / "prometheus" / "rules").glob("*.yml")
+    return {name for path in rules for name in re.findall(r"^\s*- alert: (\w+)", path.read_text(), re.MULTILINE)}
+
+
+def test_the_options_table_matches_the_code():
+    text = OPTIONS_TABLE_PAGE.read_text()
+    start = text.index("<!-- options table")
+    table = text[text.index("\n", start) + 1 : text.index("<!-- end of options table -->")]
     assert table.strip() == options_table().strip()
 
 
-@pytest.mark.parametrize("readme", READMES, ids=lambda path: path.relative_to(ROOT).as_posix())
-def test_links_and_modules_of_the_readmes_exist(readme):
-    text = readme.read_text()
-    links = [link for link in re.findall(r"\]\(([^)#\s]+)", text) if "://" not in link]
-    assert [link for link in links if not (readme.parent / link).exists()] == []
-    modules = set(re.findall(r"python3? -m ([a-z_][a-z0-9_.]*)", text))
+@pytest.mark.parametrize("page", READMES, ids=page_id)
+def test_links_and_modules_of_the_docs_exist(page):
+    assert broken_links(page) == []
+    modules = set(re.findall(r"python3? -m ([a-z_][a-z0-9_.]*)", page.read_text()))
+    modules = {m for m in modules if (ROOT / m.split(".")[0]).is_dir()}  # this repository's, not pytest
     assert [m for m in modules if not (ROOT / (m.replace(".", "/") + ".py")).is_file()] == []
+
+
+@pytest.mark.parametrize("page", READMES, ids=page_id)
+def test_the_paths_the_docs_name_exist(page):
+    assert missing_paths(page) == []
+
+
+@pytest.mark.parametrize("page", READMES, ids=page_id)
+def test_the_make_targets_the_docs_name_exist(page):
+    _, code = prose_and_code(page.read_text())
+    named = {match.group(1) for span in code if (match := re.match(r"make ([a-z][\w-]*)", span))}
+    assert named - make_targets() == set()
+
+
+# Only the user documentation: the generator's README and the runbook name its configuration keys, which look like
+# metric names (torch_compile_window).
+@pytest.mark.parametrize("page", DOCS, ids=page_id)
+def test_the_metrics_and_alerts_the_docs_name_exist(page):
+    _, code = prose_and_code(page.read_text())
+    spans = "\n".join(code)
+    package = package_text()
+    assert sorted({name for name in METRIC.findall(spans) if not exported(name, package)}) == []
+    assert sorted(set(ALERT.findall(page.read_text())) - alert_names()) == []
+
+
+def test_the_metrics_reference_lists_every_family_of_the_contract():
+    documented = set(METRIC.findall("\n".join(prose_and_code((ROOT / "docs" / "metrics.md").read_text())[1])))
+    histograms = {name for name in CONTRACT_METRICS if name.endswith(("_bucket", "_sum", "_count"))}
+    assert sorted(CONTRACT_METRICS - documented - histograms - {"up"}) == []
+
+
+def test_a_broken_link_a_missing_anchor_and_an_unknown_metric_are_caught(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text(
+        "# A page\n\n## Where and why\n\n[ok](#where-and-why) [bad](#nowhere) [gone](missing.md)\n\n"
+        "```sh\n# not a heading\n```\n[bad too](#not-a-heading) `xla_no_such_family_total` `make no-such-target`\n"
+    )
+    assert broken_links(page) == ["#nowhere", "missing.md", "#not-a-heading"]
+    page.write_text("`tests/test_readme.py`, `tests/*.py`, `docs/`, `tests/no_such_test.py`, `docs/gone/`, a/b\n")
+    assert missing_paths(page) == ["docs/gone/", "tests/no_such_test.py"]
+    assert not exported("xla_no_such_family_total", package_text())
+    assert exported("xla_steps_total", package_text())
+    assert "no-such-target" not in make_targets() and "demo" in make_targets()

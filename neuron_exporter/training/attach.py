@@ -11,7 +11,7 @@ What runs where:
 - on the training thread: the sources' hooks (see each module);
 - on the spool thread, every ``spool_interval_seconds``: this rank's exposition written to the spool directory,
   where the node endpoint picks it up; and, when this process started the job's node endpoint (a process of its own,
-  ``node_endpoint``), the answers to its questions: this rank's own exposition, rendered at most twice a second;
+  ``endpoint_keeper``), the answers to its questions: this rank's own exposition, rendered at most twice a second;
 - with ``node_view`` off, on the HTTP threads at scrape time: this rank's exposition (``RankCollector``), rendered
   once for all the scrapes that wait for it, at most twice a second.
 No process merges other ranks' files on its training thread's GIL.
@@ -40,14 +40,12 @@ import psutil
 from prometheus_client import CollectorRegistry, generate_latest
 
 from .. import diagnosis
-from ..config import AUTOSTART_DIR, Options, auto_enabled, child_environment, resolve_options
-from ..node.job_link import DIAGNOSIS, METRICS
+from ..config import Options, auto_enabled, child_environment, resolve_options
 from ..node.spool import write_rank_file
-from ..web.http_server import MetricsServer
 from ..web.web_config import load_web_config
 from .attribution import Attribution
+from .endpoint_keeper import EndpointKeeper
 from .import_watch import after_import, forget, poll
-from .node_endpoint import NodeEndpointProcess
 from .optimizer_hook import OptimizerHook
 from .patching import Patch
 from .rank import rank_labels
@@ -61,7 +59,6 @@ if TYPE_CHECKING:
     from .xla_source import XlaSource
 
 log = logging.getLogger("neuron_exporter")
-ENDPOINT_SHORT_LIFE_SECONDS, ENDPOINT_MAX_FAILURES = 10.0, 3
 
 _lock = threading.RLock()
 _current: ExporterHandle | None = None
@@ -88,12 +85,9 @@ class ExporterHandle:
         if registry is not None:  # e.g. the registry the application already serves
             registry.register(self.collector)
         self._optimizer_hook = OptimizerHook(self._on_optimizer_created, self._on_optimizer_step, self._step_error)
-        self._server: MetricsServer | NodeEndpointProcess | None = None
-        self._endpoint_failures = 0
-        self._stop = threading.Event()
-        self._spool_thread: threading.Thread | None = None
         self._process_start = psutil.Process().create_time()
-        self._web_config = load_web_config(options.web_config_file) if options.web_config_file else None
+        web_config = load_web_config(options.web_config_file) if options.web_config_file else None
+        self._endpoint = EndpointKeeper(self, self._rank_registry, web_config)
         self._detached = False
         self._crashed = False
 
@@ -178,11 +172,11 @@ class ExporterHandle:
     # -- life cycle ---------------------------------------------------------------------------------------
     @property
     def port(self) -> int | None:
-        return self._server.port if self._server else None
+        return self._endpoint.port
 
     @property
     def url(self) -> str | None:
-        return self._server.url if self._server else None
+        return self._endpoint.url
 
     def _start(self) -> None:
         log.setLevel(self.options.log_level.upper())
@@ -190,46 +184,8 @@ class ExporterHandle:
         after_import("torch._dynamo", self._start_torch_compile)
         after_import("torch_xla", self._start_xla)
         if not self.auto:  # a child attached by autostart binds the port once it trains (in the spool thread)
-            self._serve(first_try=True)
-        self._start_spool_thread()
-
-    def _serve(self, first_try: bool) -> None:
-        options = self.options
-        try:
-            if options.node_view and self._endpoint_failures < ENDPOINT_MAX_FAILURES:
-                tls = self._web_config is not None and bool(self._web_config.tls)
-                self._server = NodeEndpointProcess(options, rank_labels()["run_id"], tls, AUTOSTART_DIR)
-            else:
-                self._server = MetricsServer(
-                    self._rank_registry,
-                    options.addr,
-                    options.port,
-                    self._web_config,
-                    pages={"/diagnosis": diagnosis.page(self.diagnosis)},
-                ).start()
-        except OSError as error:
-            if first_try and not self.auto:
-                log.warning(
-                    "neuron-exporter: cannot listen on %s:%s (%s); training goes on, and this rank's metrics reach "
-                    "the node endpoint that holds that port through the spool directory",
-                    options.addr,
-                    options.port,
-                    error.strerror or error,
-                )
-
-    def _endpoint_ended(self, endpoint: NodeEndpointProcess) -> None:
-        """An endpoint process that keeps ending soon after it started (it cannot start here) is not started again:
-        this process serves its own rank instead, and says so once."""
-        if endpoint.lived_seconds() > ENDPOINT_SHORT_LIFE_SECONDS:
-            return
-        self._endpoint_failures += 1
-        self.stats.record_error("scrape", RuntimeError("the node endpoint process ended right after it started"))
-        if self._endpoint_failures == ENDPOINT_MAX_FAILURES:
-            log.warning(
-                "neuron-exporter: the node endpoint process ended %d times right after it started (see its "
-                "lines above); this process now serves its own rank only",
-                ENDPOINT_MAX_FAILURES,
-            )
+            self._endpoint.serve(first_try=True)
+        self._endpoint.start_spool_thread()
 
     def diagnosis(self) -> dict:
         """This process's diagnosis document: its own rank only (``neuron_exporter.diagnosis``)."""
@@ -238,20 +194,6 @@ class ExporterHandle:
         rank = xla.diagnosis(labels) if xla is not None else Attribution().diagnosis(labels, self.steps.steps, {})
         rank["torch_compile"] = self.torch_compile.diagnosis()
         return diagnosis.fit({"format": diagnosis.FORMAT, "ranks": [rank]})  # what the node reads, no more
-
-    def _answer(self, kind: bytes) -> tuple[dict, bytes]:
-        """The node endpoint process's question: this rank's exposition (and whether it has trained), or its
-        diagnosis (once it has something to show: a process that compiled with torch.compile may have before any
-        torch_xla step)."""
-        try:
-            if kind == METRICS:
-                return {"meta": self._meta(), "idle": not self.claimed}, generate_latest(self._rank_registry)
-            if kind == DIAGNOSIS:
-                shown = self.claimed or self.torch_compile.compiled
-                return {"diagnosis": self.diagnosis() if shown else None}, b""
-        except Exception as error:  # noqa: BLE001 (the endpoint serves the spool file instead)
-            self.stats.record_error("scrape", error)
-        return {"meta": None, "diagnosis": None}, b""
 
     def _meta(self, finished: bool = False) -> dict:
         # A hung training thread still lets the spool thread write, so liveness is judged by the last step.
@@ -279,36 +221,6 @@ class ExporterHandle:
         except Exception as error:  # noqa: BLE001
             self.stats.record_error("spool", error)
 
-    def _start_spool_thread(self) -> None:
-        self._stop.clear()
-        self._spool_thread = threading.Thread(target=self._spool_loop, name="neuron-exporter-spool", daemon=True)
-        self._spool_thread.start()
-
-    def _spool_loop(self) -> None:
-        interval = self.options.spool_interval_seconds
-        next_write = time.monotonic() + interval
-        while not self._stop.is_set():
-            server = self._server
-            wait = max(0.0, next_write - time.monotonic())
-            if isinstance(server, NodeEndpointProcess):
-                try:
-                    gone = not server.answer(wait, self._answer)
-                except Exception as error:  # noqa: BLE001
-                    self.stats.record_error("scrape", error)
-                    gone = True
-                if gone:  # the endpoint process ended: this process or another binds the port again
-                    server.stop()
-                    self._server = None
-                    self._endpoint_ended(server)
-            else:
-                self._stop.wait(wait)
-            if self._stop.is_set() or time.monotonic() < next_write:
-                continue
-            next_write = time.monotonic() + interval
-            self._write_spool()
-            if self._server is None and self.options.port != 0 and self.claimed:
-                self._serve(first_try=False)  # the process that held the node endpoint may have gone: take over
-
     def detach(self) -> None:
         """Undo ``attach()``: torch_xla is left exactly as it was, the endpoint closes, a last report is spooled."""
         global _current
@@ -322,17 +234,10 @@ class ExporterHandle:
                 self.xla.uninstall()
             self._optimizer_hook.uninstall()
             self.torch_compile.uninstall()
-            self._stop.set()
-            if isinstance(self._server, NodeEndpointProcess):
-                self._server.wake()
-            if self._spool_thread is not None:
-                self._spool_thread.join()
-                self._spool_thread = None
+            self._endpoint.stop_spool_thread()
             # A process that dies of an uncaught exception leaves its rank to be seen dead, not finished.
             self._write_spool(finished=not self._crashed)
-            if self._server is not None:
-                self._server.stop()
-                self._server = None
+            self._endpoint.close()
             if self._user_registry is not None:
                 self._user_registry.unregister(self.collector)
             if _current is self:
@@ -343,9 +248,7 @@ class ExporterHandle:
         # The child has copies of the locks and of the listening socket, but none of the threads. It keeps the hooks
         # (the training code may run there), reports through the spool once it trains, and leaves the port to the
         # parent.
-        if self._server is not None:
-            self._server.close_inherited_socket()
-            self._server = None
+        self._endpoint.close_inherited_socket()
         sources = self.stats.sources
         self.stats = SelfStats()
         self.stats.sources = dict(sources)
@@ -357,7 +260,7 @@ class ExporterHandle:
         self.torch_compile.after_fork()
         self._process_start = psutil.Process().create_time()
         self.auto = True  # like a child started afresh: bind the port only once it trains, and quietly
-        self._start_spool_thread()
+        self._endpoint.start_spool_thread()
 
     def __enter__(self) -> ExporterHandle:
         return self

@@ -3,17 +3,20 @@ PID 1, ends what the command left in its group, and exits with the command's sta
 
 from __future__ import annotations
 
+import fcntl
 import os
+import pty
 import select
 import shutil
 import signal
 import subprocess
 import sys
+import termios
 
 import psutil
 import pytest
 
-from neuron_exporter.node import run_command
+from neuron_exporter.node import command_keeper
 from tests.support.paths import ROOT
 from tests.support.processes import wait_until
 
@@ -77,7 +80,7 @@ while True:
 
 def test_every_catchable_signal_is_passed_on_and_the_runner_keeps_running(tmp_path):
     process = start(tmp_path, [sys.executable, "-c", RECEIVER])
-    sent = sorted(signal.valid_signals() - run_command.NOT_FORWARDED - {signal.SIGTERM})
+    sent = sorted(signal.valid_signals() - command_keeper.NOT_FORWARDED - {signal.SIGTERM})
     try:
         assert line_from(process) == "up"
         for signum in sent:  # SIGALRM, SIGVTALRM, SIGPROF, SIGXCPU... each once
@@ -142,6 +145,122 @@ def test_the_command_ends_with_a_runner_killed_by_sigkill(tmp_path):
             os.kill(command, signal.SIGKILL)
 
 
+# The command starts a child, which starts a grandchild in a session of its own, as a daemon does; each prints its
+# role and pid once it is in place, then waits.
+FAMILY = """
+import os, signal
+def arrived(role):
+    os.write(1, b"%s %d\\n" % (role, os.getpid()))
+arrived(b"command")
+if os.fork() == 0:
+    arrived(b"child")
+    if os.fork() == 0:
+        os.setsid()
+        arrived(b"grandchild")
+while True:
+    signal.pause()
+"""
+
+
+def test_nothing_the_command_started_outlives_a_runner_killed_by_sigkill(tmp_path):
+    process = start(tmp_path, [sys.executable, "-c", FAMILY])
+    family: set[int] = set()
+    try:
+        pids = dict(line_from(process).split() for _ in range(3))
+        grandchild = int(pids["grandchild"])
+        assert os.getsid(grandchild) == grandchild != os.getsid(int(pids["command"]))
+        family = {child.pid for child in psutil.Process(process.pid).children(recursive=True)}
+        assert {int(pid) for pid in pids.values()} <= family
+        process.kill()
+        process.wait()
+        wait_until(lambda: all(gone(pid) for pid in family), timeout=30, what="the command's processes to end")
+    finally:
+        process.kill()
+        for pid in family:  # not to leave them behind when the test fails
+            if not gone(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+# The command starts a process in a session of its own and exits 3 once it is there.
+DAEMON = """
+import os, signal, sys
+read, write = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.setsid()
+    os.write(write, b"x")
+    while True:
+        signal.pause()
+os.read(read, 1)
+print(pid, flush=True)
+sys.exit(3)
+"""
+
+
+def test_a_process_in_a_session_of_its_own_is_ended_with_the_command(tmp_path):
+    process = start(tmp_path, [sys.executable, "-c", DAEMON])
+    try:
+        assert process.wait(timeout=120) == 3, process.stderr.read()
+    finally:
+        process.kill()
+    pid = int(line_from(process))
+    if not gone(pid):
+        os.kill(pid, signal.SIGKILL)
+        pytest.fail("the process in a session of its own was left running")
+
+
+# The command echoes the lines it reads from the terminal.
+ECHO = """
+import sys
+print("up", flush=True)
+for line in sys.stdin:
+    print("got", line.strip(), flush=True)
+"""
+
+
+def test_ctrl_z_stops_the_runner_with_the_command_and_fg_gives_the_command_the_terminal_again(tmp_path):
+    """The test is the shell: the runner leads a session on a terminal of its own."""
+    terminal, runner_side = pty.openpty()
+    process = subprocess.Popen(
+        runner_command(tmp_path, [sys.executable, "-c", ECHO]),
+        env=environment(),
+        stdin=runner_side,
+        stdout=runner_side,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0),
+    )
+    os.close(runner_side)
+    try:
+        output = Output(terminal)
+        output.wait_for(b"up")
+        os.write(terminal, b"\x1a")  # Ctrl-Z
+        _, status = os.waitpid(process.pid, os.WUNTRACED)
+        assert os.WIFSTOPPED(status)
+        os.kill(process.pid, signal.SIGCONT)  # fg: the runner's group has the terminal again, the keeper gave it
+        os.write(terminal, b"one\n")  # read by a command in the background, it would stop again (SIGTTIN)
+        output.wait_for(b"got one")
+        os.write(terminal, b"\x03")  # Ctrl-C: to the command's group only
+        _, status = os.waitpid(process.pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 128 + signal.SIGINT
+    finally:
+        process.kill()
+        os.close(terminal)
+
+
+class Output:
+    def __init__(self, fd: int):
+        self.fd, self.text = fd, b""
+
+    def wait_for(self, text: bytes, timeout: float = 60.0) -> None:
+        while text not in self.text:
+            ready, _, _ = select.select([self.fd], [], [], timeout)
+            if not ready:
+                pytest.fail(f"no {text!r} from the command in {timeout}s, only {self.text!r}")
+            self.text += os.read(self.fd, 4096)
+        self.text = self.text[self.text.index(text) + len(text) :]
+
+
 # As PID 1, the command makes 100 orphans that end at once, then waits until no process but itself and PID 1 is
 # left (the orphans reaped) or 30 s have passed, and prints how many are left and its parent.
 ORPHANS = """
@@ -178,3 +297,16 @@ def test_a_bad_grace_period_is_one_line_and_exit_2(tmp_path):
         timeout=60,
     )
     assert result.returncode == 2 and result.stderr.count("\n") == 1 and "--grace-seconds" in result.stderr
+
+
+def test_a_command_that_cannot_start_is_one_line_and_exit_127(tmp_path):
+    result = subprocess.run(
+        runner_command(tmp_path, [str(tmp_path / "missing")]),
+        env=environment(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 127, result.stderr
+    assert f"cannot run {tmp_path / 'missing'}: No such file or directory\n" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -1,0 +1,170 @@
+"""Where a training process's metrics are served, kept up for the life of ``attach()``.
+
+A process that holds the port serves the node: it starts the job's node endpoint process (``node.job_link``) and
+answers its questions from the spool thread; with ``node_view`` off, or once the endpoint process keeps failing to
+start, it serves its own rank in-process. A process that does not hold the port writes its rank to the spool
+directory, where whoever holds the port reads it, and takes the port over once it frees up.
+
+The spool thread lives here: every ``spool_interval_seconds`` it writes the rank's file, and in between it answers
+the endpoint process.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Protocol
+
+from prometheus_client import CollectorRegistry, generate_latest
+
+from .. import diagnosis
+from ..config import AUTOSTART_DIR, Options
+from ..node.job_link import DIAGNOSIS, METRICS
+from ..web.http_server import MetricsServer
+from ..web.web_config import WebConfig
+from .node_endpoint import NodeEndpointProcess
+from .rank import rank_labels
+from .self_metrics import SelfStats
+
+log = logging.getLogger("neuron_exporter")
+ENDPOINT_SHORT_LIFE_SECONDS, ENDPOINT_MAX_FAILURES = 10.0, 3
+
+
+class ServedRank(Protocol):
+    """What the keeper needs of the ``attach()`` handle."""
+
+    options: Options
+    auto: bool
+    stats: SelfStats
+
+    @property
+    def claimed(self) -> bool: ...
+
+    def diagnosis(self) -> dict: ...
+
+    def _meta(self, finished: bool = False) -> dict: ...
+
+    def _write_spool(self, finished: bool = False) -> None: ...
+
+
+class EndpointKeeper:
+    def __init__(self, rank: ServedRank, registry: CollectorRegistry, web_config: WebConfig | None):
+        self.rank = rank
+        self.options = rank.options
+        self.registry = registry  # this rank's own families
+        self.web_config = web_config
+        self.server: MetricsServer | NodeEndpointProcess | None = None
+        self._endpoint_failures = 0
+        self._stop = threading.Event()
+        self._spool_thread: threading.Thread | None = None
+
+    @property
+    def port(self) -> int | None:
+        return self.server.port if self.server else None
+
+    @property
+    def url(self) -> str | None:
+        return self.server.url if self.server else None
+
+    def serve(self, first_try: bool) -> None:
+        options = self.options
+        try:
+            if options.node_view and self._endpoint_failures < ENDPOINT_MAX_FAILURES:
+                tls = self.web_config is not None and bool(self.web_config.tls)
+                self.server = NodeEndpointProcess(options, rank_labels()["run_id"], tls, AUTOSTART_DIR)
+            else:
+                self.server = MetricsServer(
+                    self.registry,
+                    options.addr,
+                    options.port,
+                    self.web_config,
+                    pages={"/diagnosis": diagnosis.page(self.rank.diagnosis)},
+                ).start()
+        except OSError as error:
+            if first_try and not self.rank.auto:
+                log.warning(
+                    "neuron-exporter: cannot listen on %s:%s (%s); training goes on, and this rank's metrics reach "
+                    "the node endpoint that holds that port through the spool directory",
+                    options.addr,
+                    options.port,
+                    error.strerror or error,
+                )
+
+    def _endpoint_ended(self, endpoint: NodeEndpointProcess) -> None:
+        """An endpoint process that keeps ending soon after it started (it cannot start here) is not started again:
+        this process serves its own rank instead, and says so once."""
+        if endpoint.lived_seconds() > ENDPOINT_SHORT_LIFE_SECONDS:
+            return
+        self._endpoint_failures += 1
+        self.rank.stats.record_error("scrape", RuntimeError("the node endpoint process ended right after it started"))
+        if self._endpoint_failures == ENDPOINT_MAX_FAILURES:
+            log.warning(
+                "neuron-exporter: the node endpoint process ended %d times right after it started (see its "
+                "lines above); this process now serves its own rank only",
+                ENDPOINT_MAX_FAILURES,
+            )
+
+    def _answer(self, kind: bytes) -> tuple[dict, bytes]:
+        """The node endpoint process's question: this rank's exposition (and whether it has trained), or its
+        diagnosis (once it has something to show: a process that compiled with torch.compile may have before any
+        torch_xla step)."""
+        rank = self.rank
+        try:
+            if kind == METRICS:
+                return {"meta": rank._meta(), "idle": not rank.claimed}, generate_latest(self.registry)
+            if kind == DIAGNOSIS:
+                return {"diagnosis": rank.diagnosis() if rank.claimed else None}, b""
+        except Exception as error:  # noqa: BLE001 (the endpoint serves the spool file instead)
+            rank.stats.record_error("scrape", error)
+        return {"meta": None, "diagnosis": None}, b""
+
+    def start_spool_thread(self) -> None:
+        self._stop.clear()
+        self._spool_thread = threading.Thread(target=self._spool_loop, name="neuron-exporter-spool", daemon=True)
+        self._spool_thread.start()
+
+    def stop_spool_thread(self) -> None:
+        self._stop.set()
+        if isinstance(self.server, NodeEndpointProcess):
+            self.server.wake()
+        if self._spool_thread is not None:
+            self._spool_thread.join()
+            self._spool_thread = None
+
+    def _spool_loop(self) -> None:
+        interval = self.options.spool_interval_seconds
+        next_write = time.monotonic() + interval
+        while not self._stop.is_set():
+            server = self.server
+            wait = max(0.0, next_write - time.monotonic())
+            if isinstance(server, NodeEndpointProcess):
+                try:
+                    gone = not server.answer(wait, self._answer)
+                except Exception as error:  # noqa: BLE001
+                    self.rank.stats.record_error("scrape", error)
+                    gone = True
+                if gone:  # the endpoint process ended: this process or another binds the port again
+                    server.stop()
+                    self.server = None
+                    self._endpoint_ended(server)
+            else:
+                self._stop.wait(wait)
+            if self._stop.is_set() or time.monotonic() < next_write:
+                continue
+            next_write = time.monotonic() + interval
+            self.rank._write_spool()
+            if self.server is None and self.options.port != 0 and self.rank.claimed:
+                self.serve(first_try=False)  # the process that held the node endpoint may have gone: take over
+
+    def close(self) -> None:
+        """Stop serving and free the port (after ``stop_spool_thread``)."""
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+
+    def close_inherited_socket(self) -> None:
+        """In a forked child: the endpoint stays the parent's."""
+        if self.server is not None:
+            self.server.close_inherited_socket()
+            self.server = None

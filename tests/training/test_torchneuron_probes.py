@@ -34,13 +34,16 @@ def readable_series(source) -> dict[str, float]:
 
 @pytest.fixture
 def odd_torchneuron(monkeypatch, tmp_path):
-    """A torch_neuronx whose _C has the cache statistics but no _log_offloaded_op, whose get_fallback_ops() returns
-    a number, and no torch.neuron."""
+    """A torch_neuronx whose _C has the cache statistics (its metrics off) but no _log_offloaded_op, whose
+    get_fallback_ops() returns a number, and no torch.neuron."""
     import torch
 
     module = types.ModuleType("torch_neuronx")
     module.__file__ = str(tmp_path / "torch_neuronx" / "__init__.py")
-    module._C = types.SimpleNamespace(_get_compilation_cache_stats=lambda: dict(STATS))
+    module.__version__ = "2.14.3.0"
+    module._C = types.SimpleNamespace(
+        _get_compilation_cache_stats=lambda: dict(STATS), _neuron_metrics_enabled=lambda: False
+    )
     module.get_fallback_ops = lambda: 3
     monkeypatch.setitem(sys.modules, "torch_neuronx", module)
     monkeypatch.delattr(torch, "neuron", raising=False)
@@ -63,9 +66,10 @@ def test_what_is_missing_is_not_read_and_said_once(odd_torchneuron, caplog):
             "graph_fallbacks": 0,
             "memory": 0,
         }
-        lines = [r.getMessage() for r in caplog.records if "TorchNeuron" in r.getMessage()]
+        lines = [r.getMessage() for r in caplog.records if "TorchNeuron 2.14.3.0" in r.getMessage()]
         assert len(lines) == 1
         assert "_log_offloaded_op is missing" in lines[0] and "returned int, not names" in lines[0]
+        assert [r for r in caplog.records if "TORCH_NEURONX_METRICS_ENABLED=1" in r.getMessage()]
         served = {family.name for family in source.families.collect({})}
         assert "torchneuron_compile_cache_hits" in served and "torchneuron_host_reads" in served
         assert not served & {"torchneuron_cpu_fallback_op_calls", "torchneuron_memory_allocated_bytes"}

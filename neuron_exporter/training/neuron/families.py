@@ -16,7 +16,6 @@ from ...metric_family import single_series
 from ...snapshot_metrics import LabelBudget
 from . import names
 
-PREFIX = "torchneuron_"
 READABLE_FAMILY = "neuron_exporter_torchneuron_readable"
 
 
@@ -72,7 +71,7 @@ class NeuronFamilies:
         if "graph_fallbacks" in source.readable:
             counts, _ = source.graph_fallbacks.snapshot()
             yield self._labelled(
-                "graph_fallbacks",
+                "torchneuron_graph_fallbacks",
                 "Compiled graphs (torch.compile, neuron backend) that failed to run and ran eagerly instead, by the "
                 "reason TorchNeuron logged",
                 labels,
@@ -80,7 +79,7 @@ class NeuronFamilies:
                 [((self._reasons.label_for(reason),), count) for reason, count in counts.items()],
             )
         yield self._labelled(
-            "host_reads",
+            "torchneuron_host_reads",
             "Reads of neuron device data by the host (.item(), bool, print, .cpu(), ...; each waits for the device), "
             "by cause and source line",
             labels,
@@ -99,7 +98,7 @@ class NeuronFamilies:
         if "fallback_op_calls" in source.readable:
             calls, sites = source.fallbacks.snapshot()
             yield self._labelled(
-                "cpu_fallback_op_calls",
+                "torchneuron_cpu_fallback_op_calls",
                 "Calls of operators TorchNeuron registers from Python that ran on the CPU (each counted as it "
                 "happens), by operator",
                 labels,
@@ -107,7 +106,7 @@ class NeuronFamilies:
                 [((self._ops["calls"].label_for(op),), count) for op, count in calls.items()],
             )
             yield self._labelled(
-                "cpu_fallback_site_info",
+                "torchneuron_cpu_fallback_site_info",
                 "Where a CPU-fallback operator counted per call was called (pass: forward, or backward for a call "
                 "from the backward pass, named by the line that called backward()); always 1",
                 labels,
@@ -127,7 +126,7 @@ class NeuronFamilies:
             )
         if "fallback_ops_seen" in source.readable:
             yield self._labelled(
-                "cpu_fallback_ops_seen",
+                "torchneuron_cpu_fallback_ops_seen",
                 "Operators TorchNeuron ran on the CPU at least once (no Neuron kernel, a Python implementation that "
                 "could not take the call, or a failure in the device pipeline), from its set of their names; always 1",
                 labels,
@@ -156,7 +155,7 @@ class NeuronFamilies:
             }
         )
         yield self._labelled(
-            "compile_cache_hits",
+            "torchneuron_compile_cache_hits",
             "NEFFs found in TorchNeuron's compile cache, in memory or in the persistent cache (on disk)",
             labels,
             ["tier"],
@@ -164,13 +163,13 @@ class NeuronFamilies:
         )
         yield single_series(
             CounterMetricFamily,
-            PREFIX + "compile_cache_misses",
+            "torchneuron_compile_cache_misses",
             "NEFFs found in neither cache, compiled by neuronx-cc",
             labels,
             totals["misses"],
         )
         yield self._labelled(
-            "compilations",
+            "torchneuron_compilations",
             "neuronx-cc compilations: of torch.compile graphs (during a dynamo compilation) or of eager operators' "
             "kernels",
             labels,
@@ -178,7 +177,7 @@ class NeuronFamilies:
             [(("graph",), totals["graph"]), (("eager_op",), totals["eager_op"])],
         )
         yield self._labelled(
-            "compile_seconds",
+            "torchneuron_compile_seconds",
             "Time neuronx-cc spent compiling, of torch.compile graphs or of eager operators' kernels",
             labels,
             ["kind"],
@@ -197,14 +196,14 @@ class NeuronFamilies:
         )
         yield single_series(
             CounterMetricFamily,
-            PREFIX + "compiled_graphs",
+            "torchneuron_compiled_graphs",
             "Graphs the neuron backend of torch.compile compiled (forward and backward, from its cache or not)",
             labels,
             totals["compiled_graphs"],
         )
         yield single_series(
             CounterMetricFamily,
-            PREFIX + "graphs_with_collectives",
+            "torchneuron_graphs_with_collectives",
             "Compiled graphs with collective operations (all_reduce, all_gather, ...)",
             labels,
             totals["graphs_with_collectives"],
@@ -217,14 +216,14 @@ class NeuronFamilies:
 
         yield single_series(
             GaugeMetricFamily,
-            PREFIX + "memory_allocated_bytes",
+            "torchneuron_memory_allocated_bytes",
             "Device memory allocated by tensors now (torch.neuron.memory_stats)",
             labels,
             value("allocated_bytes"),
         )
         yield single_series(
             GaugeMetricFamily,
-            PREFIX + "memory_active_peak_bytes",
+            "torchneuron_memory_active_peak_bytes",
             "Peak of the device memory in active use since the process started or the user reset it",
             labels,
             value("active_bytes", "peak"),
@@ -232,14 +231,14 @@ class NeuronFamilies:
         totals = self._totals.read({"ooms": value("num_ooms"), "retries": value("num_alloc_retries")})
         yield single_series(
             CounterMetricFamily,
-            PREFIX + "memory_ooms",
+            "torchneuron_memory_ooms",
             "Device allocations that failed for want of memory",
             labels,
             totals["ooms"],
         )
         yield single_series(
             CounterMetricFamily,
-            PREFIX + "memory_alloc_retries",
+            "torchneuron_memory_alloc_retries",
             "Device allocations that succeeded only after freeing cached memory",
             labels,
             totals["retries"],
@@ -255,7 +254,7 @@ class NeuronFamilies:
         family_type: type[CounterMetricFamily | GaugeMetricFamily] = CounterMetricFamily,
     ) -> Metric:
         """One family of ``values`` by extra label values (those the budget sent to ``other`` summed; 1 for a gauge)."""
-        family = family_type(PREFIX + name, documentation, labels=list(labels) + extra)
+        family = family_type(name, documentation, labels=list(labels) + extra)
         summed: dict[tuple[str, ...], float] = {}
         for key, value in values:
             summed[key] = summed.get(key, 0) + value if family_type is CounterMetricFamily else 1

@@ -157,6 +157,16 @@ def probe() -> dict[str, str]:
     return problems
 
 
+def metrics_off() -> bool:
+    """Whether TorchNeuron says its metrics are off (``_C._neuron_metrics_enabled()``; TORCH_NEURONX_METRICS_ENABLED,
+    torch/reference/env-vars): the compile cache's counters live among them, and may then stay at 0."""
+    enabled = getattr(getattr(_neuronx(), "_C", None), "_neuron_metrics_enabled", None)
+    try:
+        return callable(enabled) and enabled() is False
+    except Exception:  # noqa: BLE001 (not known: say nothing)
+        return False
+
+
 def readable(problems: dict[str, str]) -> tuple[str, ...]:
     return tuple(record for record, needs in RECORDS.items() if not any(name in problems for name in needs))
 

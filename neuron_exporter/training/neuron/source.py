@@ -60,6 +60,11 @@ class NeuronSource(Source):
             self.graph_fallbacks.install()
         self._host_reads.install()
         self.readable = names.readable(unread)
+        if "compile_cache" in self.readable and names.metrics_off():
+            log.warning(
+                "neuron-exporter: TorchNeuron's metrics are off: its compile-cache counters may stay at 0 "
+                "(set TORCH_NEURONX_METRICS_ENABLED=1 to count them)"
+            )
         if unread:
             served = ", ".join(self.readable) or "nothing"
             log.warning(

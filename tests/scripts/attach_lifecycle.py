@@ -89,9 +89,9 @@ def broken(*args):
 
 handle.detach()
 handle = neuron_exporter.attach(port=0, addr="127.0.0.1", spool_dir=spool_dir)
-handle.xla.reader.counter_value = broken
+handle.sources.get("xla").reader.counter_value = broken
 train(3)
-handle.xla.reader.snapshot = broken
+handle.sources.get("xla").reader.snapshot = broken
 response = urllib.request.urlopen(handle.url)
 scraped = values(response.read().decode())
 seen["broken_scrape_status"] = response.status

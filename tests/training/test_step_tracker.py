@@ -3,7 +3,7 @@ the events the step hook records (compile counters around each marker, optimizer
 
 from __future__ import annotations
 
-from neuron_exporter.training.step_tracker import SETUP_MARKERS, SETUP_SECONDS, StepTracker
+from neuron_exporter.training.xla.step_tracker import SETUP_MARKERS, SETUP_SECONDS, StepTracker
 
 
 class Loop:

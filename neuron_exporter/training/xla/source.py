@@ -15,21 +15,23 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-from ..config import Options
-from .attribution import Attribution
-from .host_reads import HostReadHook
-from .self_metrics import SelfStats
-from .sites import UNKNOWN, SiteFinder
+from ...config import Options
+from ..attribution import Attribution
+from ..host_reads import HostReadHook
+from ..rank import rank_labels
+from ..self_metrics import SelfStats
+from ..sites import UNKNOWN, SiteFinder
+from ..source import Source
+from .families import XlaFamilies
+from .reader import CACHED_COMPILE, UNCACHED_COMPILE, XlaReader
 from .step_hook import StepHook
-from .step_tracker import FLUSH_EVERY, READ, SYNC, StepTracker
-from .xla_families import XlaFamilies
-from .xla_reader import CACHED_COMPILE, UNCACHED_COMPILE, XlaReader
+from .step_tracker import FLUSH_EVERY, READ, SYNC, StepState, StepTracker
 
 if TYPE_CHECKING:
     from .fallback_probe import FallbackProbe
 
 
-class XlaSource:
+class XlaSource(Source):
     def __init__(self, options: Options, stats: SelfStats):
         self.options = options
         self.stats = stats  # replaced in a forked child
@@ -78,14 +80,23 @@ class XlaSource:
     def last_active(self) -> float | None:
         return self.tracker.last_active
 
-    def diagnosis(self, labels: dict[str, str]) -> dict:
-        return self.attribution.diagnosis(labels, self.tracker.state().steps, self.reader.fallback_counts())
+    def parts(self) -> dict:
+        return self.families.parts()
 
-    # -- optimizer events (OptimizerHook, through the handle) ---------------------------------------------
+    def diagnosis(self, rank: dict) -> None:
+        """Its sites, cuts and fallbacks; the steps are its own (those of an optimizer on the XLA device)."""
+        rank.update(
+            self.attribution.diagnosis(rank_labels(), self.tracker.state().steps, self.reader.fallback_counts())
+        )
+
+    def step_counts(self) -> StepState:
+        return self.tracker.state()
+
+    # -- optimizer events ---------------------------------------------------------------------------------
     def on_optimizer_created(self) -> None:
         self.tracker.on_optimizer_created()
 
-    def on_optimizer_step(self) -> None:
+    def on_optimizer_step(self, optimizer) -> None:
         self.tracker.optimizer_steps += 1  # the cheapest thing on the training thread; carried by the next marker
 
     # -- the training thread ------------------------------------------------------------------------------

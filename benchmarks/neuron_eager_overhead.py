@@ -83,8 +83,9 @@ def main() -> None:
             else:
                 with neuron_exporter.attach(**ATTACH) as handle:
                     run_block(step, args.settle)
+                    own = handle.stats.hook_seconds
                     seconds, cpu, synced = run_block(step, args.steps)
-                    hook_seconds += handle.stats.hook_seconds
+                    hook_seconds += handle.stats.hook_seconds - own
             per_step[variant].append(seconds)
             cpu_per_step[variant].append(cpu)
             syncs[variant] += synced

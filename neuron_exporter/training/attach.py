@@ -6,6 +6,8 @@ library it reads, so a process without torch_xla never loads it:
 - ``training_steps`` (``steps/``): every ``torch.optim`` optimizer step (``OptimizerHook``), whatever runs the model;
 - ``torch_compile`` (``torch_compile/``): dynamo's records, once ``torch._dynamo`` is imported;
 - ``xla`` (``xla/``): torch_xla's step markers, host reads and fallbacks, once torch_xla is imported;
+- ``neuron`` (``neuron/``): TorchNeuron's CPU fallbacks, compile cache, host reads and memory, once torch_neuronx is
+  imported;
 - the process and the exporter itself (``RankCollector``).
 What runs where:
 - on the training thread: the sources' hooks (see each module);

@@ -56,6 +56,16 @@ class NeuronTensor(torch.Tensor):
     def __init__(self, raw: torch.Tensor):
         self.raw = raw
 
+    @property
+    def raw(self) -> torch.Tensor:
+        return self.untyped_storage()._neuron_raw
+
+    @raw.setter
+    def raw(self, raw: torch.Tensor) -> None:
+        # On the storage, whose Python object PyTorch keeps with it: the tensors autograd makes of this one in C++
+        # (a saved tensor, unpacked) share it, and find the data there.
+        self.untyped_storage()._neuron_raw = raw
+
     def __coerce_same_metadata_as_tangent__(self, expected_meta, expected_type=None):
         return self  # a gradient on the device, where aot_autograd traced a plain tensor: the same to the graph
 
@@ -70,7 +80,11 @@ def neuron_tensor(raw: torch.Tensor) -> NeuronTensor:
 
 
 def raw_of(value) -> torch.Tensor | None:
-    return value.raw if isinstance(value, NeuronTensor) else None
+    if isinstance(value, NeuronTensor):
+        return value.raw
+    if isinstance(value, torch.Tensor) and not value.is_cpu and value.device.type == "neuron":
+        return getattr(value.untyped_storage(), "_neuron_raw", None)  # made of a device tensor in C++
+    return None
 
 
 class BackendModule:

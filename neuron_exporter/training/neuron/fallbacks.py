@@ -17,6 +17,7 @@ from __future__ import annotations
 import sys
 import threading
 from collections.abc import Callable
+from types import FrameType
 
 from ..patching import Patch
 from ..sites import UNKNOWN, SiteFinder
@@ -58,11 +59,12 @@ class FallbackCalls:
     def _called(self, op) -> None:
         try:
             op = str(op)
-            frame = sys._getframe(2)  # past this and the wrapper
+            frame: FrameType | None = sys._getframe(2)  # past this and the wrapper
             location = self._sites.site(frame)
             backward = False
-            if location == UNKNOWN and threading.get_ident() != self.training_thread:
-                frame = sys._current_frames().get(self.training_thread)  # waiting in backward()
+            thread = self.training_thread
+            if location == UNKNOWN and thread is not None and threading.get_ident() != thread:
+                frame = sys._current_frames().get(thread)  # waiting in backward()
                 location, backward = self._sites.site(frame), True
             with self._lock:
                 if op not in self.calls and len(self.calls) >= MAX_OPS:

@@ -67,11 +67,10 @@ def _probe_fallback_ops() -> str | None:
 
 
 def _probe_cache() -> str | None:
-    c = getattr(_neuronx(), "_C", None)
-    problem = _callable(c, "_get_compilation_cache_stats", "torch_neuronx._C._get_compilation_cache_stats")
-    if problem:
-        return problem
-    stats = c._get_compilation_cache_stats()
+    read = getattr(getattr(_neuronx(), "_C", None), "_get_compilation_cache_stats", None)
+    if not callable(read):
+        return "torch_neuronx._C._get_compilation_cache_stats is missing"
+    stats = read()
     missing = [key for key in CACHE_KEYS if not isinstance(stats, dict) or not _number(stats.get(key))]
     return f"_get_compilation_cache_stats() lacks {', '.join(missing)}" if missing else None
 
@@ -91,10 +90,10 @@ def _probe_backend_logger() -> str | None:
 def _probe_memory() -> str | None:
     import torch
 
-    problem = _callable(getattr(torch, "neuron", None), "memory_stats", "torch.neuron.memory_stats")
-    if problem:
-        return problem
-    stats = torch.neuron.memory_stats()
+    read = getattr(getattr(torch, "neuron", None), "memory_stats", None)  # torch.neuron: registered by TorchNeuron
+    if not callable(read):
+        return "torch.neuron.memory_stats is missing"
+    stats = read()
     parts = {"active_bytes": "peak"}
     missing = [key for key in MEMORY_KEYS if memory_value(stats, key, parts.get(key)) is None]
     return f"torch.neuron.memory_stats() lacks {', '.join(missing)}" if missing else None
@@ -190,4 +189,4 @@ def memory_value(stats, key: str, part: str | None = None) -> float | None:
     else:
         nested = stats.get(key)
         value = nested.get(part) if isinstance(nested, dict) else stats.get(f"{key}.{part}")
-    return float(value) if _number(value) else None
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None

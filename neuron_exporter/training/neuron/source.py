@@ -18,6 +18,7 @@ import logging
 import sys
 import threading
 import time
+from typing import Any
 
 from ...config import Options
 from ..attribution import Attribution
@@ -101,7 +102,8 @@ class NeuronSource(Source):
     def memory_stats(self) -> dict:
         import torch
 
-        return torch.neuron.memory_stats()
+        device_module: Any = torch  # torch.neuron is registered by TorchNeuron
+        return device_module.neuron.memory_stats()
 
     def fallback_ops_seen(self) -> set[str]:
         return self.fallbacks.read_seen(self.neuronx.get_fallback_ops)

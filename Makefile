@@ -32,13 +32,13 @@ prometheus:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null; }
 
 # The gates, in seconds: ruff lints and checks the formatting of the repository's Python (`ruff format` fixes
-# it); mypy checks the package as Python 3.10, the oldest supported, and the dashboards generator as 3.11, which
-# the Grafana SDK needs (pyproject.toml has the settings and what is left out for now).
+# it); mypy checks the package as Python 3.10, the oldest supported, and the mixin (the dashboards and rules
+# generator) as 3.11, which the Grafana SDK needs (pyproject.toml has the settings and what is left out for now).
 check: venv
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy
-	$(PY) -m mypy --python-version 3.11 --cache-dir .mypy_cache/3.11 neuron_exporter/dashboards/*.py
+	$(PY) -m mypy --python-version 3.11 --cache-dir .mypy_cache/3.11 neuron_exporter/mixin/*.py neuron_exporter/mixin/*/*.py
 
 demo: venv prometheus
 	$(PY) examples/demo.py
@@ -111,8 +111,9 @@ test-compat: $(COMPAT_XLA:%=.venv-xla-%/.installed)
 fuzz: venv
 	NEURON_EXPORTER_FUZZ_CASES=20000 $(PY) -m pytest -q -k fuzz
 
+# The dashboards (dashboards/) and the rules (deploy/prometheus/rules/) from the mixin's code and configuration.
 dashboards: venv
-	$(PY) -m neuron_exporter.dashboards.build
+	$(PY) -m neuron_exporter.mixin
 
 bench: venv
 	$(PY) benchmarks/step_overhead.py

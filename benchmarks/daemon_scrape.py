@@ -10,7 +10,12 @@ the size of a scrape, and the daemon's resident memory.
 Scrapes come every --interval seconds (0.6), under the two renders a second an endpoint makes past its burst, so the
 times are those of serving a scrape, not of waiting for a turn.
 
+With --diagnosis-bytes N, every rank also writes a diagnosis of about N bytes, and the script then asks for the
+merged /diagnosis page (JSON and text, a query string defeating any cache) and prints its size, the time to answer
+it and the daemon's peak resident memory (64 ranks x 950000 bytes: the worst a node's ranks can write).
+
     python benchmarks/daemon_scrape.py [--ranks 128] [--ops 200] [--scrapes 100] [--interval 0.6] [--rewrite S]
+                                       [--diagnosis-bytes N] [--pages 10]
 """
 
 from __future__ import annotations
@@ -73,10 +78,14 @@ def main() -> None:
     parser.add_argument("--scrapes", type=int, default=100)
     parser.add_argument("--interval", type=float, default=0.6, help="seconds from one scrape to the next")
     parser.add_argument("--rewrite", type=float, default=None, help="rewrite every rank file every SECONDS")
+    parser.add_argument("--diagnosis-bytes", type=int, default=None, help="each rank's diagnosis, about N bytes")
+    parser.add_argument("--pages", type=int, default=10, help="/diagnosis pages asked for, each way")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as spool:
         rewrite = ["--rewrite", str(args.rewrite)] if args.rewrite else []
+        if args.diagnosis_bytes:
+            rewrite += ["--diagnosis-bytes", str(args.diagnosis_bytes)]
         command = [
             sys.executable,
             str(WRITER),
@@ -114,6 +123,8 @@ def main() -> None:
             plain, plain_size = scrape_times(port, args.scrapes, False, args.interval)
             gzipped, gzip_size = scrape_times(port, args.scrapes, True, args.interval)
             rss = psutil.Process(daemon.pid).memory_info().rss
+            pages = diagnosis_pages(port, args.pages) if args.diagnosis_bytes else None
+            peak = peak_rss(daemon.pid)
         finally:
             daemon.terminate()
             daemon.wait()
@@ -132,6 +143,41 @@ def main() -> None:
             f"   p99 {percentile(times, 0.99) * 1e3:7.2f} ms   {size / 1024:8.1f} KiB per scrape"
         )
     print(f"  daemon resident memory: {rss / 2**20:.1f} MiB after the scrapes ({rss_idle / 2**20:.1f} MiB before)")
+    if pages is not None:
+        print(f"  /diagnosis, {args.ranks} ranks x {args.diagnosis_bytes} bytes of diagnosis:")
+        for name, (times, size) in pages.items():
+            print(
+                f"    {name:5s}  median {statistics.median(times):6.2f} s   max {max(times):6.2f} s"
+                f"   {size / 2**20:6.2f} MiB"
+            )
+    print(f"  daemon peak resident memory: {peak / 2**20:.1f} MiB")
+
+
+def diagnosis_pages(port: int, count: int) -> dict[str, tuple[list[float], int]]:
+    """{json, text: (seconds per page, size of the last)}, each page asked for with a new query string."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    found = {}
+    for name, query in (("json", "format=json&"), ("text", "")):
+        times, size = [], 0
+        for i in range(count):
+            start = time.perf_counter()
+            connection.request("GET", f"/diagnosis?{query}n={i}")
+            response = connection.getresponse()
+            body = response.read()
+            times.append(time.perf_counter() - start)
+            assert response.status == 200, response.status
+            size = len(body)
+        found[name] = (times, size)
+    connection.close()
+    return found
+
+
+def peak_rss(pid: int) -> int:
+    """The process's peak resident memory (VmHWM), in bytes."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return 0
 
 
 if __name__ == "__main__":

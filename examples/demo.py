@@ -29,9 +29,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from neuron_exporter.dashboards.build import rules_yaml  # noqa: E402
-from neuron_exporter.dashboards.config import DEFAULTS  # noqa: E402
-from neuron_exporter.dashboards.rules import rule_files  # noqa: E402
+from neuron_exporter.mixin.build import rules_yaml  # noqa: E402
+from neuron_exporter.mixin.config import DEFAULTS  # noqa: E402
+from neuron_exporter.mixin.rules import rule_files  # noqa: E402
 
 # What the demo waits for: the phase lines examples/train.py prints, and the alerts they should fire.
 PHASES = 4
@@ -194,7 +194,7 @@ def main() -> int:
             f"  Prometheus alerts: {pages}/alerts\n"
             f"  a query:           {pages}/graph?g0.expr="
             f"{urllib.parse.quote('topk(5, rate(xla_cpu_fallback_ops_total[1m]))')}\n"
-            f"  dashboards:        import neuron_exporter/dashboards/*.json into Grafana (see its README.md)"
+            f"  dashboards:        import dashboards/*.json into Grafana (see its README.md)"
         )
         sys.stdout.flush()
         if not keep:

@@ -21,12 +21,11 @@ import yaml
 
 from . import AUTO_ENV, FALSE, TRUE
 from . import auto_enabled as auto_enabled  # read where config is too heavy to import, see __init__
-from .config_file import SHOWN_CHARACTERS, ConfigError, YamlFile, printable, quoted
+from .config_file import ConfigError, YamlFile
+from .untrusted import SHOWN_CHARACTERS, printable, quoted
 
 ENV_PREFIX = "NEURON_EXPORTER_"
 CONFIG_FILE_ENV = ENV_PREFIX + "CONFIG"
-# A path, not an import: its sitecustomize attaches a process that imports torch when NEURON_EXPORTER_AUTO is set.
-AUTOSTART_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "training", "autostart_path")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 # spool_mode -> (the directory's mode, its files' mode): files are never writable by anyone but their writer.
 SPOOL_MODES = {
@@ -88,14 +87,15 @@ class Options:
         4 * 1024 * 1024, "The node endpoint ignores a rank file larger than this (and counts it)."
     )
     spool_max_total_bytes: int = _option(
-        64 * 1024 * 1024,
-        "The node endpoint reads at most this much of the spool directory in all, in the order of "
-        "runs and ranks; the rest is not served (and counted).",
+        12 * 1024 * 1024,
+        "The node endpoint reads at most this much of the spool directory in all (rank files, then their "
+        "diagnoses), live runs first, then by run and rank; the rest is not served (and counted). 12 MiB: 128 "
+        "ranks of 96 KiB, and what Prometheus ingests in a scrape of a few seconds.",
     )
     spool_max_files: int = _option(
         1024,
-        "The node endpoint reads at most this many rank files, in the order of runs and ranks; the rest are "
-        "not served (and counted).",
+        "The node endpoint reads at most this many rank files, live runs first, then by run and rank; the rest "
+        "are not served (and counted).",
     )
     spool_interval_seconds: float = _option(2.0, "How often a rank rewrites its spool file.")
     hung_after_seconds: float = _option(
@@ -225,10 +225,12 @@ _CHECKS: dict[str, Callable] = {
 }
 
 
-def child_environment(values: Mapping, run_id: str, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+def child_environment(
+    values: Mapping, run_id: str, autostart_dir: str, environ: Mapping[str, str] = os.environ
+) -> dict[str, str]:
     """``environ`` for child processes that attach themselves when they import torch, with the options ``values``
-    (those that are None are not given), ``NEURON_EXPORTER_AUTO``, the run they are of, and the autostart
-    directory first on ``PYTHONPATH`` (once)."""
+    (those that are None are not given), ``NEURON_EXPORTER_AUTO``, the run they are of, and ``autostart_dir``
+    (``neuron_exporter.training.AUTOSTART_DIR``) first on ``PYTHONPATH`` (once)."""
     env = dict(environ)
     for key, value in values.items():
         if value is not None:
@@ -236,8 +238,8 @@ def child_environment(values: Mapping, run_id: str, environ: Mapping[str, str] =
     env[AUTO_ENV] = "1"
     env[ENV_PREFIX + "RUN_ID"] = run_id
     path = env.get("PYTHONPATH", "")
-    if AUTOSTART_DIR not in path.split(os.pathsep):
-        env["PYTHONPATH"] = AUTOSTART_DIR + (os.pathsep + path if path else "")
+    if autostart_dir not in path.split(os.pathsep):
+        env["PYTHONPATH"] = autostart_dir + (os.pathsep + path if path else "")
     return env
 
 

@@ -1,11 +1,11 @@
 """Reading a configuration file, strictly, and showing what it held in one-line errors.
 
 Every configuration the package reads goes through here: the exporter's options (``config``), the web config
-(``web/web_config``) and the mixin configuration of the dashboards and rules (``dashboards/config``). A file is
+(``web/web_config``) and the mixin configuration of the dashboards and rules (``mixin/config``). A file is
 a regular file (a FIFO would block the reader) of at most 1 MiB of UTF-8 text, holding one YAML document nested at
 most ``MAX_NESTING`` levels, without a key twice in a mapping. Anything else is a ``ConfigError``, whose message
-is one printable line: ``file:line: option: what is wrong``. ``printable`` and ``quoted`` escape untrusted text
-for such a message; ``dump_yaml`` writes the YAML files the package generates.
+is one printable line: ``file:line: option: what is wrong`` (``untrusted.quoted`` shows what the file held).
+``dump_yaml`` writes the YAML files the package generates.
 """
 
 from __future__ import annotations
@@ -16,26 +16,10 @@ from typing import Any
 
 import yaml
 
+from .untrusted import SHOWN_CHARACTERS, printable, quoted
+
 MAX_BYTES = 1024 * 1024  # a config is a dozen lines; a larger file is the wrong file
 MAX_NESTING = 50  # levels of mappings and sequences; the formats need 3; PyYAML's composer recurses once per level
-SHOWN_CHARACTERS = 80  # of a value quoted in an error
-
-
-def printable(text: str, limit: int | None = None) -> str:
-    """``text`` with every non-printable character (newline, terminal escape, ...) and backslash escaped, cut to
-    ``limit`` characters with ``...``."""
-    shown = ""
-    for character in text:
-        piece = character if character.isprintable() and character != "\\" else repr(character)[1:-1]
-        if limit is not None and len(shown) + len(piece) > limit:
-            return shown + "..."
-        shown += piece
-    return shown
-
-
-def quoted(text: str, limit: int = SHOWN_CHARACTERS) -> str:
-    """``text`` in double quotes for an error message: escaped (its double quotes too), cut short."""
-    return '"' + printable(text, limit).replace('"', '\\"') + '"'
 
 
 class ConfigError(ValueError):

@@ -7,17 +7,16 @@ user can graph anything torch_xla records without waiting for a release of this 
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 
 from prometheus_client.core import CounterMetricFamily, Metric
 
 from .metric_family import single_series
 from .snapshot import BYTES, SECONDS, Snapshot
+from .untrusted import LabelBudget
 
 HOST_SCALAR_READ_OP = "aten::_local_scalar_dense"  # what .item() runs: a host read, not a missing lowering
 LOWERED_OP_PREFIX = "xla::"  # torch_xla's counter of each operator it lowers
-OTHER = "other"
 DEFAULT_MAX_OP_SERIES = 100
 
 EXECUTE_METRICS = ("ExecuteTime", "ExecuteReplicatedTime")  # a graph run: on one device, or replicated
@@ -53,28 +52,6 @@ GENERIC_FAMILIES = {
 GENERIC_NUMBER_FAMILY = ("xla_metric_value", "Accumulated value of every other torch_xla metric, by metric name")
 
 
-class LabelBudget:
-    """Admits at most ``limit`` distinct label values; later ones are reported as ``other``.
-
-    Admission is first come, first served and remembered, so a series never moves into ``other`` once it
-    has been exported (which would make its counter go backwards).
-    """
-
-    def __init__(self, limit: int = DEFAULT_MAX_OP_SERIES):
-        self.limit = limit
-        self._admitted: set[str] = set()
-        self._lock = threading.Lock()  # concurrent scrapes must not admit more than the limit between them
-
-    def label_for(self, value: str) -> str:
-        if value in self._admitted:
-            return value
-        with self._lock:
-            if value in self._admitted or len(self._admitted) < self.limit:
-                self._admitted.add(value)
-                return value
-        return OTHER
-
-
 def is_cpu_fallback_op(counter_name: str) -> bool:
     """Whether a torch_xla counter counts the calls of an operator that ran on the CPU (no XLA lowering).
 
@@ -106,8 +83,8 @@ def snapshot_families(
     """Yield the metric families of one snapshot, every series carrying ``labels`` (e.g. rank)."""
     names = list(labels)
     values = list(labels.values())
-    fallback_budget = fallback_budget or LabelBudget()
-    lowered_budget = lowered_budget or LabelBudget()
+    fallback_budget = fallback_budget or LabelBudget(DEFAULT_MAX_OP_SERIES)
+    lowered_budget = lowered_budget or LabelBudget(DEFAULT_MAX_OP_SERIES)
 
     def counter(name: str, documentation: str, value: float) -> Metric:
         return single_series(CounterMetricFamily, name, documentation, labels, value)

@@ -2,13 +2,19 @@
 The tests keep to theirs: a folder per room, helpers shared through tests/support only.
 
 training/ (inside the training process) never imports reports/; node/ (the daemon) never imports training/ or
-reports/; web/ and reports/ import no other folder; the shared top-level modules import no folder at all (only the
-public face, ``__init__``, ``__main__`` and ``cli``, puts the folders together). In web/, the connection layer
-(``connections``) knows no route, metric or user: of the package it uses the rate limits only. dashboards/, the
+reports/; web/ and reports/ import no other folder; the shared top-level modules and the shared diagnosis/ import
+no other folder at all, and every folder may import them. cli/, the ``neuron-exporter`` command, puts the folders
+together (with the public face, ``__init__`` and ``__main__``); no folder imports it. In web/, the connection layer
+(``connections``) knows no route, metric or user: of the package it uses the rate limits only. mixin/, the
 generator of the dashboards and rules (it needs the Grafana SDK, an extra), imports no other folder, and only
-``assets_command`` (``neuron-exporter assets --config``) imports it. In training/, each source is a room of its own
-(``xla/``, ``torch_compile/``, ``steps/``, ``neuron/``...: every sub-package) and never imports a sibling; what two
-sources share lives in training/ itself.
+``cli/assets_command`` (``neuron-exporter assets --config``) imports it. Every folder may read where the training
+package's start-up files are (``neuron_exporter.training.AUTOSTART_DIR``: the package's ``__init__``, which imports
+nothing, so reading it loads nothing of training).
+
+In training/, each source is a room of its own (``xla/``, ``torch_compile/``, ``steps/``, ``neuron/``...: every
+sub-package) and never imports a sibling; what two sources share lives in training/ itself.
+
+No module imports itself back: the imports between the package's modules form no cycle.
 """
 
 from __future__ import annotations
@@ -21,18 +27,23 @@ import pytest
 from tests.support.paths import ROOT
 
 PACKAGE = ROOT / "neuron_exporter"
-FOLDERS = {"training", "node", "reports", "web", "dashboards"}
+ROOMS = {"training", "node", "reports", "web", "mixin", "cli"}
+SHARED_FOLDERS = {"diagnosis"}  # shared like the top-level modules
+FOLDERS = ROOMS | SHARED_FOLDERS
 FORBIDDEN = {
-    "training": {"reports", "dashboards"},
-    "node": {"training", "reports", "dashboards"},
-    "reports": {"training", "node", "web", "dashboards"},
-    "web": {"training", "node", "reports", "dashboards"},
-    "dashboards": {"training", "node", "reports", "web"},
-    "": FOLDERS,  # config, snapshot, ...: shared by all, so they depend on none
+    "training": {"reports", "mixin", "cli"},
+    "node": {"training", "reports", "mixin", "cli"},
+    "reports": {"training", "node", "web", "mixin", "cli"},
+    "web": {"training", "node", "reports", "mixin", "cli"},
+    "mixin": {"training", "node", "reports", "web", "cli"},
+    "cli": set(),
+    "": ROOMS,  # config, snapshot, diagnosis/, ...: shared by all, so they depend on none
 }
-PUBLIC_FACE = {"__init__.py", "__main__.py", "cli.py"}
-# The one way into the dashboards generator from the rest of the package: `neuron-exporter assets --config`.
-ALLOWED = {"assets_command.py": {"dashboards"}}
+PUBLIC_FACE = {"__init__.py", "__main__.py"}
+# The one way into the mixin from the rest of the package: `neuron-exporter assets --config`.
+ALLOWED = {"cli/assets_command.py": {"mixin"}}
+# Names every folder may import: where the training package's start-up files are (its __init__ imports nothing).
+READABLE_EVERYWHERE = {"neuron_exporter.training", "neuron_exporter.training.AUTOSTART_DIR"}
 
 
 def imported_modules(path: Path, root: Path = PACKAGE) -> set[str]:
@@ -51,20 +62,21 @@ def imported_modules(path: Path, root: Path = PACKAGE) -> set[str]:
 
 
 def folder_of(module: str) -> str | None:
+    """The room of a dotted name of the package ("" for what all share), None outside the package."""
     parts = module.split(".")
     if parts[0] != "neuron_exporter":
         return None
-    return parts[1] if len(parts) > 1 and parts[1] in FOLDERS else ""
+    return parts[1] if len(parts) > 1 and parts[1] in ROOMS else ""
 
 
 def violations(package: Path = PACKAGE) -> list[str]:
     found = []
     for path in sorted(package.rglob("*.py")):
         relative = path.relative_to(package)
-        folder = relative.parts[0] if len(relative.parts) > 1 else ""
-        if folder == "" and relative.name in PUBLIC_FACE:
+        folder = relative.parts[0] if len(relative.parts) > 1 and relative.parts[0] in ROOMS else ""
+        if relative.as_posix() in PUBLIC_FACE:
             continue
-        for module in sorted(imported_modules(path, package)):
+        for module in sorted(imported_modules(path, package) - READABLE_EVERYWHERE):
             target = folder_of(module)
             if target and target in FORBIDDEN[folder] - ALLOWED.get(relative.as_posix(), set()):
                 found.append(f"{relative} imports {module}")
@@ -90,9 +102,12 @@ def test_the_package_keeps_its_import_rules():
         ("node", "import neuron_exporter.training.attach"),
         ("web", "from ..node import spool"),
         ("reports", "from ..web.http_server import MetricsServer"),
-        ("web", "from ..dashboards import build"),
-        ("training", "import neuron_exporter.dashboards.rules"),
-        ("dashboards", "from ..training.rank import rank_labels"),
+        ("web", "from ..mixin import build"),
+        ("training", "import neuron_exporter.mixin.rules"),
+        ("mixin", "from ..training.rank import rank_labels"),
+        ("node", "from ..cli import main"),
+        ("node", "from ..training import autostart"),
+        ("diagnosis", "from ..web.http_server import MetricsServer"),
     ],
 )
 def test_a_forbidden_import_is_caught(tmp_path, folder, line):
@@ -103,6 +118,121 @@ def test_a_forbidden_import_is_caught(tmp_path, folder, line):
     found = violations(copy)
     assert found, line
     assert all(v.startswith(f"{module.relative_to(copy)} imports neuron_exporter.{forbidden_folder}") for v in found)
+
+
+def module_name(path: Path, root: Path = PACKAGE) -> str:
+    parts = ["neuron_exporter", *path.relative_to(root).with_suffix("").parts]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _import_nodes(tree: ast.Module, lazy_too: bool):
+    """The import statements of a module: everywhere in it (an import in a function is a dependency as much as
+    one at the top), or, without ``lazy_too``, only those that run when it is imported."""
+    if lazy_too:
+        yield from (node for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom)))
+        return
+    pending: list[ast.AST] = list(tree.body)
+    while pending:
+        node = pending.pop()
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+        elif not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            pending.extend(ast.iter_child_nodes(node))
+
+
+def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
+    """Module -> the modules of the package it imports. The package's public face (``neuron_exporter/__init__``)
+    counts only what it imports when imported: it loads ``attach`` on first use of ``neuron_exporter.attach``, the
+    entry point of the modules that read its constants. A package's ``__init__`` run on the way to a submodule is
+    not an edge: Python has it loaded first, whatever it imports."""
+    modules = {module_name(path, package): path for path in package.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        prefix = ["neuron_exporter", *path.relative_to(package).parent.parts]
+        edges = set()
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node in _import_nodes(tree, lazy_too=name != "neuron_exporter"):
+            if isinstance(node, ast.Import):
+                edges.update(alias.name for alias in node.names)
+            else:
+                base = prefix[: len(prefix) - node.level + 1] if node.level else []
+                module = ".".join(base + ([node.module] if node.module else []))
+                edges.add(module)
+                edges.update(f"{module}.{alias.name}" for alias in node.names)  # from . import a submodule
+        graph[name] = {edge for edge in edges if edge in modules and edge != name}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for target in sorted(graph[node]):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return sorted(found)
+
+
+def test_no_module_imports_itself_back():
+    assert cycles(import_graph()) == []
+
+
+@pytest.mark.parametrize(
+    "module, line, cycle",
+    [
+        ("config_file.py", "from . import config", ["neuron_exporter.config", "neuron_exporter.config_file"]),
+        (
+            "untrusted.py",
+            "from .config import Options",
+            ["neuron_exporter.config", "neuron_exporter.config_file", "neuron_exporter.untrusted"],
+        ),
+        (
+            "diagnosis/document.py",
+            "from .render import page",
+            [
+                "neuron_exporter.diagnosis.advice",
+                "neuron_exporter.diagnosis.document",
+                "neuron_exporter.diagnosis.render",
+            ],
+        ),
+    ],
+)
+def test_an_import_cycle_is_caught(tmp_path, module, line, cycle):
+    copy = copy_of_the_package(tmp_path)
+    assert cycles(import_graph(copy)) == []
+    path = copy / module
+    path.write_text(path.read_text() + f"\n{line}\n")
+    assert cycles(import_graph(copy)) == [cycle]
+
+
+def test_an_import_inside_a_function_closes_a_cycle_too(tmp_path):
+    """As assets_command and the dashboards generator did: one imported the other in a function."""
+    copy = copy_of_the_package(tmp_path)
+    path = copy / "config_file.py"
+    path.write_text(path.read_text() + "\n\ndef later():\n    from . import config\n")
+    assert cycles(import_graph(copy)) == [["neuron_exporter.config", "neuron_exporter.config_file"]]
 
 
 TRAINING = "neuron_exporter.training"
@@ -188,15 +318,21 @@ def test_an_application_import_in_the_connection_layer_is_caught(tmp_path, line)
     assert connection_layer_violations(tmp_path / "neuron_exporter")
 
 
-def test_only_assets_command_imports_the_dashboards_generator(tmp_path):
+def test_only_assets_command_imports_the_mixin(tmp_path):
     copy = copy_of_the_package(tmp_path)
-    assert "from .dashboards import build" in (copy / "assets_command.py").read_text()
+    assert "from ..mixin import build" in (copy / "cli" / "assets_command.py").read_text()
     config = copy / "config.py"
-    config.write_text(config.read_text() + "\nfrom .dashboards import build\n")
+    config.write_text(config.read_text() + "\nfrom .mixin import build\n")
     assert violations(copy) == [
-        "config.py imports neuron_exporter.dashboards",
-        "config.py imports neuron_exporter.dashboards.build",
+        "config.py imports neuron_exporter.mixin",
+        "config.py imports neuron_exporter.mixin.build",
     ]
+
+
+def test_the_training_package_face_imports_nothing():
+    """Every folder may read AUTOSTART_DIR from training/__init__: that must load nothing of training."""
+    face = PACKAGE / "training" / "__init__.py"
+    assert {name.split(".")[0] for name in imported_modules(face)} <= {"os"}
 
 
 def copy_of_the_package(tmp_path: Path) -> Path:

@@ -115,12 +115,18 @@ def test_the_options_table_matches_the_code():
     assert table.strip() == options_table().strip()
 
 
+def runnable(module: str) -> bool:
+    """Whether ``python -m module`` runs a file of the checkout: a module, or a package's ``__main__``."""
+    path = ROOT / module.replace(".", "/")
+    return path.with_suffix(".py").is_file() or (path / "__main__.py").is_file()
+
+
 @pytest.mark.parametrize("page", READMES, ids=page_id)
 def test_links_and_modules_of_the_docs_exist(page):
     assert broken_links(page) == []
     modules = set(re.findall(r"python3? -m ([a-z_][a-z0-9_.]*)", page.read_text()))
     modules = {m for m in modules if (ROOT / m.split(".")[0]).is_dir()}  # this repository's, not pytest
-    assert [m for m in modules if not (ROOT / (m.replace(".", "/") + ".py")).is_file()] == []
+    assert [m for m in modules if not runnable(m)] == []
 
 
 @pytest.mark.parametrize("page", READMES, ids=page_id)

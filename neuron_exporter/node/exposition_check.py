@@ -18,7 +18,7 @@ import hashlib
 import re
 from dataclasses import dataclass
 
-from ..config_file import printable
+from ..untrusted import printable
 
 NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
 LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\\n]|\\[\\"n])*)"')

@@ -6,6 +6,16 @@ So a training process that holds the port (``node_view``, the default) hands the
 serves the node view from the spool and asks the training process, over a socket pair (``job_link``), only for its
 own exposition: the same bounded render a rank's own endpoint costs.
 
+Which runs it serves: on the port the job was given (``port`` set, 19478 by default), every run of the spool, as the
+daemon does. That port is the node's endpoint, the one Prometheus is told to scrape on every machine; a second job
+on the machine cannot bind it, so its ranks reach it through the spool and are served here, told apart by
+``run_id`` (giving the second job a port of its own would export it where no scrape config looks). On a port picked
+for the job alone (``port=0``, reported by ``handle.port``), only the job's own run: every job then has its own
+endpoint, and serving the other runs too would export them twice.
+
+Without a daemon, nothing else tidies the spool: like the daemon, it removes the expired files of ranks that ended,
+of every run, at its start and every ``spool_expiry.CHECK_INTERVAL_SECONDS`` (``spool_expiry.remove_expired``).
+
 It serves as long as the process that started it lives (it checks its parent twice a second) or until that process
 stops it (``detach()``), and never outlives the job: the next rank to step then binds the port and starts another.
 
@@ -23,11 +33,11 @@ import sys
 import threading
 import time
 
-from .. import diagnosis
 from ..config import Options
-from ..web.http_server import MetricsServer
+from ..web.http_server import metrics_server
 from .job_link import DIAGNOSIS, METRICS, Asker, read_answer
 from .node_view import NodeView
+from .spool_expiry import CHECK_INTERVAL_SECONDS, remove_expired
 
 log = logging.getLogger("neuron_exporter")
 
@@ -37,8 +47,8 @@ CONFIG_TIMEOUT_SECONDS = 60.0
 
 
 class JobEndpoint:
-    def __init__(self, options: Options, run_id: str, asker: Asker):
-        self.view = NodeView(options, run_id=run_id).start_reading()
+    def __init__(self, options: Options, run_id: str, asker: Asker, every_run: bool):
+        self.view = NodeView(options, run_id=None if every_run else run_id).start_reading()
         self.asker = asker
 
     def render(self) -> bytes:
@@ -70,18 +80,17 @@ def main(argv: list[str] | None = None) -> int:
     config, _ = read_answer(link, time.monotonic() + CONFIG_TIMEOUT_SECONDS)
     options = Options(**config["options"])
     logging.basicConfig(level=options.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    endpoint = JobEndpoint(options, config["run_id"], Asker(link))
-    server = MetricsServer(
-        endpoint.render,
-        options.addr,
-        options.port,
-        options.web_config_file,
-        pages={"/diagnosis": diagnosis.page(endpoint.diagnosis)},
-        listener=listener,
+    endpoint = JobEndpoint(options, config["run_id"], Asker(link), bool(config.get("every_run")))
+    server = metrics_server(
+        endpoint.render, endpoint.diagnosis, options.addr, options.port, options.web_config_file, listener
     ).start()
+    next_expiry = time.monotonic()
     while not stop.wait(PARENT_CHECK_SECONDS):
         if os.getppid() != parent or endpoint.asker.closed:
             break
+        if time.monotonic() >= next_expiry:
+            remove_expired(options)
+            next_expiry = time.monotonic() + CHECK_INTERVAL_SECONDS
     server.stop()
     return 0
 

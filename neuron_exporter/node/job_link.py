@@ -1,6 +1,12 @@
-"""The link between a training process and the node endpoint process it started (a Unix socket pair).
+"""The link between a training process and its job's node endpoint (``job_endpoint``), both ends of it.
 
-The endpoint asks; the training process answers from its spool thread:
+A training process that holds the port (``node_view``, the default) binds it here, not in the endpoint process, so
+that ``attach()`` knows at once whether it holds the port, and which port ``port=0`` picked. It then starts the
+endpoint process (``JobEndpointProcess``), a fresh interpreter (no fork of a training process, no torch) in a session
+of its own, so a Ctrl-C in the terminal reaches the training script, which then stops it; it hands it the bound
+socket and one end of a Unix socket pair, and answers its questions from its spool thread.
+
+The endpoint asks (``Asker``); the training process answers:
 - ``b"m"``: the process's own exposition and rank header (fresher than its spool file, and served even where the
   spool directory is refused);
 - ``b"d"``: its diagnosis document (``null`` if it has nothing to show yet).
@@ -11,12 +17,22 @@ The first message, from the training process, is the endpoint's configuration (J
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 import select
 import socket
 import struct
+import subprocess
+import sys
 import threading
 import time
+from collections.abc import Callable
+
+from ..config import AUTO_ENV, Options
+from ..web.connections import bind_listener
+from ..web.http_server import url_of
+from ..web.web_config import WebConfig
 
 METRICS = b"m"
 DIAGNOSIS = b"d"
@@ -24,6 +40,15 @@ REQUEST = struct.Struct("!cI")
 HEADER = struct.Struct("!II")
 MAX_DOCUMENT_BYTES = 1024 * 1024
 MAX_BODY_BYTES = 64 * 1024 * 1024
+STOP_TIMEOUT_SECONDS = 5.0
+SEND_TIMEOUT_SECONDS = 5.0
+# The folder holding the neuron_exporter this process imported, searched last: an installed package is found as
+# usual, and a source checkout that the training script put on its path is found too.
+PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ENDPOINT_MAIN = (
+    f"import sys; sys.path.append({PACKAGE_PARENT!r}); "
+    "from neuron_exporter.node.job_endpoint import main; sys.exit(main())"
+)
 
 
 class LinkClosed(OSError):
@@ -102,3 +127,110 @@ def read_requests(sock: socket.socket) -> list[tuple[bytes, int]]:
     if len(data) % REQUEST.size:
         raise LinkClosed("a partial request")
     return [REQUEST.unpack_from(data, offset) for offset in range(0, len(data), REQUEST.size)]
+
+
+# -- the training process's end ------------------------------------------------------------------------------
+
+
+class JobEndpointProcess:
+    """Binds ``port`` (``options.port``, or the one ``port=0`` picked before); raises ``OSError`` if it is taken
+    (another rank or the daemon serves the node)."""
+
+    def __init__(self, options: Options, port: int, run_id: str, web_config: WebConfig | None, autostart_dir: str):
+        listener = bind_listener(options.addr, port)
+        theirs = None
+        try:
+            self.link, theirs = socket.socketpair()
+            self.port: int = listener.getsockname()[1]
+            self.url = url_of(listener, options.addr, web_config)
+            self._process = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-c",
+                    ENDPOINT_MAIN,
+                    "--listen-fd",
+                    str(listener.fileno()),
+                    "--link-fd",
+                    str(theirs.fileno()),
+                ],
+                pass_fds=(listener.fileno(), theirs.fileno()),
+                env=_endpoint_environment(autostart_dir),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+            self.link.settimeout(SEND_TIMEOUT_SECONDS)
+            send_answer(
+                self.link,
+                {
+                    "sequence": 0,
+                    "run_id": run_id,
+                    "every_run": options.port != 0,  # see job_endpoint: which runs a job's endpoint serves
+                    "options": {**dataclasses.asdict(options), "port": self.port},
+                },
+            )
+        except BaseException:
+            if theirs is not None:
+                self.link.close()
+            raise
+        finally:
+            listener.close()  # the endpoint process has its copy
+            if theirs is not None:
+                theirs.close()
+        self._wake_reader, self._wake_writer = socket.socketpair()
+        self._wake_writer.setblocking(False)
+        self._started = time.monotonic()
+
+    def lived_seconds(self) -> float:
+        return time.monotonic() - self._started
+
+    def answer(self, timeout: float, answer: Callable[[bytes], tuple[dict, bytes]]) -> bool:
+        """Wait up to ``timeout`` seconds for questions and answer each with ``answer(kind)``; False once the
+        endpoint process is gone (the caller then lets another process serve, or binds again)."""
+        ready = select.select([self.link, self._wake_reader], [], [], timeout)[0]
+        if self._wake_reader in ready:
+            self._wake_reader.recv(64)
+        if self.link not in ready:
+            return True
+        try:
+            for kind, sequence in read_requests(self.link):
+                document, body = answer(kind)
+                send_answer(self.link, {"sequence": sequence, **document}, body)
+        except OSError:
+            return False
+        return True
+
+    def wake(self) -> None:
+        """End a wait in ``answer`` (the spool thread is asked to stop)."""
+        try:
+            self._wake_writer.send(b"\0")
+        except OSError:
+            pass
+
+    def stop(self) -> None:
+        """Stop the endpoint process and free the port."""
+        self.link.close()
+        self._process.terminate()
+        try:
+            self._process.wait(STOP_TIMEOUT_SECONDS)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait()
+        self._wake_reader.close()
+        self._wake_writer.close()
+
+    def close_inherited_socket(self) -> None:
+        """In a forked child: drop the copies of the link; the endpoint process stays the parent's."""
+        for sock in (self.link, self._wake_reader, self._wake_writer):
+            sock.close()
+
+
+def _endpoint_environment(autostart_dir: str) -> dict[str, str]:
+    """This process's environment without what would attach the endpoint process itself."""
+    env = {key: value for key, value in os.environ.items() if key != AUTO_ENV}
+    path = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != autostart_dir]
+    if path:
+        env["PYTHONPATH"] = os.pathsep.join(path)
+    else:
+        env.pop("PYTHONPATH", None)
+    return env

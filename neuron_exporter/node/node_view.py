@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import platform
 import threading
 import time
@@ -24,23 +25,13 @@ from prometheus_client.utils import floatToGoString
 
 from .. import __version__, diagnosis
 from ..config import Options
+from ..config_file import printable
 from .exposition_check import escape_label_value
 from .host_metrics import HostCollector
-from .spool import (
-    RankMeta,
-    RankReport,
-    RejectedFile,
-    SpoolDirError,
-    check_spool_dir,
-    file_trust,
-    is_expired,
-    read_diagnosis,
-    remove_rank_files,
-    remove_stale_temp_files,
-    trusted_owners,
-    writer_alive,
-)
-from .spool_reader import SpoolReader
+from .spool import DIAGNOSIS_SUFFIX, RankMeta, RankReport, RejectedFile
+from .spool_dir import SpoolDirError, check_spool_dir, file_trust, trusted_owners
+from .spool_expiry import is_expired
+from .spool_reader import SpoolReader, read_diagnosis, writer_alive
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +49,7 @@ REJECT_REASONS = (
 MAX_LOGGED_REJECTIONS = 100
 READ_INTERVAL_SECONDS = 0.25  # with start_reading(): how often changed files are checked
 IDLE_SECONDS = 600.0  # with start_reading(): no scrape for this long, no checking
+NOTE_BYTES = 400  # room on the /diagnosis page for the note of a rank left out
 
 
 @dataclass(frozen=True)
@@ -104,11 +96,6 @@ def merge_families(expositions: Iterable[list[Family]]) -> bytes:
             out.append(type_line)
         out.extend(bodies)
     return b"\n".join(out) + b"\n" if out else b""
-
-
-def merge_expositions(expositions: Iterable[bytes]) -> bytes:
-    """One exposition from several (text format 0.0.4, as prometheus_client writes it), see ``merge_families``."""
-    return merge_families(split_families(text) for text in expositions if text)
 
 
 class NodeView:
@@ -162,13 +149,13 @@ class NodeView:
     def statuses(
         self, own: tuple[RankMeta | Mapping, bytes] | None = None, now: float | None = None, own_idle: bool = False
     ) -> list[RankStatus]:
-        """Every rank the endpoint serves, with its state; deletes the files of dead ranks past the expiry.
+        """Every rank the endpoint serves, with its state (a rank past the expiry is left out).
         ``own_idle``: the serving process has not trained, so another process that reports its rank (the worker a
         launcher started) is shown instead of it."""
         now = time.time() if now is None else now
         statuses = []
         own_meta, own_exposition = (RankMeta.of(own[0]), own[1]) if own is not None else (None, b"")
-        for report in self._spool_reports(now):
+        for report in self._spool_reports():
             alive = writer_alive(report, self._file_trust)
             if self.run_id is not None and report.meta.run_id != self.run_id:
                 continue
@@ -177,32 +164,35 @@ class NodeView:
                     continue  # the live process's own exposition is newer than its file
                 own_meta = None
             if is_expired(report, self.options.expire_after_seconds, now):
-                if alive is False:
-                    remove_rank_files(report)
-                continue
+                continue  # its files are removed by spool_expiry
             statuses.append(self._status(report.meta, report.exposition, alive, report.mtime, now, report.path))
         if own_meta is not None:
             statuses.append(self._status(own_meta, own_exposition, alive=True, written=now, now=now))
         return sorted(statuses, key=lambda s: (s.meta.run_id, diagnosis.rank_order(s.meta.rank)))
 
-    def _spool_reports(self, now: float) -> list[RankReport]:
-        directory = self.options.spool_dir
+    def check_directory(self) -> bool:
+        """Whether the spool directory is safe to read (``spool_dir_ok``); the reason it is not is logged once."""
         try:
-            check_spool_dir(directory, self.options.spool_mode, writer=False, trusted=self._trusted)
+            check_spool_dir(self.options.spool_dir, self.options.spool_mode, writer=False, trusted=self._trusted)
         except SpoolDirError as error:
             self.spool_dir_ok = error.errno == errno.ENOENT  # no directory yet (no job has started) is no problem
             if not self.spool_dir_ok:
                 self._log_once("", "spool_dir", str(error))
+            return False
+        self.spool_dir_ok = True
+        return True
+
+    def _spool_reports(self) -> list[RankReport]:
+        directory = self.options.spool_dir
+        if not self.check_directory():
             self.rejected = []
             return []
-        self.spool_dir_ok = True
-        remove_stale_temp_files(directory, now)
         scraped, self._last_scrape = self._last_scrape, time.monotonic()
         background = self._reading is not None and self._last_scrape - scraped < IDLE_SECONDS
         reports, self.rejected = self._reader.refresh(read_changed=not background)
         for name, rejection in self.rejected:
             if rejection.reason != "over_budget":
-                self._log_once(name, rejection.reason, f"{name}: {rejection}")
+                self._log_once(name, rejection.reason, f"{printable(name, 300)}: {rejection}")  # any name
         if self._reader.over_budget and not self._budget_logged:
             self._budget_logged = True
             log.warning(
@@ -242,41 +232,62 @@ class NodeView:
         return RankStatus(meta, state, progress, exposition, path)
 
     def diagnosis(self, own: dict | None = None) -> dict:
-        """The diagnosis document of every rank the endpoint serves (``own``: the serving process's, if it trains).
-        A rank file's diagnosis that is not a diagnosis is left out, like a bad rank file."""
+        """The diagnosis document of every rank the endpoint serves (``own``: the serving process's, if it trains),
+        within ``diagnosis.MAX_PAGE_BYTES`` as JSON: the ranks it cannot hold, or whose files are past the spool's
+        budget, are listed with a note saying so. A rank file's diagnosis that is not a diagnosis is left out, like a
+        bad rank file."""
         documents = [own] if own is not None else []
         own_ranks = {(str(r.get("run_id")), str(r.get("rank"))) for r in own.get("ranks", [])} if own else set()
         now = time.time()
-        for report in self._spool_reports(now):
-            if (
-                (report.meta.run_id, report.meta.rank) in own_ranks
-                or (self.run_id is not None and report.meta.run_id != self.run_id)
-                or is_expired(report, self.options.expire_after_seconds, now)
-            ):
+        reports = [
+            report
+            for report in self._spool_reports()
+            if (report.meta.run_id, report.meta.rank) not in own_ranks
+            and (self.run_id is None or report.meta.run_id == self.run_id)
+            and not is_expired(report, self.options.expire_after_seconds, now)
+        ]
+        within_budget = self._reader.diagnoses
+        room = diagnosis.MAX_PAGE_BYTES - NOTE_BYTES * len(reports) - sum(len(diagnosis.dumps(d)) for d in documents)
+        left_out: list[tuple[RankMeta, str]] = []
+        for report in reports:
+            path = report.path.with_name(report.stem + DIAGNOSIS_SUFFIX)
+            if path not in within_budget:
+                if os.path.lexists(path):
+                    left_out.append((report.meta, "left out: past the spool budget (spool_max_total_bytes)"))
                 continue
-            try:
-                data = read_diagnosis(report, diagnosis.MAX_BYTES, self._file_trust)
-            except RejectedFile as error:
-                self._log_once(report.path.name, "bad_diagnosis", f"the diagnosis of {report.path.name}: {error}")
-                continue
-            if data is None:
-                continue
-            try:
-                document = diagnosis.loads(data, report.path.name)
-            except diagnosis.DiagnosisError as error:
-                self._log_once(report.path.name, "bad_diagnosis", str(error))
-                continue
-            # A rank file speaks only for its own rank.
-            documents.append(
-                {
-                    "ranks": [
-                        r
-                        for r in document["ranks"]
-                        if (str(r.get("run_id")), str(r.get("rank"))) == (report.meta.run_id, report.meta.rank)
-                    ]
-                }
-            )
-        return diagnosis.merge(documents)
+            # A file larger than the room left is not even read (its JSON on the page is hardly shorter).
+            part = self._rank_diagnosis(report) if within_budget[path] <= room else None
+            size = len(diagnosis.dumps(part)) if part is not None else within_budget[path]
+            if size > room:
+                left_out.append((report.meta, f"left out: this page holds {diagnosis.MAX_PAGE_BYTES} bytes at most"))
+            elif part is not None:
+                room -= size
+                documents.append(part)
+        notes = [
+            {"run_id": meta.run_id, "rank": meta.rank, "local_rank": meta.local_rank, "trimmed": note}
+            for meta, note in left_out
+        ]
+        return diagnosis.merge([*documents, {"ranks": notes}])
+
+    def _rank_diagnosis(self, report: RankReport) -> dict | None:
+        """The diagnosis of ``report``'s rank from its file; None if there is none, or it is not one (logged)."""
+        try:
+            data = read_diagnosis(report, diagnosis.MAX_BYTES, self._file_trust)
+        except RejectedFile as error:
+            self._log_once(report.path.name, "bad_diagnosis", f"the diagnosis of {report.path.name}: {error}")
+            return None
+        if data is None:
+            return None
+        try:
+            document = diagnosis.loads(data, report.path.name)
+        except diagnosis.DiagnosisError as error:
+            self._log_once(report.path.name, "bad_diagnosis", str(error))
+            return None
+        # A rank file speaks only for its own rank.
+        ranks = document["ranks"]
+        return {
+            "ranks": [r for r in ranks if (r.get("run_id"), r.get("rank")) == (report.meta.run_id, report.meta.rank)]
+        }
 
     def render(self, own: tuple[RankMeta | Mapping, bytes] | None = None, own_idle: bool = False) -> bytes:
         """The node endpoint's exposition. ``own`` is ``(meta, exposition)`` of the process serving it."""

@@ -22,6 +22,8 @@ import sys
 
 from .. import run_identity
 from ..config import child_environment
+from ..training import AUTOSTART_DIR
+from ..untrusted import EXIT_USAGE
 from . import command_keeper
 from .command_keeper import EXIT_CANNOT_RUN, Keeper, exit_code, forward_signals, wait_for
 from .node_view import NodeView
@@ -31,7 +33,6 @@ log = logging.getLogger("neuron_exporter")
 DEFAULT_GRACE_SECONDS = 10.0
 # The options the ranks need to find the spool and, if this process cannot serve, the port.
 RANK_OPTIONS = ("addr", "port", "spool_dir", "spool_mode", "web_config_file", "log_level", "run_id")
-EXIT_USAGE = 2
 
 
 def register(subparsers) -> None:
@@ -89,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         values = {key: getattr(options, key) for key in RANK_OPTIONS}
         # Every process of the command is of one run, whatever launches it: this process's, unless one is given.
-        env = child_environment(values, options.run_id or run_identity.run_id())
+        env = child_environment(values, options.run_id or run_identity.run_id(), AUTOSTART_DIR)
         return supervise(command, env, grace)
     except OSError as error:
         print(f"neuron-exporter run: cannot run {command[0]}: {error.strerror or error}", file=sys.stderr)

@@ -14,11 +14,12 @@ import signal
 import sys
 import threading
 
-from .. import diagnosis
 from ..config import ConfigError, Options, resolve_options
-from ..web.http_server import MetricsServer
-from . import spool
+from ..untrusted import EXIT_USAGE
+from ..web.http_server import MetricsServer, metrics_server
+from . import spool_dir
 from .node_view import NodeView
+from .spool_expiry import CHECK_INTERVAL_SECONDS, remove_expired
 
 log = logging.getLogger("neuron_exporter")
 SHARED_MODES = ("group-shared", "shared")
@@ -36,7 +37,6 @@ FLAGS = {
     "log_level": "--log-level",
 }
 BIND_RETRY_SECONDS = 2.0
-EXIT_CONFIG = 2
 
 
 def register(subparsers) -> None:
@@ -100,7 +100,7 @@ def load_options(args: argparse.Namespace, command: str):
             web_config = load_web_config(options.web_config_file)
     except ConfigError as error:
         print(f"neuron-exporter {command}: {error}", file=sys.stderr)
-        return EXIT_CONFIG
+        return EXIT_USAGE
     logging.basicConfig(level=options.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     return options, web_config
 
@@ -114,16 +114,16 @@ def run(args: argparse.Namespace) -> int:
 
 def prepare_spool_dir(options: Options) -> str | None:
     """In a shared mode, create the spool directory (the ranks of several users write there); in the other modes a
-    rank creates its own. An existing directory that is unsafe to read is refused: returns the one-line reason."""
+    rank creates its own. Returns the one-line reason why an existing directory is unsafe to read, if it is."""
     try:
         if options.spool_mode in SHARED_MODES and not os.path.lexists(options.spool_dir):
-            spool.prepare_spool_dir(options.spool_dir, options.spool_mode)
+            spool_dir.prepare_spool_dir(options.spool_dir, options.spool_mode)
         if os.path.lexists(options.spool_dir):
-            spool.check_spool_dir(
+            spool_dir.check_spool_dir(
                 options.spool_dir,
                 options.spool_mode,
                 writer=False,
-                trusted=spool.trusted_owners(options.spool_trusted_users),
+                trusted=spool_dir.trusted_owners(options.spool_trusted_users),
             )
     except OSError as error:
         return str(error)
@@ -132,20 +132,18 @@ def prepare_spool_dir(options: Options) -> str | None:
 
 def node_server(view: NodeView, options: Options, web_config) -> MetricsServer:
     """The node endpoint's server, bound (``OSError`` if the port is taken) but not yet serving."""
-    return MetricsServer(
-        view.render, options.addr, options.port, web_config, pages={"/diagnosis": diagnosis.page(view.diagnosis)}
-    )
+    return metrics_server(view.render, view.diagnosis, options.addr, options.port, web_config)
 
 
 def serve(options: Options, web_config=None) -> int:
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
-    problem = prepare_spool_dir(options)
-    if problem:
-        print(f"neuron-exporter serve: {problem}", file=sys.stderr)
-        return EXIT_CONFIG
+    prepare_spool_dir(options)
     view = NodeView(options).start_reading()
+    # An unsafe directory is logged now and served as neuron_exporter_spool_directory_ok 0 (its alert fires) until it
+    # is fixed: the daemon stays up, so that someone hears of it.
+    view.check_directory()
     server = None
     waiting = False
     while server is None and not stop.is_set():
@@ -157,7 +155,7 @@ def serve(options: Options, web_config=None) -> int:
                     f"neuron-exporter serve: cannot listen on {options.addr}:{options.port}: {error.strerror or error}",
                     file=sys.stderr,
                 )
-                return EXIT_CONFIG
+                return EXIT_USAGE
             if not waiting:
                 # Under attach(), a training rank may hold the port and serve the node view itself.
                 log.warning(
@@ -171,6 +169,8 @@ def serve(options: Options, web_config=None) -> int:
         return 0
     server.start()
     print(f"neuron-exporter serve: listening on {server.url}", file=sys.stderr, flush=True)
-    stop.wait()
+    remove_expired(options)
+    while not stop.wait(CHECK_INTERVAL_SECONDS):
+        remove_expired(options)
     server.stop()
     return 0

@@ -6,9 +6,13 @@ the last report of every file with the file's identity (inode, size, modificatio
 change is not read again, and a rewrite that changed only values is checked by its values (``exposition_check``).
 Rejections are remembered the same way, so a bad file costs one read per change, not one per scrape.
 
-What one refresh may read is bounded: at most ``max_files`` rank files and ``max_total_bytes`` in all, taken in the
-order of their runs and ranks; the rest are rejected as ``over_budget`` without being opened. With ``run_id``, only
-that run's files are looked at (a training job's own endpoint): other runs' files are never opened.
+What one refresh may read is bounded: at most ``max_files`` rank files and ``max_total_bytes`` in all, the ranks'
+diagnosis files included. Files are taken live runs first: those written in the last ``FRESH_SECONDS`` (a live rank
+rewrites its file every couple of seconds) in the order of their runs and ranks, then the others, the most recent
+first, so a live run is never hidden behind finished ones. The rank files come first, then, with what is left, their
+diagnosis files in the same order; the rest are rejected as ``over_budget`` without being opened. With ``run_id``,
+only that run's files are looked at (a training job's own endpoint): other runs' files are never opened. A file
+name is only ever parsed, never trusted: a name the reader cannot order is rejected like a bad file.
 
 An endpoint with a background thread keeps the checking off the scrape path: a scrape (``refresh(read_changed=False)``)
 serves the last checked version of a file that changed, and the thread (``read_changed_files``) reads the new one.
@@ -16,17 +20,157 @@ serves the last checked version of a file that changed, and the thread (``read_c
 
 from __future__ import annotations
 
+import errno
+import fcntl
+import json
 import os
 import stat
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..diagnosis import rank_order
-from .spool import DATA_SUFFIX, PREFIX, RankReport, RejectedFile, file_identity, file_stem, read_rank_file
+import psutil
 
-DEFAULT_MAX_FILES = 1024
-DEFAULT_MAX_TOTAL_BYTES = 64 * 1024 * 1024
+from ..diagnosis import MAX_BYTES as MAX_DIAGNOSIS_BYTES
+from ..diagnosis import rank_order
+from .exposition_check import ExpositionError, recheck
+from .spool import (
+    DATA_SUFFIX,
+    DIAGNOSIS_SUFFIX,
+    FORMAT_VERSION,
+    MAX_HEADER_BYTES,
+    PREFIX,
+    RankMeta,
+    RankReport,
+    RejectedFile,
+    file_stem,
+)
+from .spool_dir import file_identity, open_regular
+
+DEFAULT_MAX_BYTES = 4 * 1024 * 1024  # of one rank file
+FRESH_SECONDS = 60.0
+
+
+def read_rank_file(
+    path, max_bytes: int = DEFAULT_MAX_BYTES, previous: RankReport | None = None, trusted: frozenset[int] | None = None
+) -> RankReport | None:
+    """The report in ``path``; None if it vanished; ``RejectedFile`` if it is not a rank file to serve.
+    ``previous``, the last report read from the same path, lets a rewrite that changed only values be checked by
+    its values."""
+    path = Path(path)
+    try:
+        fd, info = open_regular(path, max_bytes, trusted)
+    except FileNotFoundError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        data = f.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise RejectedFile("too_large", f"more than the {max_bytes} bytes allowed")
+    header, newline, exposition = data.partition(b"\n")
+    if not newline or len(header) > MAX_HEADER_BYTES:
+        raise RejectedFile("bad_header", "no header line of at most 4096 bytes")
+    try:
+        fields = json.loads(header)
+        if isinstance(fields, dict) and fields.get("format") == 1:
+            return None  # written by an exporter from before run_id: not served, not an attack
+        if not isinstance(fields, dict) or fields.get("format") != FORMAT_VERSION or "run_id" not in fields:
+            raise ValueError(f"not a rank file of format {FORMAT_VERSION}")
+        meta = RankMeta.of(fields)
+    except (ValueError, RecursionError) as error:
+        raise RejectedFile("bad_header", f"header: {str(error)[:100]}") from None
+    if file_stem(meta.rank, meta.run_id) + DATA_SUFFIX != path.name:
+        raise RejectedFile("wrong_rank", f"the header says rank {meta.rank} of run {meta.run_id}")
+    same_rank = previous is not None and (previous.meta.rank, previous.meta.local_rank, previous.meta.run_id) == (
+        meta.rank,
+        meta.local_rank,
+        meta.run_id,
+    )
+    try:
+        checked = recheck(
+            exposition,
+            previous.checked if previous is not None and same_rank else None,
+            meta.rank,
+            meta.local_rank,
+            meta.run_id,
+        )
+    except ExpositionError as error:
+        raise RejectedFile("bad_exposition", str(error)) from None
+    return RankReport(meta, exposition, info.st_mtime, path, checked)
+
+
+def read_diagnosis(report: RankReport, max_bytes: int, trusted: frozenset[int] | None = None) -> bytes | None:
+    """The diagnosis file written with ``report`` (its bytes, unchecked), or None if there is none to read;
+    ``RejectedFile`` if it is not one to read (too large, not a regular file, another user's)."""
+    try:
+        fd, _ = open_regular(report.path.with_name(report.stem + DIAGNOSIS_SUFFIX), max_bytes, trusted)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        return f.read(max_bytes + 1)
+
+
+def writer_alive(report: RankReport, trusted: frozenset[int] | None = None) -> bool | None:
+    """Whether the process that wrote ``report`` still runs: True, False, or None if it cannot be told."""
+    return lock_holder_alive(report.lock_path, report.meta, trusted)
+
+
+def lock_holder_alive(lock_path: Path, meta: RankMeta | None, trusted: frozenset[int] | None = None) -> bool | None:
+    """Whether a live process holds the rank lock ``lock_path``: True, False, or None if it cannot be told. A lock
+    file that is missing or owned by none of ``trusted`` proves nothing: the process of ``meta`` is looked up
+    instead, if it is known."""
+    if meta is not None and meta.pid == os.getpid() and abs(meta.start_time - _own_start_time()) < 0.01:
+        return True  # never probe our own lock: closing the probe would release it
+    try:
+        fd, _ = open_regular(lock_path, 0, trusted)
+    except (OSError, RejectedFile):
+        return _pid_alive(meta) if meta is not None else None
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno in (errno.EACCES, errno.EAGAIN):
+            return True  # the writer holds its lock
+        return _pid_alive(meta) if meta is not None else None
+    else:
+        fcntl.lockf(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(fd)
+
+
+def read_header(path: Path, trusted: frozenset[int] | None = None) -> RankMeta | None:
+    """The header of the rank file ``path`` alone (not its exposition); None if it cannot be read or is not one."""
+    try:
+        fd, _ = open_regular(path, 2**63, trusted)
+    except (OSError, RejectedFile):
+        return None
+    with os.fdopen(fd, "rb") as f:
+        line = f.read(MAX_HEADER_BYTES + 1).partition(b"\n")[0]
+    try:
+        fields = json.loads(line)
+        return RankMeta.of(fields) if isinstance(fields, dict) and fields.get("format") == FORMAT_VERSION else None
+    except (ValueError, RecursionError):
+        return None
+
+
+_own: dict[str, float] = {}  # pid, start_time
+
+
+def _own_start_time() -> float:
+    pid = os.getpid()
+    if _own.get("pid") != pid:
+        _own.update(pid=pid, start_time=psutil.Process(pid).create_time())
+    return _own["start_time"]
+
+
+def _pid_alive(meta: RankMeta) -> bool | None:
+    """Fallback when the lock file cannot be read: the pid, with its start time so a reused pid does not count."""
+    try:
+        return abs(psutil.Process(meta.pid).create_time() - meta.start_time) < 1.0
+    except psutil.NoSuchProcess:
+        return False
+    except (psutil.Error, OSError):
+        return None
 
 
 @dataclass
@@ -41,8 +185,8 @@ class SpoolReader:
         self,
         directory,
         max_file_bytes: int,
-        max_total_bytes: int = DEFAULT_MAX_TOTAL_BYTES,
-        max_files: int = DEFAULT_MAX_FILES,
+        max_total_bytes: int,
+        max_files: int,
         run_id: str | None = None,
         trusted: frozenset[int] | None = None,
     ):
@@ -57,6 +201,7 @@ class SpoolReader:
         self._entries: dict[str, _Entry] = {}
         self._lock = threading.Lock()
         self.over_budget = 0  # files left out by the last refresh for the budget
+        self.diagnoses: dict[Path, int] = {}  # the diagnosis files within the budget at the last refresh: their sizes
 
     def refresh(self, read_changed: bool = True) -> tuple[list[RankReport], list[tuple[str, RejectedFile]]]:
         """The reports of every good rank file, ordered by run and rank, and the files rejected (name, reason).
@@ -72,36 +217,27 @@ class SpoolReader:
             ]
         except OSError:
             names = []
-        names.sort(key=_order)
+        now = time.time()
+        listed = []
+        for name in names:
+            try:
+                listed.append((name, os.lstat(self.directory / name)))
+            except OSError:
+                continue  # gone since the listing
+        listed.sort(key=lambda item: _order(item[0], item[1].st_mtime, now))
         reports: list[RankReport] = []
         rejected: list[tuple[str, RejectedFile]] = []
         entries: dict[str, _Entry] = {}
         budget = self.max_total_bytes
         self.over_budget = 0
-        for index, name in enumerate(names):
-            path = self.directory / name
-            try:
-                info = os.lstat(path)
-            except OSError:
-                continue  # gone since the listing
+        for index, (name, info) in enumerate(listed):
             if index >= self.max_files or (stat.S_ISREG(info.st_mode) and info.st_size > budget):
-                self.over_budget += 1
-                rejected.append(
-                    (
-                        name,
-                        RejectedFile(
-                            "over_budget",
-                            "the spool directory holds more than the "
-                            f"{self.max_files} files or {self.max_total_bytes} bytes "
-                            "the endpoint reads",
-                        ),
-                    )
-                )
+                rejected.append((name, self._over_budget()))
                 continue
             entry = self._entries.get(name)
             identity = file_identity(info)
             if entry is None or (entry.identity != identity and (read_changed or entry.report is None)):
-                entry = self._read(path, identity, entry)
+                entry = self._read(self.directory / name, identity, entry)
             if stat.S_ISREG(info.st_mode) and info.st_size <= self.max_file_bytes:
                 budget -= info.st_size  # what was read
             entries[name] = entry
@@ -110,8 +246,29 @@ class SpoolReader:
             elif entry.rejection is not None:
                 rejected.append((name, entry.rejection))
         self._entries = entries
+        self.diagnoses = {}
+        for report in reports:  # what the rank files left of the budget, in the same order
+            path = report.path.with_name(report.stem + DIAGNOSIS_SUFFIX)
+            try:
+                info = os.lstat(path)
+            except OSError:
+                continue
+            size = min(info.st_size, MAX_DIAGNOSIS_BYTES + 1)  # no more is read of a larger one
+            if size > budget:
+                rejected.append((path.name, self._over_budget()))
+                continue
+            budget -= size
+            self.diagnoses[path] = size
         reports.sort(key=lambda r: (r.meta.run_id, rank_order(r.meta.rank)))
         return reports, rejected
+
+    def _over_budget(self) -> RejectedFile:
+        self.over_budget += 1
+        return RejectedFile(
+            "over_budget",
+            f"the spool directory holds more than the {self.max_files} rank files or {self.max_total_bytes} bytes "
+            "the endpoint reads",
+        )
 
     def read_changed_files(self) -> None:
         """Read and check the files that changed since they were last read, without holding up a scrape."""
@@ -142,7 +299,10 @@ class SpoolReader:
         return _Entry(identity, report, None)
 
 
-def _order(name: str):
-    """Files in the order of their runs, then ranks (numerically where ranks are numbers), from their names."""
+def _order(name: str, mtime: float, now: float):
+    """Live runs' files first, in the order of their runs, then ranks (numerically where ranks are numbers), then the
+    others, the most recent first; from their names and modification times."""
     rank, _, run = name[len(PREFIX) : -len(DATA_SUFFIX)].partition(".")
-    return run, rank_order(rank)
+    if now - mtime < FRESH_SECONDS:
+        return 0, 0.0, run, rank_order(rank)
+    return 1, -mtime, run, rank_order(rank)

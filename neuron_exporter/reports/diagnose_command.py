@@ -17,8 +17,8 @@ import urllib.request
 from urllib.parse import urlsplit, urlunsplit
 
 from .. import diagnosis
+from ..untrusted import EXIT_USAGE
 
-EXIT_ERROR = 2
 PASSWORD_ENV = "NEURON_EXPORTER_PASSWORD"
 
 
@@ -55,9 +55,9 @@ def fetch(url: str, timeout: float, cacert: str | None, user: str | None) -> byt
         request.add_header("Authorization", f"Basic {token}")
     context = ssl.create_default_context(cafile=cacert) if cacert else None
     with urllib.request.urlopen(request, timeout=timeout, context=context) as response:
-        data = response.read(diagnosis.MAX_BYTES * 64 + 1)  # a node of many ranks: 64 ranks' worth at most
-    if len(data) > diagnosis.MAX_BYTES * 64:
-        raise ValueError("the answer is too large for a diagnosis")
+        data = response.read(diagnosis.MAX_PAGE_BYTES + 1)  # what a node endpoint's page holds at most
+    if len(data) > diagnosis.MAX_PAGE_BYTES:
+        raise ValueError(f"the answer is larger than a diagnosis page ({diagnosis.MAX_PAGE_BYTES} bytes)")
     return data
 
 
@@ -65,15 +65,15 @@ def run(args: argparse.Namespace) -> int:
     try:
         url = diagnosis_url(args.url)
         data = fetch(url, args.timeout, args.cacert, args.user)
-        document = diagnosis.loads(data, url)
+        document = diagnosis.loads(data, url, diagnosis.MAX_PAGE_BYTES)
     except urllib.error.HTTPError as error:
         hint = " (an exporter older than 0.2 has no /diagnosis)" if error.code == 404 else ""
         print(f"neuron-exporter diagnose: {args.url}: HTTP {error.code} {error.reason}{hint}", file=sys.stderr)
-        return EXIT_ERROR
+        return EXIT_USAGE
     except (OSError, ValueError, ssl.SSLError) as error:
         reason = getattr(error, "reason", None) or error
         print(f"neuron-exporter diagnose: {args.url!s:.200}: {str(reason)[:300]}", file=sys.stderr)
-        return EXIT_ERROR
+        return EXIT_USAGE
     if args.format == "json":
         print(diagnosis.dumps(document))
     else:

@@ -11,11 +11,12 @@ import sys
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from ..config_file import printable
 from ..snapshot import Snapshot
 from ..snapshot_metrics import snapshot_families
-from .explain import SyncHistory, explain
+from ..untrusted import EXIT_USAGE, printable
+from .explain import explain
 from .report_parser import ReportParseError, parse_report_stream
+from .step_count import SyncHistory
 
 # A full metrics_report() is about 5 KB, so 64 MiB holds an XLA_METRICS_FILE dump of some 10,000 steps. Reading
 # stops there, so an endless input (a pipe that never ends, /dev/zero as standard input) ends in an error.
@@ -187,7 +188,7 @@ def _last_report(path: str, history: SyncHistory | None = None) -> tuple[int | N
 
 def _fail(message: str) -> int:
     print(f"neuron-exporter: error: {message}", file=sys.stderr)
-    return 2
+    return EXIT_USAGE
 
 
 def _json_number(value: float) -> float | None:

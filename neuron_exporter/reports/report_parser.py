@@ -32,8 +32,8 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from ..config_file import printable, quoted
 from ..snapshot import BYTES, NUMBER, SECONDS, MetricValue, Snapshot
+from ..untrusted import printable, quoted
 
 STREAM_HEADER = re.compile(r"\[MetricsData; step=(\d{1,19})\]", re.ASCII)
 

@@ -42,8 +42,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from .. import diagnosis
 from ..config import Options, auto_enabled, child_environment, resolve_options
-from ..node.spool import write_rank_file
+from ..node.spool_writer import write_rank_file
 from ..web.web_config import load_web_config
+from . import AUTOSTART_DIR
 from .attribution import Attribution
 from .endpoint_keeper import EndpointKeeper
 from .neuron import SOURCE as NEURON
@@ -255,7 +256,7 @@ def _attach_children(overrides: dict) -> None:
     with the same options: they inherit these variables, and the run's id (children are of this run)."""
     global _children_attached
     _children_attached = True
-    os.environ.update(child_environment(overrides, rank_labels()["run_id"]))
+    os.environ.update(child_environment(overrides, rank_labels()["run_id"], AUTOSTART_DIR))
 
 
 def _crash_watch(previous):

@@ -18,12 +18,11 @@ from typing import Protocol
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from .. import diagnosis
-from ..config import AUTOSTART_DIR, Options
-from ..node.job_link import DIAGNOSIS, METRICS
-from ..web.http_server import MetricsServer
+from ..config import Options
+from ..node.job_link import DIAGNOSIS, METRICS, JobEndpointProcess
+from ..web.http_server import MetricsServer, metrics_server
 from ..web.web_config import WebConfig
-from .node_endpoint import NodeEndpointProcess
+from . import AUTOSTART_DIR
 from .rank import rank_labels
 from .self_metrics import SelfStats
 
@@ -54,8 +53,9 @@ class EndpointKeeper:
         self.options = rank.options
         self.registry = registry  # this rank's own families
         self.web_config = web_config
-        self.server: MetricsServer | NodeEndpointProcess | None = None
+        self.server: MetricsServer | JobEndpointProcess | None = None
         self._endpoint_failures = 0
+        self._picked_port: int | None = None  # with port=0: the port picked the first time
         self._stop = threading.Event()
         self._spool_thread: threading.Thread | None = None
 
@@ -69,29 +69,49 @@ class EndpointKeeper:
 
     def serve(self, first_try: bool) -> None:
         options = self.options
-        try:
-            if options.node_view and self._endpoint_failures < ENDPOINT_MAX_FAILURES:
-                tls = self.web_config is not None and bool(self.web_config.tls)
-                self.server = NodeEndpointProcess(options, rank_labels()["run_id"], tls, AUTOSTART_DIR)
-            else:
-                self.server = MetricsServer(
-                    self.registry,
-                    options.addr,
-                    options.port,
-                    self.web_config,
-                    pages={"/diagnosis": diagnosis.page(self.rank.diagnosis)},
-                ).start()
-        except OSError as error:
+        # A process that picked a free port (port=0) serves on it again if its endpoint process ends: its URL was
+        # printed or registered. Should another process have taken it meanwhile, a new free port is picked.
+        ports = [options.port] if options.port or self._picked_port is None else [self._picked_port, 0]
+        for port in ports:
+            try:
+                self.server = self._bind(port)
+                break
+            except OSError as error:
+                failure = error
+        else:
             if first_try and not self.rank.auto:
-                log.warning(
-                    "neuron-exporter: cannot listen on %s:%s (%s); training goes on, and this rank's metrics reach "
-                    "the node endpoint that holds that port through the spool directory",
-                    options.addr,
-                    options.port,
-                    error.strerror or error,
-                )
+                self._warn_port_taken(failure)
+            return
+        if options.port == 0:
+            if self._picked_port not in (None, self.server.port):
+                log.warning("neuron-exporter: this process's endpoint moved to %s (its port was taken)", self.url)
+            self._picked_port = self.server.port
 
-    def _endpoint_ended(self, endpoint: NodeEndpointProcess) -> None:
+    def _bind(self, port: int) -> MetricsServer | JobEndpointProcess:
+        options = self.options
+        if options.node_view and self._endpoint_failures < ENDPOINT_MAX_FAILURES:
+            return JobEndpointProcess(options, port, rank_labels()["run_id"], self.web_config, AUTOSTART_DIR)
+        return metrics_server(self.registry, self.rank.diagnosis, options.addr, port, self.web_config).start()
+
+    def _warn_port_taken(self, error: OSError) -> None:
+        options = self.options
+        where = (
+            f"it writes its metrics to the spool directory {options.spool_dir}, which the process holding the port "
+            "serves if it is a node endpoint (the node daemon, or another job's endpoint, which serves every run of "
+            "its spool)"
+            if options.spool_dir
+            else "it is not exported (no spool_dir)"
+        )
+        log.warning(
+            "neuron-exporter: cannot listen on %s:%s (%s); training goes on: %s, and this process takes the port "
+            "over once it is free",
+            options.addr,
+            options.port,
+            error.strerror or error,
+            where,
+        )
+
+    def _endpoint_ended(self, endpoint: JobEndpointProcess) -> None:
         """An endpoint process that keeps ending soon after it started (it cannot start here) is not started again:
         this process serves its own rank instead, and says so once."""
         if endpoint.lived_seconds() > ENDPOINT_SHORT_LIFE_SECONDS:
@@ -126,7 +146,7 @@ class EndpointKeeper:
 
     def stop_spool_thread(self) -> None:
         self._stop.set()
-        if isinstance(self.server, NodeEndpointProcess):
+        if isinstance(self.server, JobEndpointProcess):
             self.server.wake()
         if self._spool_thread is not None:
             self._spool_thread.join()
@@ -138,7 +158,7 @@ class EndpointKeeper:
         while not self._stop.is_set():
             server = self.server
             wait = max(0.0, next_write - time.monotonic())
-            if isinstance(server, NodeEndpointProcess):
+            if isinstance(server, JobEndpointProcess):
                 try:
                     gone = not server.answer(wait, self._answer)
                 except Exception as error:  # noqa: BLE001
@@ -154,8 +174,9 @@ class EndpointKeeper:
                 continue
             next_write = time.monotonic() + interval
             self.rank._write_spool()
-            if self.server is None and self.options.port != 0 and self.rank.claimed:
-                self.serve(first_try=False)  # the process that held the node endpoint may have gone: take over
+            if self.server is None and (self._picked_port is not None or self.options.port and self.rank.claimed):
+                # The endpoint process ended, or the process that held the port has gone: serve (again).
+                self.serve(first_try=False)
 
     def close(self) -> None:
         """Stop serving and free the port (after ``stop_spool_thread``)."""
@@ -165,6 +186,7 @@ class EndpointKeeper:
 
     def close_inherited_socket(self) -> None:
         """In a forked child: the endpoint stays the parent's."""
+        self._picked_port = None
         if self.server is not None:
             self.server.close_inherited_socket()
             self.server = None

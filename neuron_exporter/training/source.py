@@ -18,6 +18,7 @@ Sibling sources never import each other (``tests/test_layout.py``); what two of 
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
@@ -28,10 +29,9 @@ from ..config import Options
 from .histogram import Histogram
 from .import_watch import after_import, forget, poll
 from .rank_collector import RankCollector
-from .self_metrics import SelfStats
+from .self_metrics import START_TRIES, SelfStats
 
 Collect = Callable[[dict[str, str]], Iterator[Metric]]
-START_TRIES = 10  # attempts to start a source whose library is imported; then it stays off, shown by the gauge
 
 
 class StepCounts(Protocol):
@@ -103,6 +103,7 @@ class Sources:
         self.retrying = False  # a source failed to start and has tries left
         self.active = False
         self._starters = {kind.name: _starter(self, kind) for kind in kinds}
+        self._lock = threading.RLock()  # the importing thread and the training thread may both try to start one
 
     def watch(self) -> None:
         """Start each source once its library is imported (at once if it is)."""
@@ -111,6 +112,10 @@ class Sources:
             after_import(kind.library, self._starters[kind.name])
 
     def start(self, kind: SourceKind) -> None:
+        with self._lock:
+            self._start(kind)
+
+    def _start(self, kind: SourceKind) -> None:
         if not self.active or kind.name in self.by_name or self.tries.get(kind.name, 0) >= START_TRIES:
             return
         self.tries[kind.name] = self.tries.get(kind.name, 0) + 1
@@ -183,6 +188,7 @@ class Sources:
             source.diagnosis(rank)
 
     def after_fork(self, stats: SelfStats) -> None:
+        self._lock = threading.RLock()  # another thread of the parent may have held it at the fork
         self.stats = stats
         for source in self.started:
             source.after_fork(stats)

@@ -20,7 +20,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, choose_encoder, gzip_accepted
 
-from .. import __version__
+from .. import __version__, diagnosis
 from .basic_auth import CLIENT_REFILL_SECONDS, LIMITED, OK, BasicAuth
 from .connections import TEXT, Connections, Request, Response, bind_listener
 from .rate_limit import Pacer
@@ -90,7 +90,7 @@ class MetricsServer:
         listener = listener if listener is not None else bind_listener(addr, port)
         self.addr = addr
         self.port: int = listener.getsockname()[1]
-        self.url = url_of(listener, addr, web_config is not None and bool(web_config.tls))
+        self.url = url_of(listener, addr, web_config)
         self._connections = Connections(self._respond, listener, self._tls_for_new_connections)
 
     @property
@@ -184,9 +184,25 @@ class MetricsServer:
             log.warning("%s", message)
 
 
-def url_of(listener: socket.socket, addr: str, tls: bool) -> str:
-    """The ``/metrics`` URL of a server listening on ``listener``, bound to ``addr``."""
-    return f"{'https' if tls else 'http'}://{_url_host(addr)}:{listener.getsockname()[1]}/metrics"
+def url_of(listener: socket.socket, addr: str, web_config: WebConfig | None) -> str:
+    """The ``/metrics`` URL of a server listening on ``listener``, bound to ``addr``, with ``web_config``."""
+    scheme = "https" if web_config is not None and web_config.tls else "http"
+    return f"{scheme}://{_url_host(addr)}:{listener.getsockname()[1]}/metrics"
+
+
+def metrics_server(
+    source: Callable[[], bytes] | object,
+    make_diagnosis: Callable[[], dict],
+    addr: str,
+    port: int,
+    web_config: WebConfig | str | PathLike | None,
+    listener: socket.socket | None = None,
+) -> MetricsServer:
+    """An endpoint of the exporter (a rank's, a job's node endpoint, the daemon): ``source`` at ``/metrics`` and the
+    document ``make_diagnosis()`` returns at ``/diagnosis``. Bound, not yet serving."""
+    return MetricsServer(
+        source, addr, port, web_config, pages={"/diagnosis": diagnosis.page(make_diagnosis)}, listener=listener
+    )
 
 
 def _url_host(addr: str) -> str:

@@ -28,7 +28,7 @@ import yaml
 
 from ..config_file import ConfigError, YamlFile
 from ..config_file import line_of as _line
-from ..config_file import quoted as _quote
+from ..untrusted import quoted as _quote
 
 log = logging.getLogger(__name__)
 

@@ -12,12 +12,13 @@ import pytest
 import yaml
 
 pytest.importorskip("grafana_foundation_sdk", reason="the dashboards extra (Python 3.11 or later)")
-from neuron_exporter.dashboards import build, rules
-from neuron_exporter.dashboards.config import DEFAULTS, RUNBOOK_URL, Config, ConfigError, config_from, load_config
+from neuron_exporter.mixin import build, rules
+from neuron_exporter.mixin.config import DEFAULTS, RUNBOOK_URL, Config, ConfigError, config_from, load_config
+from neuron_exporter.mixin.rules import promql
 from tests.support.contract import CONTRACT_METRICS, metric_names
 from tests.support.paths import DASHBOARDS, ROOT
 
-RULES_DIR = build.RULES_DIR
+RULES_DIR = ROOT / build.RULES_DIR
 RULE_FILES = [RULES_DIR / rules.RECORDING_FILE, RULES_DIR / rules.ALERTS_FILE]
 TEST_FILES = sorted((RULES_DIR / "tests").glob("*.yml"))
 RUNBOOK = ROOT / "deploy" / "prometheus" / "runbook.md"
@@ -36,11 +37,11 @@ def promtool(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(["promtool", *args], capture_output=True, text=True, timeout=120)
 
 
-def test_committed_rules_are_what_the_code_builds(tmp_path):
-    build.write_all(dashboards_dir=tmp_path / "dashboards", rules_dir=tmp_path / "rules")
+def test_committed_rules_are_what_the_code_builds():
+    fresh = build.files()
     for path in RULE_FILES:
-        fresh = (tmp_path / "rules" / path.name).read_text()
-        assert path.read_text() == fresh, f"{path.relative_to(ROOT)} is stale: run `make dashboards` and commit"
+        name = path.relative_to(ROOT).as_posix()
+        assert path.read_text() == fresh[name], f"{name} is stale: run `make dashboards` and commit"
 
 
 def test_promtool_check_rules_is_clean():
@@ -65,12 +66,12 @@ def test_alerts_are_grouped_by_topic():
 
 
 def test_fill_replaces_placeholders_and_leaves_go_template_variables():
-    text = rules.fill("{{ $value }} of {{ $labels.job }} over ${window}", window="5m")
+    text = promql.fill("{{ $value }} of {{ $labels.job }} over ${window}", window="5m")
     assert text == "{{ $value }} of {{ $labels.job }} over 5m"
     # A template that starts on a new line is written indented like the code: it loses the indentation.
-    assert rules.fill("\n    count by (${run}) (\n      up\n    )\n    ", run="job") == "count by (job) (\n  up\n)"
-    assert rules.fill("a ${x} and ${x}", x="%q") == "a %q and %q"  # values are not templates themselves
-    assert rules.fill("${x}", x="${y}") == "${y}"
+    assert promql.fill("\n    count by (${run}) (\n      up\n    )\n    ", run="job") == "count by (job) (\n  up\n)"
+    assert promql.fill("a ${x} and ${x}", x="%q") == "a %q and %q"  # values are not templates themselves
+    assert promql.fill("${x}", x="${y}") == "${y}"
 
 
 @pytest.mark.parametrize(
@@ -84,7 +85,7 @@ def test_fill_replaces_placeholders_and_leaves_go_template_variables():
 )
 def test_fill_raises_on_a_placeholder_without_a_value_or_a_value_without_a_placeholder(template, values, message):
     with pytest.raises(ValueError, match=message):
-        rules.fill(template, **values)
+        promql.fill(template, **values)
 
 
 @pytest.mark.parametrize("test_file", TEST_FILES, ids=lambda p: p.name)
@@ -213,7 +214,7 @@ def test_runbook_has_one_section_per_alert_and_nothing_else():
 def test_readme_lists_every_alert():
     readme = (DASHBOARDS / "README.md").read_text()
     for rule in committed_alerts():
-        assert f"`{rule['alert']}`" in readme, f"neuron_exporter/dashboards/README.md does not list {rule['alert']}"
+        assert f"`{rule['alert']}`" in readme, f"dashboards/README.md does not list {rule['alert']}"
 
 
 def test_rules_use_only_contract_metrics_and_their_own_recordings():
@@ -412,23 +413,25 @@ def test_configured_labels_survive_into_the_alert(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_build_entry_point_writes_everything_from_a_config(tmp_path):
-    written = build.build({"selector": 'job="training"', "graph_cuts_per_step": 1}, output_dir=tmp_path)
-    assert sorted(p.relative_to(tmp_path).as_posix() for p in written) == [
+def test_the_generator_is_a_function_from_a_config_to_files(tmp_path):
+    files = build.files({"selector": 'job="training"', "graph_cuts_per_step": 1})
+    assert sorted(files) == [
         "dashboards/fragmentation-recompiles.json",
         "dashboards/torch-compile.json",
         "dashboards/training-overview.json",
-        f"rules/{rules.ALERTS_FILE}",
-        f"rules/{rules.RECORDING_FILE}",
+        f"deploy/prometheus/rules/{rules.ALERTS_FILE}",
+        f"deploy/prometheus/rules/{rules.RECORDING_FILE}",
     ]
-    alerts = rules_of(yaml.safe_load((tmp_path / "rules" / rules.ALERTS_FILE).read_text()))
+    alerts = rules_of(yaml.safe_load(files[f"deploy/prometheus/rules/{rules.ALERTS_FILE}"]))
     assert next(r for r in alerts if r["alert"] == "NeuronExporterDown")["expr"] == 'up{job="training"} == 0'
-    assert 'job=\\"training\\"' in (tmp_path / "dashboards" / "training-overview.json").read_text()
+    assert 'job=\\"training\\"' in files["dashboards/training-overview.json"]
+    written = build.write(tmp_path, files)
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in written) == sorted(files)
+    assert all(path.read_text() == files[path.relative_to(tmp_path).as_posix()] for path in written)
     with pytest.raises(ConfigError, match="unknown configuration key 'graphs_per_step'"):
-        build.build({"graphs_per_step": 2}, output_dir=tmp_path / "bad")
+        build.files({"graphs_per_step": 2})
     with pytest.raises(ValueError, match="fallback_severity: 'page' is not one of critical, warning, info"):
-        build.build({"fallback_severity": "page"}, output_dir=tmp_path / "bad")
-    assert not (tmp_path / "bad").exists(), "nothing is written when the configuration is bad"
+        build.files({"fallback_severity": "page"})
 
 
 def test_config_file_overrides_defaults(tmp_path):
@@ -469,13 +472,11 @@ def test_bad_config_file_gives_one_line_naming_the_problem(tmp_path, content, me
         [
             sys.executable,
             "-m",
-            "neuron_exporter.dashboards.build",
+            "neuron_exporter.mixin",
             "--config",
             str(path),
-            "--dashboards-dir",
-            str(tmp_path / "d"),
-            "--rules-dir",
-            str(tmp_path / "r"),
+            "--output",
+            str(tmp_path / "out"),
         ],
         cwd=ROOT,
         capture_output=True,
@@ -483,7 +484,7 @@ def test_bad_config_file_gives_one_line_naming_the_problem(tmp_path, content, me
         timeout=60,
     )
     assert result.returncode == 2 and result.stderr.count("\n") == 1 and message in result.stderr
-    assert not (tmp_path / "r").exists(), "nothing is written when the configuration is bad"
+    assert not (tmp_path / "out").exists(), "nothing is written when the configuration is bad"
 
 
 def test_config_rejects_bad_values_in_code():

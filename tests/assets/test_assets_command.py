@@ -1,6 +1,5 @@
-"""``neuron-exporter assets`` from the checkout: every format, ``--config`` through the dashboards package's
-``build()``, and one-line errors that write nothing. tests/end_to_end/test_packaging.py runs it from an installed
-wheel."""
+"""``neuron-exporter assets`` from the checkout: every format, ``--config`` through the mixin's ``files()``, and
+one-line errors that write nothing. tests/end_to_end/test_packaging.py runs it from an installed wheel."""
 
 from __future__ import annotations
 
@@ -10,9 +9,9 @@ import sys
 import pytest
 import yaml
 
-from neuron_exporter import assets_command
-from neuron_exporter.cli import main
-from tests.support.paths import ROOT
+from neuron_exporter import shipped
+from neuron_exporter.cli import assets_command, main
+from tests.support.paths import DASHBOARDS, ROOT
 
 try:
     import tomllib
@@ -29,11 +28,12 @@ def run_cli(capsys, *args) -> tuple[int, str, str]:
 
 
 def test_the_package_ships_what_the_command_reads():
-    """The wheel carries the package, dashboards included, and, as neuron_exporter/deploy, exactly the files of
-    deploy/ that DEPLOY_FILES name (pyproject.toml force-includes them)."""
+    """The wheel carries the package, the dashboards as neuron_exporter/dashboards and, as neuron_exporter/deploy,
+    exactly the files of deploy/ that DEPLOY_FILES name (pyproject.toml force-includes them)."""
     wheel = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["hatch"]["build"]["targets"]["wheel"]
     assert wheel["packages"] == ["neuron_exporter"]
-    assert not [pattern for pattern in wheel.get("exclude", []) if "dashboards" in pattern and "README" not in pattern]
+    assert not wheel.get("exclude")
+    assert wheel["force-include"]["dashboards"] == "neuron_exporter/dashboards"
     deploy = ROOT / "deploy"
     forced = set()
     for source, target in wheel["force-include"].items():
@@ -76,10 +76,19 @@ def test_each_format_writes_its_files_and_names_them(capsys, tmp_path, fmt, name
     assert sorted(out.split()) == sorted(str(tmp_path / name) for name in written)
 
 
-def test_plain_rules_are_the_committed_ones(capsys, tmp_path):
+def test_plain_files_are_the_committed_ones(capsys, tmp_path):
     assert run_cli(capsys, "--output", tmp_path)[0] == 0
     for path in COMMITTED_RULES:
         assert (tmp_path / "prometheus" / "rules" / path.name).read_text() == path.read_text()
+    dashboards = sorted(DASHBOARDS.glob("*.json"))
+    assert len(dashboards) >= 3
+    for path in dashboards:
+        assert (tmp_path / "dashboards" / path.name).read_text() == path.read_text()
+
+
+def test_a_checkout_reads_its_own_folders():
+    assert shipped.checkout() == ROOT
+    assert (shipped.dashboards_dir(), shipped.deploy_dir()) == (ROOT / "dashboards", ROOT / "deploy")
 
 
 def test_config_rebuilds_dashboards_and_rules_with_the_users_keys(capsys, tmp_path):

@@ -10,7 +10,7 @@ import re
 import pytest
 
 pytest.importorskip("grafana_foundation_sdk", reason="the dashboards extra (Python 3.11 or later)")
-from neuron_exporter.dashboards import build
+from neuron_exporter.mixin import build, dashboards
 from tests.support.contract import CONTRACT_METRICS, metric_names
 from tests.support.paths import DASHBOARDS
 
@@ -19,7 +19,7 @@ from tests.support.paths import DASHBOARDS
 # Prometheus' own `up`. Histograms are listed by their base name.
 # TODO(owner): move to neuron_exporter/metric_names.py once it exists, and import it here.
 def load(name: str) -> dict:
-    return json.loads((build.DASHBOARDS_DIR / name).read_text())
+    return json.loads((DASHBOARDS / name).read_text())
 
 
 def data_panels(board: dict) -> list[dict]:
@@ -30,7 +30,7 @@ def all_exprs(board: dict) -> list[tuple[str, str]]:
     return [(panel["title"], target["expr"]) for panel in data_panels(board) for target in panel.get("targets", [])]
 
 
-DASHBOARD_FILES = sorted(build.DASHBOARDS)
+DASHBOARD_FILES = sorted(dashboards.DASHBOARDS)
 
 
 def test_metric_name_extraction_finds_names_and_ignores_functions_and_labels():
@@ -43,13 +43,13 @@ def test_metric_name_extraction_finds_names_and_ignores_functions_and_labels():
     assert not metric_names(expr) <= CONTRACT_METRICS  # a misspelt name is caught
 
 
-def test_committed_json_is_what_the_code_builds(tmp_path):
-    build.write_all(dashboards_dir=tmp_path / "dashboards", rules_dir=tmp_path / "rules")
+def test_committed_json_is_what_the_code_builds():
+    fresh = build.files()
+    assert sorted(path.name for path in DASHBOARDS.glob("*.json")) == DASHBOARD_FILES
     for name in DASHBOARD_FILES:
-        committed = (build.DASHBOARDS_DIR / name).read_text()
-        fresh = (tmp_path / "dashboards" / name).read_text()
-        assert committed == fresh, (
-            f"neuron_exporter/dashboards/{name} is stale: run `make dashboards` and commit the result"
+        committed = (DASHBOARDS / name).read_text()
+        assert committed == fresh[f"dashboards/{name}"], (
+            f"dashboards/{name} is stale: run `make dashboards` and commit the result"
         )
 
 
@@ -85,7 +85,7 @@ def selectors(expr: str):
 
 @pytest.mark.parametrize("name", DASHBOARD_FILES)
 def test_every_selector_follows_the_selector_and_the_variables(name):
-    from neuron_exporter.dashboards.config import DEFAULTS
+    from neuron_exporter.mixin.config import DEFAULTS
 
     for title, expr in all_exprs(load(name)):
         assert metric_names(expr), f"{name}: panel {title!r} selects no metric"
@@ -101,18 +101,18 @@ def test_every_selector_follows_the_selector_and_the_variables(name):
 
 
 def test_the_selector_reaches_every_query_and_variable():
-    from neuron_exporter.dashboards.config import config_from
+    from neuron_exporter.mixin.config import config_from
 
     config = config_from({"selector": 'job="training", container="trainer"'})
     for name in DASHBOARD_FILES:
-        board = json.loads(build.dashboard_json(name, config))
+        board = json.loads(dashboards.dashboard_json(name, config))
         for title, expr in all_exprs(board):
             for metric, matchers in selectors(expr):
                 assert matchers.startswith('{job="training", container="trainer", '), (name, title, metric)
         for variable in board["templating"]["list"]:
             if variable["type"] == "query":
                 assert 'job="training", container="trainer"' in variable["query"], (name, variable["name"])
-    board = json.loads(build.dashboard_json("training-overview.json", config_from({"selector": ""})))
+    board = json.loads(dashboards.dashboard_json("training-overview.json", config_from({"selector": ""})))
     variables = {v["name"]: v["query"] for v in board["templating"]["list"] if v["type"] == "query"}
     assert variables["cluster"] == "label_values(neuron_exporter_build_info{}, cluster)"
     assert all("{, " not in expr for _, expr in all_exprs(board))
@@ -240,21 +240,19 @@ def test_readme_lists_every_panel():
         for panel in data_panels(load(name)):
             if panel["type"] == "text":
                 continue  # the README says each row of the fragmentation dashboard opens with one
-            assert panel["title"] in readme, (
-                f"neuron_exporter/dashboards/README.md does not list panel {panel['title']!r}"
-            )
+            assert panel["title"] in readme, f"dashboards/README.md does not list panel {panel['title']!r}"
 
 
 def test_threshold_lines_follow_the_alert_thresholds():
-    from neuron_exporter.dashboards.config import config_from
+    from neuron_exporter.mixin.config import config_from
 
     changed = config_from({"graph_cuts_per_step": 2.5})
-    board = json.loads(build.dashboard_json("fragmentation-recompiles.json", changed))
+    board = json.loads(dashboards.dashboard_json("fragmentation-recompiles.json", changed))
     panel = next(p for p in board["panels"] if p["title"] == "Graph cuts per training step by rank")
     steps = panel["fieldConfig"]["defaults"]["thresholds"]["steps"]
     assert [s["value"] for s in steps] == [None, 2.5]
     assert panel["fieldConfig"]["defaults"]["custom"]["thresholdsStyle"]["mode"] == "dashed"
-    overview = json.loads(build.dashboard_json("training-overview.json", changed))
+    overview = json.loads(dashboards.dashboard_json("training-overview.json", changed))
     stat = next(p for p in overview["panels"] if p["title"] == "Graph cuts per step")
     assert stat["fieldConfig"]["defaults"]["thresholds"]["steps"][-1] == {"color": "red", "value": 2.5}
 

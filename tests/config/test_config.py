@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
-from neuron_exporter.config import ConfigError, Options, default_spool_dir, resolve_options
+from neuron_exporter.config import ConfigError, Options, child_environment, default_spool_dir, resolve_options
+from neuron_exporter.training import AUTOSTART_DIR
 from tests.support.config_errors import serve
 
 
@@ -208,3 +210,16 @@ def test_bad_configuration_is_one_line_and_exit_2(tmp_path, case):
     assert lines[0].startswith("neuron-exporter serve: ")
     assert expected in lines[0]
     assert "Traceback" not in result.stderr and "listening" not in result.stderr
+
+
+def test_children_get_the_training_packages_autostart_folder_first_and_once():
+    assert (Path(AUTOSTART_DIR) / "sitecustomize.py").is_file()  # the training package says where its files are
+    env = child_environment({"port": 9000, "spool_dir": None}, "run-1", AUTOSTART_DIR, environ={"PYTHONPATH": "/a"})
+    assert env["PYTHONPATH"] == f"{AUTOSTART_DIR}{os.pathsep}/a"
+    assert (env["NEURON_EXPORTER_PORT"], env["NEURON_EXPORTER_RUN_ID"], env["NEURON_EXPORTER_AUTO"]) == (
+        "9000",
+        "run-1",
+        "1",
+    )
+    assert "NEURON_EXPORTER_SPOOL_DIR" not in env
+    assert child_environment({}, "run-1", AUTOSTART_DIR, environ=env)["PYTHONPATH"] == env["PYTHONPATH"]

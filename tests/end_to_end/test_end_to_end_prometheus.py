@@ -20,9 +20,9 @@ import time
 import pytest
 
 pytest.importorskip("grafana_foundation_sdk", reason="the dashboards extra (Python 3.11 or later)")
-from neuron_exporter.dashboards import build, rules
-from neuron_exporter.dashboards.config import DEFAULTS, Config
-from tests.support.paths import SCRIPTS
+from neuron_exporter.mixin import build, dashboards, rules
+from neuron_exporter.mixin.config import DEFAULTS, Config
+from tests.support.paths import DASHBOARDS, SCRIPTS
 from tests.support.processes import wait_until, xla_env
 from tests.support.prometheus import Prometheus, running_prometheus
 
@@ -322,9 +322,9 @@ def finite_values(result: dict) -> int:
     return sum(1 for v in values if math.isfinite(float(v)))
 
 
-@pytest.mark.parametrize("dashboard", sorted(build.DASHBOARDS))
+@pytest.mark.parametrize("dashboard", sorted(dashboards.DASHBOARDS))
 def test_every_dashboard_query_parses_and_every_panel_has_data(run, dashboard):
-    board = json.loads((build.DASHBOARDS_DIR / dashboard).read_text())
+    board = json.loads((DASHBOARDS / dashboard).read_text())
     end = time.time()
     report, empty = {}, []
     for panel in board["panels"]:
@@ -354,8 +354,8 @@ def test_dashboard_variables_list_the_run(run):
 
     variables = {
         v["name"]: v["query"]
-        for name in build.DASHBOARDS
-        for v in json.loads((build.DASHBOARDS_DIR / name).read_text())["templating"]["list"]
+        for name in dashboards.DASHBOARDS
+        for v in json.loads((DASHBOARDS / name).read_text())["templating"]["list"]
         if v["type"] == "query"
     }
     found = {}
@@ -372,7 +372,7 @@ def test_dashboard_variables_list_the_run(run):
 
 def test_the_runs_row_shows_each_of_two_concurrent_runs(run):
     """Both trainings ran at once; each is its own run_id, and every per-run panel shows one series per run."""
-    board = json.loads((build.DASHBOARDS_DIR / "training-overview.json").read_text())
+    board = json.loads((DASHBOARDS / "training-overview.json").read_text())
     titles = (
         "Ranks by run",
         "Steps per second by run",
@@ -423,7 +423,7 @@ def test_the_metric_contract_is_what_the_exporter_serves(run):
 
 def table_rows(run: Prometheus, dashboard: str, title: str, job: str) -> list[dict]:
     """The rows of a site table as Grafana merges them: {label: value} plus each query's value by refId."""
-    board = json.loads((build.DASHBOARDS_DIR / dashboard).read_text())
+    board = json.loads((DASHBOARDS / dashboard).read_text())
     (panel,) = [p for p in board["panels"] if p["title"] == title]
     rows: dict[tuple, dict] = {}
     for target in panel["targets"]:

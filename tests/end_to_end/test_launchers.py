@@ -12,7 +12,7 @@ import pytest
 
 from neuron_exporter.config import Options
 from neuron_exporter.node.node_view import NodeView
-from neuron_exporter.node.spool import read_rank_file
+from neuron_exporter.node.spool_reader import read_rank_file
 from tests.support.daemon import free_port
 from tests.support.exposition import scrape, value
 from tests.support.paths import SCRIPTS

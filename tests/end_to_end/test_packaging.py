@@ -138,9 +138,9 @@ def test_the_sdist_holds_what_the_wheel_is_built_from_and_the_tests(dist):
         "deploy/Dockerfile",
         "deploy/PROTOCOL.md",
         "deploy/prometheus/rules/tests/xla-alerts.yml",
-        "neuron_exporter/dashboards/build.py",
-        "neuron_exporter/dashboards/README.md",
-        *(f"neuron_exporter/dashboards/{name}" for name in COMMITTED_DASHBOARDS),
+        "neuron_exporter/mixin/build.py",
+        "dashboards/README.md",
+        *(f"dashboards/{name}" for name in COMMITTED_DASHBOARDS),
     } <= names
     assert {path.relative_to(ROOT).as_posix() for path in (ROOT / "neuron_exporter").rglob("*.py")} <= names
     assert not [name for name in names if "__pycache__" in name or name.startswith((".venv", ".git/", "build/"))]
@@ -264,6 +264,18 @@ def test_the_mixin_layout(cli, tmp_path):
     assert all("record" in rule for group in recording for rule in group["rules"])
     assert sorted(map(str, alerts + recording)) == sorted(map(str, committed_groups()))
     promtool_check_rules(tmp_path / "mixin" / "prometheus_alerts.yaml", tmp_path / "mixin" / "prometheus_rules.yaml")
+
+
+def test_the_generator_never_writes_into_the_installed_package(cli, venv, tmp_path):
+    """Run from a wheel, ``python -m neuron_exporter.mixin`` with its defaults has no checkout to write to: it
+    says so in one line and exits 2, and the package is as installed."""
+    package = Path(cli("-c", "import neuron_exporter; print(neuron_exporter.__file__)", program="python").stdout).parent
+    before = sorted(path for path in package.rglob("*") if "__pycache__" not in path.parts)
+    result = cli("-m", "neuron_exporter.mixin", program="python", check=False)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr == f"error: {package} is an installed package, not a source checkout: give --output DIR\n"
+    assert sorted(path for path in package.rglob("*") if "__pycache__" not in path.parts) == before
+    assert list(tmp_path.iterdir()) == []  # nor into the current directory
 
 
 def test_config_without_the_dashboards_extra_is_one_line_and_exit_2(cli, tmp_path):

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+import configparser
 import os
 import signal
 import stat
 import subprocess
-import sys
 
 import pytest
 import yaml
@@ -54,19 +54,59 @@ def test_in_the_shared_mode_the_daemon_makes_the_directory_like_tmp(tmp_path, da
 
 
 @pytest.mark.parametrize("mode", [0o777, 0o775])
-def test_a_directory_others_can_write_is_refused_in_one_line(tmp_path, mode):
+def test_a_directory_others_can_write_keeps_the_daemon_up_saying_so(tmp_path, daemons, mode):
     spool = tmp_path / "open"
     spool.mkdir()
     spool.chmod(mode)
-    result = subprocess.run(
-        [sys.executable, "-m", "neuron_exporter", "serve", "--port", "0", "--spool-dir", str(spool)],
-        env={"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert result.returncode == 2
-    assert result.stderr.count("\n") == 1 and "is writable by" in result.stderr and str(spool) in result.stderr
+    with Writer(tmp_path / "good", "0"):  # a rank file, laid in the open directory by anyone
+        (tmp_path / "good").chmod(0o700)
+        for rank_file in (tmp_path / "good").iterdir():
+            os.link(rank_file, spool / rank_file.name)
+        daemon = Daemon(tmp_path, "--addr", "127.0.0.1", "--port", "0", "--spool-dir", str(spool))
+        daemons(daemon)
+        text = scrape(daemon.url)
+    assert value(text, "neuron_exporter_spool_directory_ok") == 0
+    assert value(text, "xla_steps_total") is None and value(text, "neuron_exporter_ranks") == 0
+    refused = [line for line in daemon.log.read_text().splitlines() if "is writable by" in line]
+    assert len(refused) == 1 and str(spool) in refused[0]
+    spool.chmod(0o700)  # fixed: served from the next scrape on, without a restart
+    assert value(scrape(daemon.url), "neuron_exporter_spool_directory_ok") == 1
+    assert daemon.stop() == 0
+
+
+def test_the_shipped_unit_restarts_the_daemon_whatever_stopped_it():
+    unit = configparser.ConfigParser(strict=True, interpolation=None)
+    unit.optionxform = str  # type: ignore[assignment,method-assign]
+    unit.read(ROOT / "deploy" / "systemd" / "neuron-exporter.service")
+    assert unit["Service"]["Restart"] in ("on-failure", "always")
+    assert "RestartPreventExitStatus" not in unit["Service"] and "SuccessExitStatus" not in unit["Service"]
+    assert unit["Unit"]["StartLimitIntervalSec"] == "0"  # systemd never gives up on it
+
+
+def test_the_shipped_alert_fires_on_an_unsafe_spool_directory(tmp_path, daemons):
+    spool = tmp_path / "open"
+    spool.mkdir()
+    spool.chmod(0o777)
+    daemon = Daemon(tmp_path, "--addr", "127.0.0.1", "--port", "0", "--spool-dir", str(spool))
+    daemons(daemon)
+    ok = value(scrape(daemon.url), "neuron_exporter_spool_directory_ok")
+    labels = 'job="neuron-exporter",instance="node-1:19478"'
+    test = {
+        "rule_files": [str(ROOT / "deploy" / "prometheus" / "rules" / "neuron-exporter-alerts.yml")],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [{"series": f"neuron_exporter_spool_directory_ok{{{labels}}}", "values": f"{ok:g}x30"}],
+                "alert_rule_test": [{"eval_time": "30m", "alertname": "NeuronExporterSpoolDirectoryNotOk"}],
+            }
+        ],
+    }
+    (tmp_path / "test.yml").write_text(yaml.safe_dump(test))
+    result = subprocess.run(["promtool", "test", "rules", str(tmp_path / "test.yml")], capture_output=True, text=True)
+    # promtool fails the test when the alert fires but the test expects none: that failure is the proof it fires.
+    assert result.returncode == 1 and "NeuronExporterSpoolDirectoryNotOk" in result.stdout + result.stderr
+    assert 'alertname="NeuronExporterSpoolDirectoryNotOk"' in result.stdout + result.stderr
 
 
 def test_flags_override_environment_override_file(tmp_path, daemons):

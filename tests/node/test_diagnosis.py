@@ -4,22 +4,21 @@ is kept under the reader's cap."""
 
 from __future__ import annotations
 
-import http.server
 import json
-import os
 import subprocess
 import sys
-import threading
 import uuid
 
 import pytest
 
 from neuron_exporter import diagnosis
-from neuron_exporter.node.spool import RankMeta, release_rank_lock, write_rank_file
+from neuron_exporter.node.spool import RankMeta
+from neuron_exporter.node.spool_writer import release_rank_lock, write_rank_file
 from neuron_exporter.training.attribution import Attribution
 from tests.scripts.spool_writer import rank_exposition
 from tests.support.daemon import Daemon
 from tests.support.diagnosis_documents import document, rank_document
+from tests.support.diagnosis_page import diagnose, serving
 from tests.support.exposition import scrape
 from tests.support.paths import ROOT
 
@@ -156,19 +155,6 @@ def test_the_daemon_leaves_out_a_bad_rank_document_with_one_log_line_and_serves_
             release_rank_lock(spool, rank, run_id)
 
 
-class Page(http.server.BaseHTTPRequestHandler):
-    body = b""
-
-    def do_GET(self):
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.end_headers()
-        self.wfile.write(self.body)
-
-    def log_message(self, *args):
-        pass
-
-
 @pytest.mark.parametrize(
     "body",
     [
@@ -180,22 +166,8 @@ class Page(http.server.BaseHTTPRequestHandler):
 )
 @pytest.mark.parametrize("output", ["text", "json"])
 def test_diagnose_answers_a_bad_page_with_one_line_and_exit_2(body, output):
-    handler = type("BadPage", (Page,), {"body": body})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        url = f"http://127.0.0.1:{server.server_address[1]}"
-        result = subprocess.run(
-            [sys.executable, "-m", "neuron_exporter", "diagnose", url, "--format", output],
-            capture_output=True,
-            text=True,
-            cwd=ROOT,
-            timeout=60,
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
-        )
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(body) as url:
+        result = diagnose(url, "--format", output)
     assert result.returncode == 2 and result.stdout == "", result
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr, result.stderr
     assert result.stderr.startswith(f"neuron-exporter diagnose: {url}: ") and "ranks[0]." in result.stderr
@@ -206,7 +178,8 @@ def test_a_diagnosis_file_over_the_cap_is_left_out_in_one_line(tmp_path, caplog)
 
     from neuron_exporter.config import resolve_options
     from neuron_exporter.node.node_view import NodeView
-    from neuron_exporter.node.spool import RankMeta, release_rank_lock, write_rank_file
+    from neuron_exporter.node.spool import RankMeta
+    from neuron_exporter.node.spool_writer import release_rank_lock, write_rank_file
 
     exposition = (
         b"# HELP xla_steps_total Steps\n# TYPE xla_steps_total counter\n"

@@ -229,3 +229,115 @@ def test_an_endpoint_process_that_cannot_start_leaves_the_rank_serving_itself(tm
         process.wait(timeout=60)
     stderr = process.stderr.read()
     assert stderr.count("ended 3 times right after it started") == 1 and "Traceback" not in stderr
+
+
+class Job:
+    """tests/scripts/endpoint_job.py in a process of its own: a CPU training job that calls attach()."""
+
+    def __init__(self, port: int, spool, run_id: str, *options: str):
+        import subprocess
+        import sys
+
+        from tests.support.paths import SCRIPTS
+
+        self.process = subprocess.Popen(
+            [sys.executable, str(SCRIPTS / "endpoint_job.py"), str(port), str(spool), *options],
+            env=xla_env(NEURON_EXPORTER_RUN_ID=run_id),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        import json
+
+        line = self.process.stdout.readline()
+        if not line:
+            self.process.kill()
+            pytest.fail(f"the job gave no result; stderr:\n{self.process.stderr.read()[-3000:]}")
+        self.result = json.loads(line)
+
+    def finish(self) -> str:
+        """Let the job end normally; its stderr."""
+        _, stderr = self.process.communicate(input="", timeout=120)
+        assert self.process.returncode == 0, stderr[-3000:]
+        return stderr
+
+    def __enter__(self) -> Job:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def runs_served(url: str) -> set[str]:
+    try:
+        text = scrape(url, timeout=5)
+    except OSError:
+        return set()
+    return {dict(labels)["run_id"] for (name, labels) in samples(text) if name == "training_steps_total"}
+
+
+def test_a_second_job_on_the_port_is_served_by_the_first_jobs_endpoint_then_takes_the_port_over(tmp_path):
+    spool, port = tmp_path / "spool", free_port()
+    url = f"http://127.0.0.1:{port}/metrics"
+    fast = "spool_interval_seconds=0.1"
+    with Job(port, spool, "job-a", fast) as first, Job(port, spool, "job-b", fast) as second:
+        assert first.result["port"] == port and second.result["port"] is None
+        # while both run, the port's endpoint (the first job's) serves both runs
+        wait_until(lambda: runs_served(url) == {"job-a", "job-b"}, timeout=60, what="both jobs on the port")
+        first.finish()
+        # the second job takes the port over, and still shows the first job's finished ranks (as the daemon does)
+        wait_until(
+            lambda: listening_pids(port) & {p.pid for p in psutil.Process(second.process.pid).children()},
+            timeout=60,
+            what="the second job to serve the port",
+        )
+        assert runs_served(url) == {"job-a", "job-b"}
+        stderr = second.finish()
+    (warning,) = [line for line in stderr.splitlines() if "cannot listen on" in line]
+    assert f"spool directory {spool}" in warning and "takes the port over" in warning
+    assert "Traceback" not in stderr
+
+
+def test_a_killed_endpoint_of_a_port_0_job_is_started_again_on_the_same_port(tmp_path):
+    with Job(0, tmp_path / "spool", "job-a", "spool_interval_seconds=0.1") as job:
+        url, port = job.result["url"], job.result["port"]
+        assert runs_served(url) == {"job-a"}
+        (endpoint,) = psutil.Process(job.process.pid).children()
+        endpoint.kill()
+        endpoint.wait(30)
+
+        def served_again():
+            children = psutil.Process(job.process.pid).children()
+            return children and children[0].pid != endpoint.pid and runs_served(url) == {"job-a"}
+
+        wait_until(served_again, timeout=60, what="the endpoint to serve the same URL again")
+        assert listening_pids(port) == {psutil.Process(job.process.pid).children()[0].pid}
+        assert "Traceback" not in job.finish()
+
+
+def test_a_jobs_endpoint_removes_the_expired_files_of_ranks_that_ended(tmp_path):
+    import os
+
+    spool = tmp_path / "spool"
+    with Writer(spool, "0,1", "--finished"), Writer(spool, "2"):  # an ended run's ranks, and a live one
+        old = 10_000
+        for path in spool.iterdir():
+            os.utime(path, (path.stat().st_atime - old, path.stat().st_mtime - old))
+        expiry = f"expire_after_seconds={old // 2}"
+        with Job(0, spool, "job-a", "spool_interval_seconds=0.1", expiry) as job:
+            # nobody scrapes: the endpoint tidies the spool by itself
+            wait_until(
+                lambda: not list(spool.glob(f"rank-[01].{RUN}.*")), timeout=60, what="the ended ranks' files to go"
+            )
+            assert list(spool.glob(f"rank-2.{RUN}.*"))  # alive, however old its file
+            wait_until(lambda: list(spool.glob("rank-0.job-a.prom")), what="the job's own file")
+            job.finish()

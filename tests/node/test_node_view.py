@@ -10,11 +10,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from neuron_exporter.config import resolve_options
-from neuron_exporter.node.node_view import NodeView, merge_expositions
+from neuron_exporter.node.node_view import NodeView, merge_families, split_families
 from neuron_exporter.node.spool import RankMeta
 from tests.scripts.spool_writer import rank_exposition
 from tests.support.exposition import samples, value
-from tests.support.paths import RUN
 from tests.support.rank_files import rank_file
 from tests.support.spool_writer import Writer
 
@@ -42,7 +41,8 @@ def promtool_check(text: str) -> None:
 
 
 def test_merge_keeps_one_header_per_family_and_every_sample():
-    merged = merge_expositions([rank_exposition("0", 3, 2), rank_exposition("1", 7, 3), b""]).decode()
+    expositions = [rank_exposition("0", 3, 2), rank_exposition("1", 7, 3), b""]
+    merged = merge_families([split_families(text) for text in expositions]).decode()
     assert merged.count("# HELP xla_steps_total ") == 1
     assert merged.count("# TYPE xla_steps_total counter") == 1
     assert value(merged, "xla_steps_total", rank="0") == 3
@@ -58,7 +58,7 @@ def test_merge_keeps_one_header_per_family_and_every_sample():
 def test_merge_takes_the_header_from_the_first_and_samples_from_all():
     a = b'# HELP x_total first help\n# TYPE x_total counter\nx_total{rank="0"} 1.0\n'
     b = b'# HELP x_total other help\n# TYPE x_total counter\nx_total{rank="1"} 2.0\n# HELP y a\n# TYPE y gauge\ny 1.0\n'
-    assert merge_expositions([a, b]) == (
+    assert merge_families([split_families(a), split_families(b)]) == (
         b"# HELP x_total first help\n# TYPE x_total counter\n"
         b'x_total{rank="0"} 1.0\nx_total{rank="1"} 2.0\n'
         b"# HELP y a\n# TYPE y gauge\ny 1.0\n"
@@ -115,7 +115,7 @@ def test_a_rank_that_reports_but_makes_no_step_is_hung(tmp_path):
         assert 80 < time.time() - last < 400
 
 
-def test_dead_ranks_disappear_after_the_expiry(tmp_path):
+def test_dead_ranks_are_not_served_after_the_expiry(tmp_path):
     with Writer(tmp_path, "0"), Writer(tmp_path, "1,2") as gone:
         gone.kill()
         age(rank_file(tmp_path, "1"), 7200)
@@ -124,23 +124,6 @@ def test_dead_ranks_disappear_after_the_expiry(tmp_path):
     assert value(text, "neuron_exporter_rank_up", rank="1") is None
     assert state_of(text, "2") == "dead"
     assert value(text, "neuron_exporter_ranks") == 2
-    assert not (rank_file(tmp_path, "1")).exists() and not (rank_file(tmp_path, "1", suffix=".lock")).exists()
-
-
-def test_the_expiry_deletes_only_dead_ranks_past_it_and_stale_temporary_files(tmp_path):
-    with Writer(tmp_path, "0,1") as live:
-        with Writer(tmp_path, "2,3") as dead:
-            dead.kill()
-        age(rank_file(tmp_path, "0"), 7200)  # alive but silent for long: kept (the process may resume)
-        age(rank_file(tmp_path, "2"), 7200)  # dead and expired: removed
-        (tmp_path / f".rank-5.{RUN}.prom.77.tmp").write_bytes(b"left by a writer killed mid-write")
-        age(tmp_path / f".rank-5.{RUN}.prom.77.tmp", 7200)
-        served = view(tmp_path, expire_after_seconds=3600).statuses()
-        assert [s.meta.rank for s in served] == ["1", "3"]
-        assert sorted(p.name for p in tmp_path.iterdir()) == [
-            f"rank-{rank}.{RUN}{suffix}" for rank in "013" for suffix in (".lock", ".prom")
-        ]
-        live.stop()
 
 
 def test_a_finished_rank_keeps_its_values_without_liveness(tmp_path):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from neuron_exporter.node.spool import read_rank_file
+from neuron_exporter.node.spool_reader import read_rank_file
 from tests.support.daemon import free_port
 from tests.support.exposition import scrape, value
 from tests.support.paths import ROOT, SCRIPTS

@@ -13,7 +13,8 @@ import pytest
 from neuron_exporter.config import resolve_options
 from neuron_exporter.node.exposition_check import escape_label_value
 from neuron_exporter.node.node_view import NodeView
-from neuron_exporter.node.spool import RankMeta, release_rank_lock, write_rank_file
+from neuron_exporter.node.spool import RankMeta
+from neuron_exporter.node.spool_writer import release_rank_lock, write_rank_file
 from tests.support.exposition import samples
 from tests.support.paths import ROOT
 
@@ -48,7 +49,8 @@ WRITE_AS_PID_1 = """
 import json, os, sys
 sys.path.insert(0, sys.argv[2])
 from neuron_exporter import run_identity
-from neuron_exporter.node.spool import RankMeta, write_rank_file
+from neuron_exporter.node.spool import RankMeta
+from neuron_exporter.node.spool_writer import write_rank_file
 from neuron_exporter.node.exposition_check import escape_label_value
 run = run_identity.run_id()
 labels = f'local_rank="0",rank="0",run_id="{escape_label_value(run)}"'

@@ -1,4 +1,4 @@
-"""The spool protocol: atomic rank files, liveness through the rank lock (expiry: test_node_view)."""
+"""The spool protocol: atomic rank files, liveness through the rank lock (expiry: test_spool_expiry)."""
 
 from __future__ import annotations
 
@@ -8,15 +8,9 @@ import time
 import psutil
 import pytest
 
-from neuron_exporter.node.spool import (
-    RankMeta,
-    SpoolBusyError,
-    read_rank_file,
-    read_rank_files,
-    release_rank_lock,
-    write_rank_file,
-    writer_alive,
-)
+from neuron_exporter.node.spool import RankMeta
+from neuron_exporter.node.spool_reader import SpoolReader, read_rank_file, writer_alive
+from neuron_exporter.node.spool_writer import SpoolBusyError, release_rank_lock, write_rank_file
 from tests.support.paths import RUN
 from tests.support.rank_files import rank_file
 from tests.support.spool_writer import Writer
@@ -31,6 +25,10 @@ def exposition(rank: str = "0", steps: str = "3.0") -> bytes:
 
 
 EXPOSITION = exposition()
+
+
+def read_spool(directory) -> list:
+    return SpoolReader(directory, max_file_bytes=1 << 20, max_total_bytes=1 << 24, max_files=100).refresh()[0]
 
 
 def test_round_trip_keeps_meta_and_exposition_bytes(tmp_path):
@@ -79,8 +77,8 @@ def test_read_orders_ranks_numerically_and_ignores_other_files(tmp_path):
         rank_file(tmp_path, "8").write_bytes(b'{"format": 99}\n')
         (tmp_path / "notes.txt").write_text("x")
         (tmp_path / f".rank-1.{RUN}.prom.123.tmp").write_text("half a file")
-        assert [r.meta.rank for r in read_rank_files(tmp_path)] == ["1", "2", "10"]
-    assert read_rank_files(tmp_path / "missing") == []
+        assert [r.meta.rank for r in read_spool(tmp_path)] == ["1", "2", "10"]
+    assert read_spool(tmp_path / "missing") == []
 
 
 def test_a_live_writer_is_alive_and_a_killed_one_is_dead(tmp_path):
@@ -132,5 +130,5 @@ def test_without_a_lock_file_the_pid_and_its_start_time_decide(tmp_path):
     rank_file(tmp_path, "2").write_bytes(
         b'{"format":2,"run_id":"test-run","rank":"2","local_rank":"2","pid":%d,"start_time":1.0}\n' % gone.pid
     )
-    alive = {r.meta.rank: writer_alive(r) for r in read_rank_files(tmp_path)}
+    alive = {r.meta.rank: writer_alive(r) for r in read_spool(tmp_path)}
     assert alive == {"0": True, "1": False, "2": False}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -16,54 +15,27 @@ import psutil
 import pytest
 
 from neuron_exporter.config import ConfigError, resolve_options
-from neuron_exporter.node import spool
+from neuron_exporter.node import spool_dir, spool_expiry
 from neuron_exporter.node.node_view import NodeView
-from neuron_exporter.node.spool import (
-    RankMeta,
-    RejectedFile,
-    SpoolBusyError,
-    SpoolDirError,
-    read_rank_file,
-    release_rank_lock,
-    write_rank_file,
-    writer_alive,
-)
+from neuron_exporter.node.spool import RankMeta, RejectedFile
+from neuron_exporter.node.spool_dir import SpoolDirError
+from neuron_exporter.node.spool_reader import read_rank_file, writer_alive
+from neuron_exporter.node.spool_writer import SpoolBusyError, release_rank_lock, write_rank_file
 from tests.support.daemon import Daemon, serve_command
 from tests.support.exposition import samples, scrape, total, value
 from tests.support.fuzz import cases
 from tests.support.paths import RUN, SCRIPTS
 from tests.support.processes import TrainingRun, wait_until, xla_env
-from tests.support.rank_files import rank_file
+from tests.support.rank_files import rank_file, rank_file_bytes, steps_exposition
 from tests.support.spool_writer import Writer
 
 NOBODY = 65534
 
 
-def rank_file_bytes(rank: str, exposition: bytes, **header) -> bytes:
-    me = psutil.Process()
-    fields = {
-        "format": 2,
-        "run_id": RUN,
-        "rank": rank,
-        "local_rank": rank,
-        "pid": me.pid,
-        "start_time": me.create_time(),
-        "finished": False,
-        "last_step_time": None,
-        **header,
-    }
-    return json.dumps(fields).encode() + b"\n" + exposition
-
-
-def steps_exposition(rank: str, name: str = "xla_steps_total", labels: str | None = None) -> bytes:
-    labels = labels if labels is not None else f'local_rank="{rank}",rank="{rank}",run_id="{RUN}"'
-    return (f"# HELP {name} Steps\n# TYPE {name} counter\n{name}{{{labels}}} 7.0\n").encode()
-
-
 def test_the_spool_modes_are_the_options_modes():
-    for mode in spool.SPOOL_MODES:
+    for mode in spool_dir.SPOOL_MODES:
         assert resolve_options(env={"NEURON_EXPORTER_SPOOL_MODE": mode}).spool_mode == mode
-    with pytest.raises(ConfigError, match=rf"is not a spool mode \({', '.join(spool.SPOOL_MODES)}\)$"):
+    with pytest.raises(ConfigError, match=rf"is not a spool mode \({', '.join(spool_dir.SPOOL_MODES)}\)$"):
         resolve_options(env={"NEURON_EXPORTER_SPOOL_MODE": "open"})
 
 
@@ -125,7 +97,7 @@ def test_a_link_as_the_directory_is_refused(tmp_path):
 
 def test_a_shared_mode_accepts_a_sticky_directory(tmp_path):
     directory = tmp_path / "shared"
-    spool.prepare_spool_dir(directory, "shared")
+    spool_dir.prepare_spool_dir(directory, "shared")
     assert directory.stat().st_mode & 0o7777 == 0o1777
     try:
         path = write_rank_file(directory, RankMeta.current("0", "0"), steps_exposition("0"), "shared")
@@ -162,7 +134,7 @@ def test_stale_temporary_files_are_removed(tmp_path):
     stale, fresh = directory / f".rank-5.{RUN}.prom.77.tmp", directory / f".rank-6.{RUN}.prom.abc.tmp"
     stale.write_bytes(b"half a file")
     fresh.write_bytes(b"being written")
-    then = time.time() - 2 * spool.STALE_TEMP_SECONDS
+    then = time.time() - 2 * spool_expiry.STALE_TEMP_SECONDS
     os.utime(stale, (then, then))
     try:
         write_rank_file(directory, RankMeta.current("0", "0"), steps_exposition("0"))
@@ -354,17 +326,15 @@ def test_a_spool_directory_squatted_by_another_user_is_not_served(tmp_path, daem
     pid, release = _as_nobody_in_a_child(lambda: write_rank_file(spool, RankMeta.current("0", "0"), forged))
     try:
         assert spool.stat().st_uid == NOBODY and rank_file(spool, "0").stat().st_uid == NOBODY
-        served = subprocess.run(
-            serve_command(spool),
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        assert served.returncode == 2
-        assert served.stderr.count("\n") == 1 and f"belongs to uid {NOBODY}, whom this reader" in served.stderr
-        view = NodeView(resolve_options(env={}, overrides={"spool_dir": str(spool)}))
-        text = view.render().decode()
-        assert value(text, "neuron_exporter_spool_directory_ok") == 0 and value(text, "xla_steps_total") is None
+        # The daemon started after the squat stays up, serves no rank from it and says why, once.
+        daemon = Daemon(tmp_path, *serve_command(spool)[4:])
+        daemons(daemon)
+        for _ in range(2):
+            text = scrape(daemon.url)
+            assert value(text, "neuron_exporter_spool_directory_ok") == 0 and value(text, "xla_steps_total") is None
+        refused = [line for line in daemon.log.read_text().splitlines() if "belongs to uid" in line]
+        assert len(refused) == 1 and f"belongs to uid {NOBODY}, whom this reader" in refused[0]
+        assert daemon.stop() == 0
         trusting = NodeView(
             resolve_options(env={}, overrides={"spool_dir": str(spool), "spool_trusted_users": str(NOBODY)})
         )

@@ -14,8 +14,9 @@ import re
 
 import pytest
 
-from neuron_exporter.reports.explain import SyncHistory, explain, step_count
+from neuron_exporter.reports.explain import explain
 from neuron_exporter.reports.report_parser import parse_report, parse_report_stream
+from neuron_exporter.reports.step_count import SyncHistory, step_count
 from neuron_exporter.snapshot import Snapshot
 from tests.support.paths import FIXTURES as TEST_FIXTURES
 

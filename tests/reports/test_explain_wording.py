@@ -7,8 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from neuron_exporter.reports.explain import SyncHistory, explain, findings
+from neuron_exporter.reports import findings as findings_module
+from neuron_exporter.reports.explain import explain
+from neuron_exporter.reports.findings import findings
 from neuron_exporter.reports.report_parser import parse_report_stream
+from neuron_exporter.reports.step_count import SyncHistory
 from neuron_exporter.snapshot import SECONDS, MetricValue, Snapshot
 from tests.support.paths import FIXTURES as TEST_FIXTURES
 
@@ -108,3 +111,11 @@ def test_no_step_markers():
     assert "markers that ran graphs: unknown (no step markers)" in text
     assert "The report has no MarkStep counter" in text
     assert "1. Host reads: the host read device values 2 times (no per-step figure)" in text
+
+
+def test_explain_judges_by_the_thresholds_of_the_alerts():
+    """One configuration: explain reads a saved report with the defaults the alerts fire at."""
+    from neuron_exporter.mixin.config import DEFAULTS
+
+    assert findings_module.HOST_READS_PER_STEP == DEFAULTS.host_reads_per_step
+    assert findings_module.LATE_COMPILES_PER_STEP == DEFAULTS.recompilations_per_step

@@ -99,7 +99,10 @@ seen["broken_step_errors"] = scraped["neuron_exporter_collection_errors_total{st
 seen["broken_scrape_errors"] = scraped["neuron_exporter_collection_errors_total{stage=scrape}"]
 seen["broken_xla_collector_success"] = scraped["neuron_exporter_collector_success{collector=xla}"]
 seen["broken_steps_collector_success"] = scraped["neuron_exporter_collector_success{collector=steps}"]
-seen["broken_scrape_still_has_process_metrics"] = "xla_process_resident_memory_bytes{}" in scraped
+seen["broken_scrape_still_has_process_metrics"] = all(
+    f"{prefix}_process_resident_memory_bytes{{}}" in scraped
+    for prefix in ("training", "xla")  # xla_: one release more
+)
 handle.detach()
 
 print(json.dumps(seen), flush=True)

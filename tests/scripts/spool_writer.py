@@ -5,14 +5,17 @@ Writes one spool file per rank, each the exposition of a real prometheus_client 
 locks (the ranks are alive) until stdin closes or the process is killed. Prints "ready" once every file is written.
 
     spool_writer.py SPOOL_DIR RANKS [--steps N] [--ops N] [--last-step-age SECONDS] [--finished] [--rewrite SECONDS]
+                    [--diagnosis-bytes N]
 
 RANKS is a comma list ("0,1,5") or a range ("0-31"). --rewrite keeps rewriting the files
-(steps + 1 each time) every SECONDS, like a training rank's spool thread.
+(steps + 1 each time) every SECONDS, like a training rank's spool thread. --diagnosis-bytes writes each rank's
+diagnosis too, a valid document of about N bytes.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import threading
 import time
@@ -30,7 +33,9 @@ from prometheus_client import (
 )
 
 from neuron_exporter import run_identity
-from neuron_exporter.node.spool import RankMeta, write_rank_file
+from neuron_exporter.node.spool import RankMeta
+from neuron_exporter.node.spool_writer import write_rank_file
+from tests.support.diagnosis_documents import sized_rank_document
 
 LABELS = ["run_id", "rank", "local_rank"]
 
@@ -82,6 +87,7 @@ def main() -> None:
     parser.add_argument("--last-step-age", type=float, default=None)
     parser.add_argument("--finished", action="store_true")
     parser.add_argument("--rewrite", type=float, default=None)
+    parser.add_argument("--diagnosis-bytes", type=int, default=None)
     args = parser.parse_args()
     disable_created_metrics()  # like the rank collectors, which export no _created series
     if "-" in args.ranks:
@@ -94,6 +100,12 @@ def main() -> None:
     # (which would cost the machine more than the ranks' spool threads do).
     expositions = {rank: rank_exposition(rank, args.steps, args.ops) for rank in ranks}
     counted = f" {float(args.steps)!r}\n".encode()
+    run = run_identity.run_id()
+    diagnoses = {
+        rank: json.dumps({"format": 1, "ranks": [sized_rank_document(rank, run, args.diagnosis_bytes)]}).encode()
+        for rank in ranks
+        if args.diagnosis_bytes is not None
+    }
 
     def write_all(steps: int) -> None:
         for rank in ranks:
@@ -102,7 +114,7 @@ def main() -> None:
             exposition = expositions[rank]
             if steps != args.steps:
                 exposition = exposition.replace(counted, f" {float(steps)!r}\n".encode())
-            write_rank_file(args.spool_dir, meta, exposition)
+            write_rank_file(args.spool_dir, meta, exposition, diagnosis=diagnoses.get(rank))
 
     write_all(args.steps)
     print("ready", flush=True)

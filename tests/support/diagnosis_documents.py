@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from neuron_exporter import diagnosis
 
 
@@ -70,3 +72,21 @@ def rank_document(rank: str = "0", run_id: str = "run") -> dict:
 
 def document(**rank_fields) -> dict:
     return {"format": diagnosis.FORMAT, "ranks": [{**rank_document(), **rank_fields}]}
+
+
+def sized_rank_document(rank: str, run_id: str, size: int) -> dict:
+    """A valid rank document of about ``size`` bytes of compact JSON (as a rank writes it): sites with long frames."""
+    frames = [
+        f"function_{k} (/opt/venv/lib/python3.11/site-packages/{'package/' * 8}module_{k}.py:{k})" for k in range(4)
+    ]
+    site = {
+        "host_reads": {"item": 7},
+        "graph_cuts": {"item": 7},
+        "new_graphs": 1,
+        "recompilations": 0,
+        "frames": frames,
+    }
+    one = len(json.dumps({"location": "train.py:100000", **site})) + 2
+    count = max(0, (size - len(json.dumps(rank_document(rank, run_id)))) // one)
+    sites = [{"location": f"train.py:{n}", **site} for n in range(count)]
+    return {**rank_document(rank, run_id), "sites": sites}

@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from neuron_exporter.node.spool import read_rank_file
+from neuron_exporter.node.spool_reader import read_rank_file
 from neuron_exporter.snapshot import Snapshot
 from neuron_exporter.training.xla.reader import MonotonicSnapshots
 from tests.support.exposition import samples, value

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from neuron_exporter.node.spool import read_rank_file
+from neuron_exporter.node.spool_reader import read_rank_file
 from tests.support.daemon import free_port
 from tests.support.exposition import value
 from tests.support.paths import SCRIPTS

@@ -19,6 +19,10 @@ change: each is probed before it is read (``probe_records``, ``probe_callbacks``
 against the source of every torch from 2.9.0 to 2.14.1 and tested on 2.9.0 and 2.14.1. When a probe fails, what
 the other APIs give is still counted (without the records: compilations and their time from the compile
 callbacks, without lines), one log line says what is not, and ``neuron_exporter_torch_compile_readable`` shows it.
+
+The modules: ``probes`` (the private APIs and what each lets it count), ``reasons`` (failed guards and graph-break
+reasons reduced to bounded classes), ``records`` (what is kept per function and per graph-break site), ``source``
+(the reading), ``families`` and ``diagnosis`` (what a scrape and ``/diagnosis`` show).
 """
 
 from __future__ import annotations

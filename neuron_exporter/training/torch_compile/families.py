@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from ...snapshot_metrics import LabelBudget
+from ...untrusted import LabelBudget
 from ..sites import UNKNOWN
 from .probes import OFF, READABLE
 from .records import BreakRecord, FunctionRecord

@@ -8,7 +8,8 @@ from collections.abc import Callable, Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from ...metric_family import histogram_family, single_series
-from ...snapshot_metrics import LabelBudget, snapshot_families
+from ...snapshot_metrics import snapshot_families
+from ...untrusted import LabelBudget
 from ..attribution import SiteRecord
 from .reader import MonotonicSnapshots
 

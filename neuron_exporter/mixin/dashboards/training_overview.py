@@ -6,7 +6,7 @@ from __future__ import annotations
 from grafana_foundation_sdk.builders.dashboard import Dashboard, Row
 from grafana_foundation_sdk.models import dashboard as model
 
-from .config import DEFAULTS, Config
+from ..config import DEFAULTS, Config
 from .panels import (
     BY_RUN,
     RANK_LEGEND,

@@ -12,7 +12,7 @@ plain files or in the form a monitoring stack loads:
   built monitoring mixin.
 
 ``--config FILE`` builds the dashboards and rules anew from the mixin configuration in FILE (a YAML mapping of the
-keys of dashboards/config.py in this package: selectors, labels, severities, thresholds); that needs the
+keys of mixin/config.py in this package: selectors, labels, severities, thresholds); that needs the
 ``dashboards`` extra.
 """
 
@@ -20,18 +20,16 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
-from . import __version__
-from .config_file import ConfigError, dump_yaml
+from .. import __version__, shipped
+from ..config_file import ConfigError, dump_yaml
+from ..untrusted import EXIT_USAGE
 
-PACKAGE = Path(__file__).resolve().parent
 FORMATS = ("plain", "prometheus-operator", "grafana-configmaps", "mixin")
-# What the package ships of deploy/ (pyproject.toml force-includes the same files in the wheel). deploy/ stays at the
-# repository's root, where the rules' runbook_url and users' checkouts find it; a wheel carries these files in
-# the package, as neuron_exporter/deploy.
+# What the package ships of deploy/ (pyproject.toml force-includes the same files in the wheel; ``shipped`` finds
+# them).
 DEPLOY_FILES = (
     "prometheus/prometheus.yml",
     "prometheus/rules/*.yml",
@@ -40,10 +38,9 @@ DEPLOY_FILES = (
     "kubernetes/*/*.yaml",
     "web-config.example.yml",
 )
-DASHBOARDS_DIR = "dashboards"
+DASHBOARDS_DIR = shipped.DASHBOARDS
 RULES_DIR = "prometheus/rules"
 NAME = "neuron-exporter"
-EXIT_USAGE = 2
 EXTRA_MISSING = (
     "--config needs the dashboards extra: pip install 'neuron-exporter[dashboards]' "
     "(grafana-foundation-sdk, Python 3.11 or later)"
@@ -87,7 +84,7 @@ def register(subparsers) -> None:
         metavar="FILE",
         type=Path,
         help="rebuild the dashboards and rules with this mixin configuration (YAML: selector, "
-        "aggregation_labels, severities, thresholds; see neuron_exporter/dashboards/config.py); needs the "
+        "aggregation_labels, severities, thresholds; see neuron_exporter/mixin/config.py); needs the "
         "dashboards extra",
     )
     parser.set_defaults(run=run)
@@ -105,28 +102,24 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def deploy_dir() -> Path:
-    """The deployment files: inside the installed package (a wheel), or at the root of a source checkout."""
-    installed = PACKAGE / "deploy"
-    return installed if installed.is_dir() else PACKAGE.parent / "deploy"
-
-
 def shipped_files() -> dict[str, str]:
     """Every file the package ships, by its path in the plain layout."""
-    dashboards, deploy = PACKAGE / "dashboards", deploy_dir()
+    dashboards, deploy = shipped.dashboards_dir(), shipped.deploy_dir()
     paths = {f"{DASHBOARDS_DIR}/{path.name}": path for path in sorted(dashboards.glob("*.json"))}
     for pattern in DEPLOY_FILES:
         paths.update((path.relative_to(deploy).as_posix(), path) for path in sorted(deploy.glob(pattern)))
     if not any(name.startswith(f"{DASHBOARDS_DIR}/") for name in paths) or not any(
         name.startswith(f"{RULES_DIR}/") for name in paths
     ):
-        raise AssetsError(f"the dashboards or rules are missing from {PACKAGE}: reinstall neuron-exporter", code=1)
+        raise AssetsError(
+            f"the dashboards or rules are missing from {shipped.root()}: reinstall neuron-exporter", code=1
+        )
     return {name: path.read_text(encoding="utf-8") for name, path in paths.items()}
 
 
 def load_config(path: Path):
     """The mixin configuration in a YAML file, checked by the generator's own reader (which needs no extra)."""
-    from .dashboards import config
+    from ..mixin import config
 
     try:
         return config.load_config(path)
@@ -136,17 +129,14 @@ def load_config(path: Path):
 
 def generated_files(config) -> dict[str, str]:
     """The dashboards and rule files built with ``config``, by their paths in the plain layout."""
+    from ..mixin import build
+
     try:
-        from .dashboards import build
-    except ModuleNotFoundError as error:
-        if (error.name or "").partition(".")[0] != "grafana_foundation_sdk":
-            raise
+        generated = build.files(config)
+    except build.ExtraMissing:
         raise AssetsError(EXTRA_MISSING) from None
-    with tempfile.TemporaryDirectory(prefix="neuron-exporter-assets-") as directory:
-        # output_dir/dashboards/*.json and output_dir/rules/*.yml
-        paths = [Path(path) for path in build.build(config, output_dir=directory)]
-        layout = {"dashboards": DASHBOARDS_DIR, "rules": RULES_DIR}
-        return {f"{layout[path.parent.name]}/{path.name}": path.read_text(encoding="utf-8") for path in paths}
+    deploy = f"{shipped.DEPLOY}/"  # the generator's paths are the repository's; the plain layout is deploy/'s
+    return {name.removeprefix(deploy): text for name, text in generated.items()}
 
 
 def render(format_: str, config_path: Path | None = None) -> dict[str, str]:

@@ -1,5 +1,6 @@
-"""The ``neuron-exporter`` command: ``parse`` and ``explain`` saved reports, ``serve`` the node endpoint, ``run`` a
-command with the exporter attached."""
+"""The ``neuron-exporter`` command: ``parse``, ``explain`` and ``diagnose`` (reports/), ``serve`` the node endpoint
+and ``run`` a command with the exporter attached (node/), and ``assets`` (here). Each command lives with the code it
+runs; this package puts them together, and no other folder imports it."""
 
 from __future__ import annotations
 
@@ -7,9 +8,10 @@ import argparse
 import os
 import sys
 
-from . import __version__, assets_command
-from .node import run_command, serve_command
-from .reports import diagnose_command, report_commands
+from .. import __version__
+from ..node import run_command, serve_command
+from ..reports import diagnose_command, report_commands
+from . import assets_command
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,9 +2,10 @@
 
 It follows the ``_config`` pattern of monitoring mixins: every selector, aggregation label, severity, ``for``
 duration, window and threshold is a key of ``Config`` below, and a deployment overrides only the keys it
-changes, from Python (``config_from({"selector": 'job="training"'})``, ``build.build(config)``) or from a YAML
-file (``python -m neuron_exporter.dashboards.build --config my-config.yml``). ``make dashboards`` writes the
-committed files from the defaults.
+changes, from Python (``config_from({"selector": 'job="training"'})``, ``build.files(config)``) or from a YAML
+file (``python -m neuron_exporter.mixin --config my-config.yml``). ``make dashboards`` writes the committed
+files from the defaults. The thresholds' defaults are those of ``neuron_exporter.thresholds``, which ``explain``
+uses too.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from .. import thresholds
 from ..config_file import ConfigError, YamlFile
 
 REPO_URL = "https://github.com/neuron-exporter/neuron-exporter"
@@ -51,23 +53,23 @@ class Config:
 
     # XlaRecompilationStorm: recompilations (a computation compiled again for other shapes or values; new graphs do
     # not count) per training step, on some rank past its warm-up steps (0.1 = one step in ten recompiles).
-    recompilations_per_step: float = 0.1
+    recompilations_per_step: float = thresholds.RECOMPILATIONS_PER_STEP
     recompilation_for: str = "10m"
     recompilation_severity: str = "warning"
 
     # XlaGraphFragmentation: graphs cut off before the step marker (.item(), print, `if t:`, a CPU fallback) per
     # training step, on some rank (0 = no fragmentation; gradient accumulation adds markers, not cuts).
-    graph_cuts_per_step: float = 0.5
+    graph_cuts_per_step: float = thresholds.GRAPH_CUTS_PER_STEP
     fragmentation_for: str = "15m"
     fragmentation_severity: str = "warning"
 
     # XlaFrequentHostReads: device-to-host reads per training step, on some rank.
-    host_reads_per_step: float = 0.5
+    host_reads_per_step: float = thresholds.HOST_READS_PER_STEP
     host_reads_for: str = "15m"
     host_reads_severity: str = "warning"
 
     # XlaCompileTimeDominates: share of the step wall time spent compiling (0.5 = half of it), on some rank.
-    compile_time_share: float = 0.5
+    compile_time_share: float = thresholds.COMPILE_TIME_SHARE
     compile_time_for: str = "15m"
     compile_time_severity: str = "warning"
 

@@ -11,7 +11,7 @@ from grafana_foundation_sdk.models import dashboard as model
 from grafana_foundation_sdk.models import prometheus as prom_model
 from grafana_foundation_sdk.models.common import DataSourceRef
 
-from .config import Config
+from ..config import Config
 
 DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")
 

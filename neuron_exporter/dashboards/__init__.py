@@ -1,1 +1,0 @@
-"""Grafana dashboards and Prometheus rules for neuron-exporter, built from code (see build.py)."""

@@ -1,0 +1,122 @@
+"""The recording rules: per-rank ratios over a fixed 5m window (so their names stay stable), per
+``aggregation_labels`` + instance, rank and local_rank, and per-run ratios by site. The alerts read them."""
+
+from __future__ import annotations
+
+from ..config import DEFAULTS, Config
+from .promql import fill, labels, select
+
+WINDOW = "5m"
+
+# Recording rule names.
+STEPS = f"rank:xla_steps:rate{WINDOW}"
+GRAPHS_PER_STEP = f"rank:xla_graphs_per_step:avg{WINDOW}"
+CUTS_PER_STEP = f"rank:xla_graph_cuts_per_step:ratio{WINDOW}"
+MARKERS_PER_STEP = f"rank:xla_step_markers_per_step:ratio{WINDOW}"
+FRAGMENTED_STEPS = f"rank:xla_fragmented_steps:ratio{WINDOW}"
+RECOMPILATIONS_PER_STEP = f"rank:xla_recompilations_per_step:ratio{WINDOW}"
+HOST_READS_PER_STEP = f"rank:xla_device_to_host_transfers_per_step:ratio{WINDOW}"
+COMPILE_TIME_SHARE = f"rank:xla_compile_time_share:ratio{WINDOW}"
+EXECUTE_TIME_SHARE = f"rank:xla_execute_time_share:ratio{WINDOW}"
+FALLBACK_RATE = f"rank_op:xla_cpu_fallback_ops:rate{WINDOW}"
+# Per run and site: a site's events per training step of the run (its rate summed over the run's ranks, over the
+# run's steps summed over its ranks), so the sites of a run add up to the run's own ratio.
+SITE_CUTS_PER_STEP = f"run_location:xla_graph_cuts_per_step:ratio{WINDOW}"
+SITE_RECOMPILATIONS_PER_STEP = f"run_location:xla_recompilations_per_step:ratio{WINDOW}"
+
+# -- recording rules -----------------------------------------------------------------------------------------------
+
+
+def recording_rules(c: Config = DEFAULTS) -> dict[str, str]:
+    """{name: expression}; evaluated in this order, so later rules use earlier ones. Per-step ratios have no
+    value while a rank (or run) makes no training step (an evaluation phase, a stall): ``> 0`` on the step rate.
+
+    The per-rank ratios sum over the sites of the labelled counters: ``xla_recompilations_total{location}``
+    counts recompilations only (a computation compiled again for other shapes or Python values), never new graphs.
+    A rank's recompilations per step count only once the rank had made its warm-up steps
+    (``neuron_exporter_warmup_steps``) at the window's first sample: the first steps may try a few shapes.
+    """
+    rank = labels(*c.rank_labels)
+    run = labels(*c.run_labels)
+
+    def rate(metric: str) -> str:
+        return fill(
+            "sum by (${rank}) (rate(${counter}[${window}]))", rank=rank, counter=select(c, metric), window=WINDOW
+        )
+
+    def per_step(metric: str) -> str:
+        return fill(
+            """
+            sum by (${rank}) (rate(${counter}[${window}]))
+            /
+            (${steps} > 0)
+            """,
+            rank=rank,
+            counter=select(c, metric),
+            window=WINDOW,
+            steps=STEPS,
+        )
+
+    def ratio(numerator: str, denominator: str) -> str:
+        return fill(
+            """
+            sum by (${rank}) (rate(${numerator}[${window}]))
+            /
+            (sum by (${rank}) (rate(${denominator}[${window}])) > 0)
+            """,
+            rank=rank,
+            numerator=select(c, numerator),
+            denominator=select(c, denominator),
+            window=WINDOW,
+        )
+
+    def per_run_step(metric: str, *site: str) -> str:
+        # Series without a location (an exporter from before sites) have no site to name.
+        return fill(
+            """
+            sum by (${run_site}) (rate(${counter}[${window}]))
+            / on (${run}) group_left
+            sum by (${run}) (${steps} > 0)
+            """,
+            run_site=labels(*c.run_labels, *site),
+            run=run,
+            counter=select(c, metric, 'location!=""'),
+            window=WINDOW,
+            steps=STEPS,
+        )
+
+    recompilations_after_warmup = fill(
+        """
+        sum by (${rank}) (rate(${recompilations}[${window}]))
+        /
+        (${steps} > 0)
+        and on (${rank})
+        (sum by (${rank}) (min_over_time(${steps_total}[${window}]))
+         >= sum by (${rank}) (${warmup_steps}))
+        """,
+        rank=rank,
+        recompilations=select(c, "xla_recompilations_total"),
+        steps_total=select(c, "xla_steps_total"),
+        warmup_steps=select(c, "neuron_exporter_warmup_steps"),
+        window=WINDOW,
+        steps=STEPS,
+    )
+    return {
+        STEPS: rate("xla_steps_total"),
+        GRAPHS_PER_STEP: ratio("xla_graphs_per_step_sum", "xla_graphs_per_step_count"),
+        CUTS_PER_STEP: per_step("xla_graph_cuts_total"),
+        MARKERS_PER_STEP: per_step("xla_step_markers_total"),
+        FRAGMENTED_STEPS: per_step("xla_fragmented_steps_total"),
+        RECOMPILATIONS_PER_STEP: recompilations_after_warmup,
+        HOST_READS_PER_STEP: per_step("xla_device_to_host_transfers_total"),
+        COMPILE_TIME_SHARE: ratio("xla_compile_seconds_total", "xla_step_duration_seconds_sum"),
+        EXECUTE_TIME_SHARE: ratio("xla_execute_seconds_total", "xla_step_duration_seconds_sum"),
+        FALLBACK_RATE: fill(
+            "sum by (${rank_op}) (rate(${fallback_ops}[${window}]))",
+            rank_op=labels(*c.rank_labels, "op"),
+            fallback_ops=select(c, "xla_cpu_fallback_ops_total"),
+            window=WINDOW,
+        ),
+        SITE_CUTS_PER_STEP: per_run_step("xla_graph_cuts_total", "cause", "location"),
+        SITE_RECOMPILATIONS_PER_STEP: per_run_step("xla_recompilations_total", "location"),
+    }

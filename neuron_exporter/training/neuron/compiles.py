@@ -21,7 +21,7 @@ import threading
 from collections.abc import Callable
 
 from ..dynamo_callbacks import CompileCallbacks
-from . import names
+from .names import BACKEND_LOGGER, FAILURE_PREFIX, FALLBACK_LINE
 
 MAX_REASONS = 1000
 MAX_MESSAGE = 300
@@ -96,7 +96,7 @@ class GraphFallbacks(logging.Handler):
         self._logger: logging.Logger | None = None
 
     def install(self) -> bool:
-        self._logger = logging.getLogger(names.BACKEND_LOGGER)
+        self._logger = logging.getLogger(BACKEND_LOGGER)
         if self not in self._logger.handlers:
             self._logger.addHandler(self)
         return True
@@ -108,9 +108,9 @@ class GraphFallbacks(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         try:
             message = record.getMessage()
-            if message.startswith(names.FAILURE_PREFIX):
-                self._local.failure = message[len(names.FAILURE_PREFIX) :][:MAX_MESSAGE]
-            elif message.startswith(names.FALLBACK_LINE):
+            if message.startswith(FAILURE_PREFIX):
+                self._local.failure = message[len(FAILURE_PREFIX) :][:MAX_MESSAGE]
+            elif message.startswith(FALLBACK_LINE):
                 failure = getattr(self._local, "failure", None) or "unknown"
                 self._local.failure = None
                 reason = failure_reason(failure)

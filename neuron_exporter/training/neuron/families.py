@@ -13,8 +13,8 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from ...metric_family import single_series
-from ...snapshot_metrics import LabelBudget
-from . import names
+from ...untrusted import LabelBudget
+from .names import COUNTERS_KEY, RECORDS, memory_value
 
 READABLE_FAMILY = "neuron_exporter_torchneuron_readable"
 
@@ -60,7 +60,7 @@ class NeuronFamilies:
             "missing or of another shape (the log says which), by record",
             labels=names_ + ["record"],
         )
-        for record in names.RECORDS:
+        for record in RECORDS:
             readable.add_metric(values + [record], float(record in source.readable))
         yield readable
         yield from self._fallbacks(labels)
@@ -187,7 +187,7 @@ class NeuronFamilies:
     def _graphs(self, labels: dict[str, str]) -> Iterator[Metric]:
         from torch._dynamo.utils import counters
 
-        neuron = dict(counters.get(names.COUNTERS_KEY) or {})
+        neuron = dict(counters.get(COUNTERS_KEY) or {})
         totals = self._totals.read(
             {
                 "compiled_graphs": float(neuron.get("compiled_graphs", 0)),
@@ -211,7 +211,7 @@ class NeuronFamilies:
 
     def _memory(self, labels: dict[str, str], stats: dict) -> Iterator[Metric]:
         def value(key: str, part: str | None = None) -> float:
-            found = names.memory_value(stats, key, part)
+            found = memory_value(stats, key, part)
             return 0.0 if found is None else found
 
         yield single_series(

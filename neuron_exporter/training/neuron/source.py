@@ -26,10 +26,11 @@ from ..host_reads import HostReadHook
 from ..self_metrics import SelfStats
 from ..sites import SiteFinder
 from ..source import Source
-from . import names
 from .compiles import CacheWindow, GraphFallbacks
 from .fallbacks import FallbackCalls
 from .families import NeuronFamilies
+from .names import LIBRARY, metrics_off, probe
+from .names import readable as readable_records
 
 log = logging.getLogger("neuron_exporter")
 DEVICE = "neuron"
@@ -39,9 +40,9 @@ class NeuronSource(Source):
     def __init__(self, options: Options, stats: SelfStats):
         self.options = options
         self.stats = stats  # replaced in a forked child
-        self.neuronx = sys.modules[names.LIBRARY]
-        self.problems = names.probe()
-        self.readable = names.readable(self.problems)
+        self.neuronx = sys.modules[LIBRARY]
+        self.problems = probe()
+        self.readable = readable_records(self.problems)
         self.sites = SiteFinder()
         self.attribution = Attribution()  # host reads by cause and site, as on XLA (no graph is cut: eager)
         self.fallbacks = FallbackCalls(self.sites, self._step_error)
@@ -60,8 +61,8 @@ class NeuronSource(Source):
         if "graph_fallbacks" in self.readable:
             self.graph_fallbacks.install()
         self._host_reads.install()
-        self.readable = names.readable(unread)
-        if "compile_cache" in self.readable and names.metrics_off():
+        self.readable = readable_records(unread)
+        if "compile_cache" in self.readable and metrics_off():
             log.warning(
                 "neuron-exporter: TorchNeuron's metrics are off: its compile-cache counters may stay at 0 "
                 "(set TORCH_NEURONX_METRICS_ENABLED=1 to count them)"

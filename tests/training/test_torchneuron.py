@@ -4,10 +4,12 @@ is compared with what the stand-in itself recorded; a scrape and the exporter's 
 
 from __future__ import annotations
 
+import json
 import subprocess
 
 import pytest
 
+from neuron_exporter.diagnosis.advice import findings
 from tests.support.exposition import samples, scrape, series, value
 from tests.support.paths import SCRIPTS
 from tests.support.processes import TrainingRun, marked_line
@@ -24,7 +26,8 @@ SCRIPT = SCRIPTS / "neuron_train.py"
 
 
 def run(*args: str) -> tuple[str, dict, list[int]]:
-    """(a scrape, the script's own account, the device's syncs before and after two scrapes)."""
+    """(a scrape, the script's own account with the rank's diagnosis document, the device's syncs before and after
+    two scrapes and a diagnosis)."""
     with TrainingRun("neuron_train.py", str(STEPS), *args, fresh=True) as training:
         result = training.result(timeout=600)
         exposition = ""
@@ -32,6 +35,7 @@ def run(*args: str) -> tuple[str, dict, list[int]]:
         if result["url"]:
             exposition = scrape(result["url"])
             scrape(result["url"])
+            result["diagnosis"] = json.loads(scrape(result["url"].replace("/metrics", "/diagnosis?format=json")))
         syncs.append(_syncs(training))
         code, stderr = training.finish()
     assert code == 0 and "Traceback" not in stderr, stderr[-3000:]
@@ -80,6 +84,21 @@ def test_an_operator_with_no_neuron_kernel_is_seen(attached):
 def test_host_reads_are_counted_at_their_line(attached):
     exposition, _, _ = attached
     assert series(exposition, "torchneuron_host_reads_total") == {("item", marked_line(SCRIPT, "item")): STEPS}
+
+
+def test_diagnose_lists_the_host_reads_that_wait_and_the_operators_with_their_lines(attached):
+    _, result, _ = attached
+    (rank,) = result["diagnosis"]["ranks"]
+    item = marked_line(SCRIPT, "item")
+    assert [site["device_waits"] for site in rank["sites"] if site["location"] == item] == [{"item": STEPS}]
+    assert rank["cpu_fallback_ops"] == {"aten::digamma": 2 * STEPS}
+    assert {(site["location"], site["pass"]) for site in rank["cpu_fallback_sites"]} == {
+        (marked_line(SCRIPT, "digamma forward"), "forward"),
+        (marked_line(SCRIPT, "backward"), "backward"),
+    }
+    titles = [title for _, title, _ in findings(result["diagnosis"])]
+    assert f"{item}: {STEPS} host reads by .item() that wait for the device (rank 0)" in titles
+    assert f"aten::digamma: runs on the CPU, {2 * STEPS} calls (rank 0)" in titles
 
 
 def test_the_compile_cache_is_served_as_the_stand_in_recorded_it(attached):

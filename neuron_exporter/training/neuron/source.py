@@ -118,7 +118,10 @@ class NeuronSource(Source):
             {"op": op, "location": location, "frames": frames, "pass": "backward" if backward else "forward"}
             for op, location, frames, backward in sites
         )
-        rank.setdefault("sites", []).extend(record.as_dict() for record in self.attribution.records())
+        # A host read here cuts no graph (the device runs eagerly) but waits for the device: diagnose lists it so.
+        rank.setdefault("sites", []).extend(
+            {**record.as_dict(), "device_waits": dict(record.causes)} for record in self.attribution.records()
+        )
 
     # -- the training thread ------------------------------------------------------------------------------
     def _step_error(self, error: BaseException) -> None:

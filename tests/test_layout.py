@@ -1,11 +1,11 @@
 """The package's folders keep to their import rules: each folder is a place the code runs.
 The tests keep to theirs: a folder per room, helpers shared through tests/support only.
 
-training/ (inside the training process) never imports reports/; node/ (the daemon) never imports training/ or
-reports/; web/ and reports/ import no other folder; the shared top-level modules and the shared diagnosis/ import
-no other folder at all, and every folder may import them. cli/, the ``neuron-exporter`` command, puts the folders
-together (with the public face, ``__init__`` and ``__main__``); no folder imports it. In web/, the connection layer
-(``connections``) knows no route, metric or user: of the package it uses the rate limits only. mixin/, the
+training/ (inside the training process) never imports reports/; node/ (the daemon) never imports training/ or reports/;
+web/ and reports/ import no other folder; the shared top-level modules and the shared diagnosis/ import no other folder
+at all, and every folder may import them. cli/, the ``neuron-exporter`` command, puts the folders together (with the
+public face, ``__init__`` and ``__main__``); no folder imports it. In web/, the connection layer (``connections``,
+``http_messages``, ``lanes``) knows no route, metric or user: of the package it uses the rate limits only. mixin/, the
 generator of the dashboards and rules (it needs the Grafana SDK, an extra), imports no other folder, and only
 ``cli/assets_command`` (``neuron-exporter assets --config``) imports it. Every folder may read where the training
 package's start-up files are (``neuron_exporter.training.AUTOSTART_DIR``: the package's ``__init__``, which imports
@@ -285,16 +285,18 @@ def test_a_source_importing_a_sibling_is_caught(tmp_path, room, line):
     assert all(source_room_of(v.split()[-1]) not in (room, None) for v in found)
 
 
-CONNECTIONS_MAY_USE = "neuron_exporter.web.rate_limit"
+# The connection layer: its modules may use the rate limits and one another, nothing else of the package.
+CONNECTION_LAYER = ("connections", "http_messages", "lanes")
+CONNECTIONS_MAY_USE = ("neuron_exporter.web.rate_limit", *(f"neuron_exporter.web.{name}" for name in CONNECTION_LAYER))
 
 
 def connection_layer_violations(package: Path = PACKAGE) -> list[str]:
-    path = package / "web" / "connections.py"
     return [
-        f"web/connections.py imports {module}"
-        for module in sorted(imported_modules(path, package))
+        f"web/{name}.py imports {module}"
+        for name in CONNECTION_LAYER
+        for module in sorted(imported_modules(package / "web" / f"{name}.py", package))
         if module.split(".")[0] in ("neuron_exporter", "prometheus_client")
-        and not (module + ".").startswith(CONNECTIONS_MAY_USE + ".")
+        and not any((module + ".").startswith(allowed + ".") for allowed in CONNECTIONS_MAY_USE)
     ]
 
 
@@ -302,6 +304,7 @@ def test_the_connection_layer_knows_no_route_metric_or_user():
     assert connection_layer_violations() == []
 
 
+@pytest.mark.parametrize("name", CONNECTION_LAYER)
 @pytest.mark.parametrize(
     "line",
     [
@@ -311,11 +314,14 @@ def test_the_connection_layer_knows_no_route_metric_or_user():
         "from prometheus_client.exposition import choose_encoder",
     ],
 )
-def test_an_application_import_in_the_connection_layer_is_caught(tmp_path, line):
-    copy = tmp_path / "neuron_exporter" / "web" / "connections.py"
-    copy.parent.mkdir(parents=True)
-    copy.write_text((PACKAGE / "web" / "connections.py").read_text() + f"\n{line}\n")
-    assert connection_layer_violations(tmp_path / "neuron_exporter")
+def test_an_application_import_in_the_connection_layer_is_caught(tmp_path, name, line):
+    copy = tmp_path / "neuron_exporter" / "web"
+    copy.mkdir(parents=True)
+    for module in CONNECTION_LAYER:
+        (copy / f"{module}.py").write_text((PACKAGE / "web" / f"{module}.py").read_text())
+    (copy / f"{name}.py").write_text((PACKAGE / "web" / f"{name}.py").read_text() + f"\n{line}\n")
+    found = connection_layer_violations(tmp_path / "neuron_exporter")
+    assert found and all(violation.startswith(f"web/{name}.py imports ") for violation in found)
 
 
 def test_only_assets_command_imports_the_mixin(tmp_path):

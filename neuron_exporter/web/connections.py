@@ -1,80 +1,74 @@
-"""The endpoint's connections: accept them, read request heads, hand each request to the application and send its
-response, optionally over TLS. Nothing here knows a path, a metric or a user.
+"""The endpoint's connections: accept them, read request heads, hand each request to the application in its lane
+(``lanes``) and write its response, optionally over TLS. Nothing here knows a path, a metric or a user.
 
-The endpoint runs inside training processes too, so no client may make it cost the training job much. One thread
-waits on every open connection (a selector) and reads request heads: a client that connects and stalls, or trickles
-bytes, costs a socket until its deadline, never a thread; past ``MAX_CONNECTIONS``, one that waits is closed (see
-``_connection_to_close``). At most ``WORKERS`` threads answer complete requests. A client refused (4xx) faster than
-``REFUSAL_REFILL_SECONDS`` allows, past a burst, is not read until it may be refused again: its flood costs an
-accept per connection. No request log on stderr.
+The endpoint runs inside training processes too, so no client may make it cost the training job much:
+
+- One thread waits on every open connection (a selector): it reads request heads and writes responses without ever
+  blocking. A client that connects and stalls, trickles bytes or does not read what it asked for costs a socket
+  until its deadline, never a thread. Past ``MAX_CONNECTIONS``, a connection that waits is closed, one of the client
+  address that has the most (see ``_connection_to_close``).
+- A connection has one request at a time in the server: its next one, pipelined or not, is taken only once the
+  response to this one is written (a client that does not read gets nothing more done), and it then queues behind
+  the requests of every other connection waiting in its lane. Bytes past the request being answered wait in the
+  socket, unread.
+- Each lane has its own workers; an application that answers later (a ``Future``, e.g. a render shared by many
+  requests) frees its worker at once.
+- A client refused (4xx) faster than ``REFUSAL_REFILL_SECONDS`` allows, past a burst, is not read until it may be
+  refused again: its flood costs an accept per connection.
+
+No request log on stderr.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 import queue
-import re
 import selectors
 import socket
 import ssl
+import struct
 import threading
 import time
-from collections.abc import Callable, Mapping
-from email.utils import formatdate
-from http import HTTPStatus
-from typing import NamedTuple
+from collections import Counter
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 
+from .http_messages import HEAD_END, MAX_HEAD_BYTES, TOO_LARGE, Request, Response, keeps_alive, parse_request, serialize
+from .lanes import Lanes
 from .rate_limit import TokenBuckets, client_key
 
 log = logging.getLogger(__name__)
 
-TEXT = "text/plain; charset=utf-8"
 LISTEN_BACKLOG = 128
-WORKERS = 8  # scrapers are few; each worker is one more thread in the training process
+WORKERS = 8  # threads answering requests, all lanes together; each is one more thread in a training process
 MAX_CONNECTIONS = 256  # open sockets, waiting or being answered; in a training process they share its file limit
 HEAD_TIMEOUT_SECONDS = 5.0  # TLS handshake, request line and headers, all together; not per read
 IDLE_TIMEOUT_SECONDS = 90.0  # a kept-alive connection between requests (above the usual 60 s scrape interval)
 WRITE_TIMEOUT_SECONDS = 10.0  # the whole response (Prometheus' default scrape timeout)
+WRITE_CHUNK, WRITE_TURN = 65536, 1 << 20  # bytes per send; per connection before the others get their turn
 # Refused requests (4xx) per client: past the burst, its connections are not read until it has a token again.
 REFUSALS_BURST, REFUSAL_REFILL_SECONDS = 20, 0.5
-MAX_HEAD_BYTES = 16384
-MAX_HEADERS = 100
-HEAD_END = re.compile(rb"\r?\n\r?\n")
 
-
-class Request(NamedTuple):
-    method: str
-    target: str
-    version: str
-    headers: dict[str, str]  # names in lower case
-    client: str  # its key for rate limits: the address, or its /64 for IPv6
-
-
-class Response(NamedTuple):
-    status: int
-    body: bytes  # sent for GET; for HEAD only its length is
-    content_type: str
-    headers: Mapping[str, str] = {}
-
-
-TOO_LARGE = Response(431, b"Request Header Fields Too Large\n", TEXT)
-BAD_REQUEST = Response(400, b"Bad Request\n", TEXT)
+Answer = Response | Future  # a Future gives the Response later
 
 
 class Connections:
-    """Serves HTTP/1.1 on ``listener`` from daemon threads: ``app`` answers every request (if it raises, the
-    connection is closed), and ``tls()``, asked before each burst of accepts, gives the TLS context of the
+    """Serves HTTP/1.1 on ``listener`` from daemon threads: ``app`` answers every request, now or with a Future (if
+    it raises, or the Future does, the connection is closed), in the lane ``lane_of(request)`` picks, lane ``n``
+    having ``lanes[n]`` workers; ``tls()``, asked before each burst of accepts, gives the TLS context of the
     connections accepted then (None: plain TCP)."""
 
     def __init__(
         self,
-        app: Callable[[Request], Response],
+        app: Callable[[Request], Answer],
         listener: socket.socket,
         tls: Callable[[], ssl.SSLContext | None],
+        lanes: Sequence[int] = (WORKERS,),
+        lane_of: Callable[[Request], int] = lambda request: 0,
     ):
         self._app = app
         self._tls = tls
+        self._lane_of = lane_of
         self._listener = listener
         self._listener.setblocking(False)
         self._refusals = TokenBuckets(REFUSALS_BURST, REFUSAL_REFILL_SECONDS)
@@ -85,14 +79,13 @@ class Connections:
         self._wake_reader.setblocking(False)
         self._wake_writer.setblocking(False)
         # Connections, each in one place; only the loop thread changes them.
-        self._waiting: dict[_Connection, None] = {}  # in the selector, oldest first
+        self._waiting: dict[_Connection, None] = {}  # reading a request head, in the selector, oldest first
+        self._writing: dict[_Connection, None] = {}  # writing a response, in the selector
         self._paused: dict[_Connection, None] = {}  # of clients refused too often: out of the selector for now
-        self._busy: set[_Connection] = set()  # handed to workers
-        self._returned: queue.SimpleQueue[_Connection] = queue.SimpleQueue()  # from workers back to the loop
-        self._jobs: queue.SimpleQueue[_Connection | None] = queue.SimpleQueue()
-        self._workers: list[threading.Thread] = []
-        self._idle_workers = 0
-        self._workers_lock = threading.Lock()
+        self._busy: set[_Connection] = set()  # a request in its lane, being answered or answered later
+        self._per_client: Counter[str] = Counter()  # open connections
+        self._answered: queue.SimpleQueue[tuple[_Connection, bytes | None, bool]] = queue.SimpleQueue()
+        self._lanes: Lanes[_Connection] = Lanes(self._work, lanes, "neuron-exporter-http-worker")
         self._next_sweep = 0.0
         self._logged: set[str] = set()
 
@@ -111,21 +104,9 @@ class Connections:
             self._wake()
             self._thread.join()
             self._thread = None
-        for connection in list(self._busy):
-            sock = connection.sock  # None if its worker closed it already
-            try:
-                if sock is not None:
-                    sock.shutdown(socket.SHUT_RDWR)  # the worker answering it fails and closes it
-            except OSError:
-                pass
-        for _ in self._workers:
-            self._jobs.put(None)
-        for connection in [*self._waiting, *self._paused]:
-            self._close(connection)
-        while not self._returned.empty():
-            connection = self._returned.get()
-            if connection.sock is not None:
-                connection.sock.close()
+        self._lanes.stop()
+        for connection in [*self._waiting, *self._writing, *self._paused, *self._busy]:
+            self._close(connection)  # workers never use a socket: only this thread reads and writes
         for closeable in (self._selector, self._listener, self._wake_reader, self._wake_writer):
             closeable.close()
 
@@ -133,13 +114,13 @@ class Connections:
         """In a child made by fork: close this copy of the listening socket and of the connections. The threads
         exist only in the parent, which keeps serving; ``stop()`` would wait for them forever here."""
         self._thread = None
-        for connection in [*self._waiting, *self._paused, *self._busy]:
+        for connection in [*self._waiting, *self._writing, *self._paused, *self._busy]:
             if connection.sock is not None:
                 connection.sock.close()  # close, never shutdown: the parent still uses these connections
         for closeable in (self._listener, self._selector, self._wake_reader, self._wake_writer):
             closeable.close()
 
-    # -- the loop thread: accept, read request heads, hand complete ones to workers -----------------------------
+    # -- the loop thread: accept, read request heads, write responses ---------------------------------------------
     def _loop(self) -> None:
         while not self._stopping:
             try:
@@ -147,9 +128,11 @@ class Connections:
                     if key.data is None:
                         self._accept()
                     elif key.data is _WAKE:
-                        self._take_back()
+                        self._take_answers()
                     elif key.data in self._waiting:  # not closed by an earlier event of this round
                         self._read(key.data)
+                    elif key.data in self._writing:
+                        self._write(key.data)
                 now = time.monotonic()
                 if now >= self._next_sweep:
                     self._next_sweep = now + 0.25
@@ -160,7 +143,9 @@ class Connections:
 
     def _sweep(self, now: float) -> None:
         for connection in [c for c in self._waiting if c.deadline <= now]:
-            self._close(connection)
+            self._close(connection)  # a head that never came
+        for connection in [c for c in self._writing if c.deadline <= now]:
+            self._close(connection, reset=True)  # a response the client does not read: drop what the kernel holds
         for connection in [c for c in self._paused if c.paused_until <= now]:
             wait = self._refusals.seconds_until_token(connection.client)
             if wait:  # its other connections took the token
@@ -168,13 +153,7 @@ class Connections:
                 continue
             del self._paused[connection]
             connection.paused_until = 0.0
-            connection.deadline = now + HEAD_TIMEOUT_SECONDS  # a refused client gets no long idle time
-            self._waiting[connection] = None
-            if HEAD_END.search(connection.buffer):  # it sent its next request during the pause
-                self._hand_over(connection)
-            else:
-                assert connection.sock is not None  # open until _close() takes it out of _paused
-                self._selector.register(connection.sock, selectors.EVENT_READ, connection)
+            self._take_request(connection, idle=HEAD_TIMEOUT_SECONDS)  # a refused client gets no long idle time
 
     def _accept(self) -> None:
         tls = self._tls()
@@ -187,7 +166,7 @@ class Connections:
                 self._log_once(f"cannot accept connections: {error.strerror or error}")
                 time.sleep(0.05)
                 return
-            if len(self._waiting) + len(self._paused) + len(self._busy) >= MAX_CONNECTIONS:
+            if sum(self._per_client.values()) >= MAX_CONNECTIONS:
                 victim = self._connection_to_close()
                 if victim is None:
                     sock.close()
@@ -203,23 +182,25 @@ class Connections:
                     sock.close()
                     continue
                 connection.handshaking = True
+            self._per_client[connection.client] += 1
             wait = self._refusals.seconds_until_token(connection.client)
             if wait:  # costs this accept and a socket; nothing is read (nor a TLS handshake made) until then
                 connection.paused_until = time.monotonic() + wait
                 self._paused[connection] = None
                 continue
             self._waiting[connection] = None
-            self._selector.register(sock, selectors.EVENT_READ, connection)
+            self._watch(connection, selectors.EVENT_READ)
 
     def _connection_to_close(self) -> _Connection | None:
-        """To make room: a paused one (its client was refused too often), else the one that has waited longest,
-        sparing a kept-alive connection that was served (a scraper that proved itself) if one of the next is not."""
+        """To make room: a paused one (its client was refused too often), else one that waits for a request, of
+        the client address with the most connections (so one address cannot push out the others), the one that
+        has waited longest, sparing a kept-alive connection that was served (a scraper that proved itself) if one
+        of the next is not."""
         if self._paused:
             return next(iter(self._paused))
-        for connection in itertools.islice(self._waiting, 16):
-            if not connection.served:
-                return connection
-        return next(iter(self._waiting), None)
+        crowded = self._per_client.most_common(1)[0][0] if self._per_client else None
+        candidates = [c for c in self._waiting if c.client == crowded] or list(self._waiting)
+        return next((c for c in candidates[:16] if not c.served), candidates[0] if candidates else None)
 
     def _read(self, connection: _Connection) -> None:
         sock = connection.sock
@@ -229,14 +210,14 @@ class Connections:
                 assert isinstance(sock, ssl.SSLSocket)
                 sock.do_handshake()
                 connection.handshaking = False
-                self._selector.modify(sock, selectors.EVENT_READ, connection)
+                self._watch(connection, selectors.EVENT_READ)
             data = sock.recv(65536)
             while data and isinstance(sock, ssl.SSLSocket) and sock.pending():
                 data += sock.recv(sock.pending())  # decrypted already: select() will not say so
         except (ssl.SSLWantReadError, BlockingIOError, InterruptedError):
             return
         except ssl.SSLWantWriteError:  # the handshake's reply did not fit in the socket's buffer
-            self._selector.modify(sock, selectors.EVENT_READ | selectors.EVENT_WRITE, connection)
+            self._watch(connection, selectors.EVENT_READ | selectors.EVENT_WRITE)
             return
         except (OSError, ValueError) as error:
             log.debug("connection from %s: %s", connection.client, error)
@@ -249,47 +230,124 @@ class Connections:
             connection.deadline = min(connection.deadline, time.monotonic() + HEAD_TIMEOUT_SECONDS)
         connection.buffer += data
         if len(connection.buffer) > MAX_HEAD_BYTES or HEAD_END.search(connection.buffer):
-            self._selector.unregister(sock)
-            self._hand_over(connection)
+            del self._waiting[connection]
+            self._watch(connection, 0)
+            self._take_request(connection)
 
-    def _hand_over(self, connection: _Connection) -> None:
-        del self._waiting[connection]
+    def _take_request(self, connection: _Connection, idle: float | None = None) -> None:
+        """The connection's next request to its lane if its buffer holds one, else wait for it (``idle`` seconds,
+        by default ``IDLE_TIMEOUT_SECONDS``, if none has begun)."""
+        end = HEAD_END.search(connection.buffer)
+        if end is None and len(connection.buffer) <= MAX_HEAD_BYTES:
+            connection.deadline = time.monotonic() + (
+                HEAD_TIMEOUT_SECONDS if connection.buffer else idle or IDLE_TIMEOUT_SECONDS
+            )
+            self._waiting[connection] = None
+            self._watch(connection, selectors.EVENT_READ)
+            return
+        if end is None or end.start() > MAX_HEAD_BYTES:
+            self._start_writing(connection, self._serialized(connection, "GET", TOO_LARGE, False), False)
+            return
+        head = bytes(connection.buffer[: end.start()])
+        del connection.buffer[: end.end()]
+        request = parse_request(head, connection.client)
+        if isinstance(request, Response):  # refused for its form: answered here, then closed
+            self._start_writing(connection, self._serialized(connection, "GET", request, False), False)
+            return
+        connection.request = request
         self._busy.add(connection)
-        self._dispatch(connection)
+        try:
+            lane = self._lane_of(request)
+        except Exception:  # noqa: BLE001 - the application's; as if it failed to answer
+            self._answered.put((connection, None, False))
+            self._wake()
+            return
+        self._lanes.put(lane, connection.client, connection)
 
-    def _take_back(self) -> None:
+    def _take_answers(self) -> None:
         try:
             while self._wake_reader.recv(4096):
                 pass
         except (BlockingIOError, InterruptedError):
             pass
-        while not self._returned.empty():
-            connection = self._returned.get()
+        while not self._answered.empty():
+            connection, data, keep_alive = self._answered.get()
+            if connection.sock is None:  # closed meanwhile (stop)
+                continue
             self._busy.discard(connection)
-            if connection.sock is None:
-                continue
-            if self._stopping:
-                connection.sock.close()
-                continue
-            connection.sock.setblocking(False)
-            if connection.paused_until:  # out of the selector: nothing it sends is read until then
-                self._paused[connection] = None
-                continue
-            self._waiting[connection] = None
-            partial = HEAD_TIMEOUT_SECONDS if connection.buffer else IDLE_TIMEOUT_SECONDS
-            connection.deadline = time.monotonic() + partial
-            self._selector.register(connection.sock, selectors.EVENT_READ, connection)
+            if data is None or self._stopping:
+                self._close(connection)
+            else:
+                self._start_writing(connection, data, keep_alive)
 
-    def _close(self, connection: _Connection) -> None:
-        self._waiting.pop(connection, None)
-        self._paused.pop(connection, None)
-        assert connection.sock is not None  # closed once only
+    def _start_writing(self, connection: _Connection, data: bytes, keep_alive: bool) -> None:
+        connection.output = memoryview(data)
+        connection.keep_alive = keep_alive
+        connection.deadline = time.monotonic() + WRITE_TIMEOUT_SECONDS
+        self._writing[connection] = None
+        self._write(connection)
+
+    def _write(self, connection: _Connection) -> None:
+        sock, output = connection.sock, connection.output
+        assert sock is not None and output is not None  # open, with a response, while in _writing
+        sent = 0
         try:
-            self._selector.unregister(connection.sock)
-        except (KeyError, ValueError):
+            while output and sent < WRITE_TURN:
+                n = sock.send(output[:WRITE_CHUNK])  # the same bytes again after a want-write, as TLS requires
+                output, sent = output[n:], sent + n
+        except (BlockingIOError, InterruptedError, ssl.SSLWantWriteError):
             pass
+        except ssl.SSLWantReadError:
+            connection.output = output
+            self._watch(connection, selectors.EVENT_READ)
+            return
+        except (OSError, ValueError) as error:
+            log.debug("connection from %s: %s", connection.client, error)
+            self._close(connection)
+            return
+        connection.output = output
+        if output:
+            self._watch(connection, selectors.EVENT_WRITE)
+            return
+        del self._writing[connection]
+        self._watch(connection, 0)
+        connection.output = None
+        if not connection.keep_alive:
+            self._close(connection)
+        elif connection.paused_until:  # out of the selector: nothing it sends is read until then
+            self._paused[connection] = None
+        else:
+            self._take_request(connection)
+
+    def _watch(self, connection: _Connection, events: int) -> None:
+        """Have the selector watch the connection for ``events`` (0: not at all)."""
+        sock = connection.sock
+        assert sock is not None
+        if events == connection.events:
+            return
+        if not connection.events:
+            self._selector.register(sock, events, connection)
+        elif not events:
+            self._selector.unregister(sock)
+        else:
+            self._selector.modify(sock, events, connection)
+        connection.events = events
+
+    def _close(self, connection: _Connection, reset: bool = False) -> None:
+        for place in (self._waiting, self._writing, self._paused):
+            place.pop(connection, None)
+        self._busy.discard(connection)
+        assert connection.sock is not None  # closed once only
+        if connection.events:
+            self._selector.unregister(connection.sock)
+            connection.events = 0
+        if reset:  # a reset, not a FIN after the unsent bytes: the kernel keeps none of them
+            connection.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         connection.sock.close()
         connection.sock = None
+        self._per_client[connection.client] -= 1
+        if self._per_client[connection.client] <= 0:
+            del self._per_client[connection.client]
 
     def _wake(self) -> None:
         try:
@@ -297,94 +355,42 @@ class Connections:
         except OSError:  # full: the loop has wake-ups pending anyway
             pass
 
-    # -- workers: answer the requests of one connection, then give it back to the loop --------------------------
-    def _dispatch(self, connection: _Connection) -> None:
-        self._jobs.put(connection)
-        with self._workers_lock:
-            if self._idle_workers == 0 and len(self._workers) < WORKERS:
-                worker = threading.Thread(target=self._work, name="neuron-exporter-http-worker", daemon=True)
-                self._workers.append(worker)
-                self._idle_workers += 1
-                worker.start()
+    # -- workers, and whoever completes a Future: answer a request, hand the response to the loop -----------------
+    def _work(self, connection: _Connection) -> None:
+        request = connection.request
+        assert request is not None
+        try:
+            answer = self._app(request)
+        except Exception as error:  # noqa: BLE001 - a failing request closes its connection, not the server
+            log.debug("connection from %s: %s: %s", connection.client, type(error).__name__, error)
+            self._answer(connection, request, None)
+            return
+        if isinstance(answer, Future):
+            answer.add_done_callback(lambda done: self._answer(connection, request, done))
+        else:
+            self._answer(connection, request, answer)
 
-    def _work(self) -> None:
-        while True:
-            connection = self._jobs.get()
-            with self._workers_lock:
-                self._idle_workers -= 1
-            if connection is None:
-                return
-            keep_alive = False
-            try:
-                keep_alive = self._answer_all(connection)
-            except Exception as error:  # noqa: BLE001 - a broken connection must not end the worker
-                log.debug("connection from %s: %s: %s", connection.client, type(error).__name__, error)
-            if (not keep_alive or self._stopping) and connection.sock is not None:
-                connection.sock.close()
-                connection.sock = None
-            with self._workers_lock:
-                self._idle_workers += 1
-            self._returned.put(connection)
-            self._wake()
+    def _answer(self, connection: _Connection, request: Request, answer: Response | Future | None) -> None:
+        data, keep_alive = None, False
+        try:
+            response = answer.result() if isinstance(answer, Future) else answer
+            if response is not None:
+                keep_alive = keeps_alive(request)
+                data = self._serialized(connection, request.method, response, keep_alive)
+        except Exception as error:  # noqa: BLE001 - as above
+            log.debug("connection from %s: %s: %s", connection.client, type(error).__name__, error)
+        self._answered.put((connection, data, keep_alive))
+        self._wake()
 
-    def _answer_all(self, connection: _Connection) -> bool:
-        """Answer every complete request in the connection's buffer; True if the connection stays open."""
-        while True:
-            end = HEAD_END.search(connection.buffer)
-            if end is None or end.start() > MAX_HEAD_BYTES:
-                if len(connection.buffer) <= MAX_HEAD_BYTES:
-                    return True  # part of the next request: back to the loop
-                self._send(connection, "GET", TOO_LARGE, False)
-                return False
-            head = bytes(connection.buffer[: end.start()])
-            del connection.buffer[: end.end()]
-            if not self._answer(connection, head):
-                return False
-            if connection.paused_until:
-                return True
-
-    def _answer(self, connection: _Connection, head: bytes) -> bool:
-        if head.count(b"\n") > MAX_HEADERS:
-            self._send(connection, "GET", TOO_LARGE, False)
-            return False
-        request = _parse_head(head, connection.client)
-        if request is None:
-            self._send(connection, "GET", BAD_REQUEST, False)
-            return False
-        response = self._app(request)
-        # Request bodies are never read: after one, the connection cannot be reused.
-        headers = request.headers
-        keep_alive = (
-            request.version == "HTTP/1.1"
-            and headers.get("connection", "").lower() != "close"
-            and headers.get("content-length", "0") == "0"
-            and "transfer-encoding" not in headers
-        )
-        self._send(connection, request.method, response, keep_alive)
-        return keep_alive
-
-    def _send(self, connection: _Connection, method: str, response: Response, keep_alive: bool) -> None:
-        status, body = response.status, response.body
-        lines = [
-            f"HTTP/1.1 {status} {HTTPStatus(status).phrase}",
-            "Server: neuron-exporter",
-            f"Date: {formatdate(usegmt=True)}",
-            f"Content-Type: {response.content_type}",
-            f"Content-Length: {len(body)}",
-            *(f"{name}: {value}" for name, value in response.headers.items()),
-        ]
-        if not keep_alive:
-            lines.append("Connection: close")
-        data = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (b"" if method == "HEAD" else body)
+    def _serialized(self, connection: _Connection, method: str, response: Response, keep_alive: bool) -> bytes:
         # The refusal is counted before it is sent: a client that reconnects the moment it reads it must find it
         # counted already.
-        if 400 <= status < 500 and not self._refusals.take(connection.client):
+        if 400 <= response.status < 500 and not self._refusals.take(connection.client):
             # A client refused as fast as it asks (guessing passwords, say) would cost the process a request each
             # time: its next request waits, unread, where closing would make it reconnect (a TLS handshake each).
             connection.paused_until = time.monotonic() + self._refusals.seconds_until_token(connection.client)
-        assert connection.sock is not None  # open until the worker that sends this closes it
-        _send_all(connection.sock, data, time.monotonic() + WRITE_TIMEOUT_SECONDS)
-        connection.served = connection.served or 200 <= status < 300
+        connection.served = connection.served or 200 <= response.status < 300
+        return serialize(method, response, keep_alive)
 
     def _log_once(self, message: str) -> None:
         if message not in self._logged and len(self._logged) < 100:
@@ -396,14 +402,30 @@ _WAKE = object()
 
 
 class _Connection:
-    __slots__ = ("sock", "client", "deadline", "handshaking", "buffer", "paused_until", "served")
+    __slots__ = (
+        "sock",
+        "client",
+        "deadline",
+        "handshaking",
+        "events",
+        "buffer",
+        "request",
+        "output",
+        "keep_alive",
+        "paused_until",
+        "served",
+    )
 
     def __init__(self, sock: socket.socket, client: str, deadline: float):
         self.sock: socket.socket | None = sock
         self.client = client  # its key for rate limits: the address, or its /64 for IPv6
-        self.deadline = deadline  # monotonic time after which a connection still waiting is closed
+        self.deadline = deadline  # monotonic time by which its head must come, or its response be read
         self.handshaking = False
+        self.events = 0  # what the selector watches it for
         self.buffer = bytearray()  # received and not yet answered
+        self.request: Request | None = None  # the one being answered
+        self.output: memoryview | None = None  # the rest of its response
+        self.keep_alive = False  # after the response being written
         self.paused_until = 0.0  # while its client is refused too often: monotonic time until it is read again
         self.served = False  # a request of it got a 2xx answer
 
@@ -421,29 +443,3 @@ def bind_listener(addr: str, port: int) -> socket.socket:
         listener.close()
         raise
     return listener
-
-
-def _parse_head(head: bytes, client: str) -> Request | None:
-    """The request of a head (header names in lower case); None if malformed."""
-    lines = head.decode("latin-1").split("\n")
-    parts = lines[0].rstrip("\r").split(" ")
-    if len(parts) != 3 or not parts[0] or not parts[2].startswith("HTTP/1."):
-        return None
-    headers = {}
-    for line in lines[1:]:
-        name, colon, value = line.rstrip("\r").partition(":")
-        if not colon or not name or name != name.strip():
-            return None
-        headers[name.lower()] = value.strip()
-    return Request(parts[0], parts[1], parts[2], headers, client)
-
-
-def _send_all(sock: socket.socket, data: bytes, deadline: float) -> None:
-    """Send everything before ``deadline``: a client that reads slowly cannot hold a worker for longer."""
-    view = memoryview(data)
-    while view:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise TimeoutError("the client did not read the response in time")
-        sock.settimeout(remaining)
-        view = view[sock.send(view) :]

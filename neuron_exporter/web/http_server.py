@@ -2,9 +2,11 @@
 page, optionally behind TLS and basic auth. ``GET`` and ``HEAD``; any other method is 405.
 
 Used both by ``attach()`` inside a training process and by the node daemon. ``connections`` carries the requests
-and bounds what clients cost; this module answers them. Renders (``/metrics``, pages) are shared by the requests
-that wait for them and paced for all clients together (``shared_render``: ``RENDERS_PER_SECOND`` past
-``RENDERS_BURST``). It serves nothing else: no file paths, no environment.
+and bounds what clients cost; this module answers them. ``/metrics`` and the probes have workers of their own
+(a lane), so they never wait behind a page. Renders of ``/metrics`` are shared by the requests that wait for them
+and paced for all clients together (``shared_render``: ``RENDERS_PER_SECOND`` past ``RENDERS_BURST``); a page is
+rendered at most once per ``PAGE_INTERVAL_SECONDS`` (or ``PAGE_COST_FACTOR`` times what its render took, if
+longer) whatever its query string says. It serves nothing else: no file paths, no environment.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import logging
 import socket
 import ssl
 from collections.abc import Callable
+from concurrent.futures import Future
 from os import PathLike
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -22,9 +25,10 @@ from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, choose_encode
 
 from .. import __version__, diagnosis
 from .basic_auth import CLIENT_REFILL_SECONDS, LIMITED, OK, BasicAuth
-from .connections import TEXT, Connections, Request, Response, bind_listener
+from .connections import Connections, bind_listener
+from .http_messages import TEXT, Request, Response
 from .rate_limit import Pacer
-from .shared_render import SharedRender
+from .shared_render import Render, SharedRender
 from .web_config import WebConfig, WebConfigReloader, load_web_config
 
 log = logging.getLogger(__name__)
@@ -33,6 +37,10 @@ log = logging.getLogger(__name__)
 # GIL), so past a burst they are paced, and the requests that wait share the next one. Prometheus scrapes every 15 to
 # 60 s; a few servers and people stay far below this.
 RENDERS_PER_SECOND, RENDERS_BURST = 2.0, 10
+PAGE_INTERVAL_SECONDS, PAGE_COST_FACTOR = 5.0, 4.0
+# Workers of the lane of /metrics and the probes, and of the lane of everything else: pages, the landing page.
+METRICS_WORKERS, PAGE_WORKERS = 6, 2
+METRICS_LANE, PAGE_LANE = 0, 1
 HEALTH = {"/-/healthy": b"neuron-exporter is Healthy.\n", "/-/ready": b"neuron-exporter is Ready.\n"}
 UNAUTHORIZED = Response(
     401, b"Unauthorized\n", TEXT, {"WWW-Authenticate": 'Basic realm="neuron-exporter", charset="UTF-8"'}
@@ -86,12 +94,15 @@ class MetricsServer:
         self._config = web_config
         self._auth = BasicAuth()
         self._renders = SharedRender(Pacer(RENDERS_PER_SECOND, RENDERS_BURST))
+        self._page_renders = SharedRender(reuse_seconds=PAGE_INTERVAL_SECONDS, reuse_factor=PAGE_COST_FACTOR)
         self._logged: set[str] = set()
         listener = listener if listener is not None else bind_listener(addr, port)
         self.addr = addr
         self.port: int = listener.getsockname()[1]
         self.url = url_of(listener, addr, web_config)
-        self._connections = Connections(self._respond, listener, self._tls_for_new_connections)
+        self._connections = Connections(
+            self._respond, listener, self._tls_for_new_connections, (METRICS_WORKERS, PAGE_WORKERS), _lane_of
+        )
 
     @property
     def web_config(self) -> WebConfig | None:
@@ -122,7 +133,7 @@ class MetricsServer:
         self._config = self._configs.current()
         return self._config.ssl_context if self._config is not None else None
 
-    def _respond(self, request: Request) -> Response:
+    def _respond(self, request: Request) -> Response | Future:
         config = self._config
         if config is not None and config.users:
             verdict = self._auth.check(config, request.headers.get("authorization"), request.client)
@@ -134,11 +145,7 @@ class MetricsServer:
         # exporter-toolkit (which exempts no path): a probe sends the credentials, or probes the TCP port.
         if request.method not in ("GET", "HEAD"):
             return NOT_ALLOWED
-        try:
-            parts = urlsplit(request.target)
-            path, query = parts.path, parse_qs(parts.query, max_num_fields=10)
-        except ValueError:
-            path, query = "", {}
+        path, query = _path_and_query(request.target)
         if path == "/metrics":
             return self._metrics(request.headers)
         if path in self._pages:
@@ -151,37 +158,66 @@ class MetricsServer:
             )
         return NOT_FOUND
 
-    def _page(self, path: str, query: dict[str, list[str]]) -> Response:
+    def _page(self, path: str, query: dict[str, list[str]]) -> Future:
+        # Only the format picks a variant: any other parameter (?x=N) would only make a render nobody shares.
+        query = {"format": ["json"]} if query.get("format") == ["json"] else {}
+        render = self._page_renders.ask((path, bool(query)), lambda: self._pages[path](query))
+        return _then(render, lambda done: self._page_response(path, done))
+
+    def _page_response(self, path: str, render: Future[Render]) -> Response:
         try:
-            # A page costs a render too (a diagnosis): shared and paced like /metrics.
-            render = self._renders.get((path, repr(sorted(query.items()))), lambda: self._pages[path](query))
+            result = render.result()
         except Exception as error:  # noqa: BLE001 (the server must survive a failing page)
             self._log_once(f"rendering {path} failed: {type(error).__name__}: {error}")
             return Response(500, f"error: rendering {path} failed, see the exporter's log\n".encode(), TEXT)
-        return Response(200, render.body, render.content_type)
+        return Response(200, result.body, result.content_type)
 
-    def _metrics(self, headers: dict[str, str]) -> Response:
+    def _metrics(self, headers: dict[str, str]) -> Future:
+        if callable(getattr(self._source, "collect", None)):
+            encoder, content_type = choose_encoder(headers.get("accept", ""))
+            render = self._renders.ask(content_type, lambda: (encoder(self._source), content_type))
+        else:
+            # Text already rendered (the node view merges the ranks' text expositions): re-typing it as
+            # OpenMetrics would mean parsing it again and reconciling families across ranks, for nothing a
+            # scraper needs; Prometheus, which asks for OpenMetrics first, takes text as well.
+            render = self._renders.ask(CONTENT_TYPE_PLAIN_0_0_4, lambda: (self._source(), CONTENT_TYPE_PLAIN_0_0_4))
+        return _then(render, lambda done: self._metrics_response(headers, done))
+
+    def _metrics_response(self, headers: dict[str, str], render: Future[Render]) -> Response:
         try:
-            if callable(getattr(self._source, "collect", None)):
-                encoder, content_type = choose_encoder(headers.get("accept", ""))
-                render = self._renders.get(content_type, lambda: (encoder(self._source), content_type))
-            else:
-                # Text already rendered (the node view merges the ranks' text expositions): re-typing it as
-                # OpenMetrics would mean parsing it again and reconciling families across ranks, for nothing a
-                # scraper needs; Prometheus, which asks for OpenMetrics first, takes text as well.
-                render = self._renders.get(CONTENT_TYPE_PLAIN_0_0_4, lambda: (self._source(), CONTENT_TYPE_PLAIN_0_0_4))
+            result = render.result()
             gzipped = gzip_accepted(headers.get("accept-encoding", ""))
-            body = render.gzipped() if gzipped else render.body
+            body = result.gzipped() if gzipped else result.body
         except Exception as error:  # the server must survive a failing collector
             self._log_once(f"rendering /metrics failed: {type(error).__name__}: {error}")
-            log.debug("rendering /metrics failed", exc_info=True)
+            log.debug("rendering /metrics failed", exc_info=error)
             return Response(500, b"error: collecting metrics failed, see the exporter's log\n", TEXT)
-        return Response(200, body, render.content_type, {"Content-Encoding": "gzip"} if gzipped else {})
+        return Response(200, body, result.content_type, {"Content-Encoding": "gzip"} if gzipped else {})
 
     def _log_once(self, message: str) -> None:
         if message not in self._logged and len(self._logged) < 100:
             self._logged.add(message)
             log.warning("%s", message)
+
+
+def _path_and_query(target: str) -> tuple[str, dict[str, list[str]]]:
+    try:
+        parts = urlsplit(target)
+        return parts.path, parse_qs(parts.query, max_num_fields=10)
+    except ValueError:
+        return "", {}
+
+
+def _lane_of(request: Request) -> int:
+    path = _path_and_query(request.target)[0]
+    return METRICS_LANE if path == "/metrics" or path in HEALTH else PAGE_LANE
+
+
+def _then(render: Future[Render], respond: Callable[[Future[Render]], Response]) -> Future:
+    """A Future of the response ``respond`` makes of ``render`` once it is done."""
+    response: Future[Response] = Future()
+    render.add_done_callback(lambda done: response.set_result(respond(done)))
+    return response
 
 
 def url_of(listener: socket.socket, addr: str, web_config: WebConfig | None) -> str:

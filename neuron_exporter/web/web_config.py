@@ -20,6 +20,7 @@ import os
 import re
 import ssl
 import stat
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -228,8 +229,10 @@ def _users(document: YamlFile, node) -> dict[str, bytes]:
 class WebConfigReloader:
     """The web config of a running server, re-read when one of its files changes (checked at most once a second).
 
-    A new file that fails to load keeps the previous config, with one log line per distinct error. A change that
-    would turn TLS on or off is refused too: the scheme of the endpoint's URL cannot change under its scrapers.
+    The file is read in a thread of its own (checking thousands of bcrypt hashes takes seconds), never by the
+    caller: the previous config serves until the new one is read whole, then the new one replaces it at once. A new
+    file that fails to load keeps the previous config, with one log line per distinct error. A change that would
+    turn TLS on or off is refused too: the scheme of the endpoint's URL cannot change under its scrapers.
     """
 
     def __init__(self, config: WebConfig | None):
@@ -237,17 +240,29 @@ class WebConfigReloader:
         self._checked = time.monotonic()
         self._stamps = dict(config.file_stamps) if config is not None else {}
         self._last_error: str | None = None
+        self._reloading: threading.Thread | None = None
 
     def current(self) -> WebConfig | None:
+        """The config in use; starts a reload if a file changed. Never waits for one."""
         config = self.config
         now = time.monotonic()
         if config is None or config.path is None or now - self._checked < RELOAD_CHECK_SECONDS:
+            return config
+        if self._reloading is not None and self._reloading.is_alive():
             return config
         self._checked = now
         stamps = {name: _stamp(name) for name in self._stamps}
         if stamps == self._stamps:
             return config
         self._stamps = stamps  # retried only after the next change
+        self._reloading = threading.Thread(
+            target=self._reload, args=(config,), name="neuron-exporter-web-config", daemon=True
+        )
+        self._reloading.start()
+        return config
+
+    def _reload(self, config: WebConfig) -> None:
+        assert config.path is not None
         try:
             new = load_web_config(config.path)
             if new.tls != config.tls:
@@ -258,9 +273,11 @@ class WebConfigReloader:
             if str(error) != self._last_error:
                 self._last_error = str(error)
                 log.warning("web config not reloaded, the previous one stays in use: %s", error)
-            return config
+            return
+        except Exception as error:  # noqa: BLE001 - the server keeps its config whatever goes wrong here
+            log.warning("web config not reloaded, the previous one stays in use: %s: %s", type(error).__name__, error)
+            return
         self._last_error = None
         self._stamps = dict(new.file_stamps)
         self.config = new
         log.info("web config reloaded from %s", config.path)
-        return new

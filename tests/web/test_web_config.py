@@ -10,11 +10,13 @@ import shutil
 import socket
 import ssl
 import subprocess
+import threading
 import urllib.request
 from pathlib import Path
 
 import pytest
 
+from neuron_exporter.web import web_config
 from neuron_exporter.web.http_server import MetricsServer
 from neuron_exporter.web.web_config import WebConfigError, load_web_config
 from tests.support.daemon import serve_command
@@ -190,3 +192,29 @@ def test_tls_cannot_be_turned_off_by_a_reload(certificate, tmp_path, caplog):
             what="the refused reload",
         )
         assert served_certificate(s.port) == ssl.PEM_cert_to_DER_cert((tmp_path / "server.crt").read_text())
+
+
+def test_a_slow_reload_never_stalls_accepts_and_the_old_config_serves_meanwhile(tmp_path, monkeypatch):
+    """Reading a web config of thousands of bcrypt users takes seconds: it happens beside the server, never in the
+    thread that accepts connections, and the new config replaces the old one only once read whole."""
+    config = tmp_path / "web.yml"
+    config.write_text(f"basic_auth_users:\n  prometheus: {hashed('old')}\n")
+    reading, release = threading.Event(), threading.Event()
+    real = web_config.load_web_config
+
+    def slow(path):  # a reload that takes as long as the test says
+        reading.set()
+        assert release.wait(60)
+        return real(path)
+
+    with MetricsServer(lambda: b"ok\n", "127.0.0.1", 0, config) as s:
+        monkeypatch.setattr(web_config, "load_web_config", slow)
+        config.write_text(f"basic_auth_users:\n  prometheus: {hashed('new')}\n")
+        # Each get() is a new connection: accepted and answered, with the old config, while the reload waits.
+        wait_until(lambda: get(s.url, auth=("prometheus", "old"))[0] == 200 and reading.is_set(), what="a reload")
+        for _ in range(5):
+            assert get(s.url, auth=("prometheus", "old"))[0] == 200
+        assert not release.is_set()
+        release.set()
+        wait_until(lambda: get(s.url, auth=("prometheus", "old"))[0] == 401, timeout=30, what="the new config")
+        assert get(s.url, auth=("prometheus", "new"))[0] == 200

@@ -148,17 +148,18 @@ def test_200_concurrent_scrapers_are_all_answered(server, tls_files, tls):
     assert results == [(200, BODY)] * scrapers
 
 
-def test_a_client_that_does_not_read_its_response_frees_its_worker(server, monkeypatch):
-    monkeypatch.setattr(connections, "WORKERS", 1)  # so the next scrape needs the worker the slow reader holds
+def test_a_client_that_does_not_read_its_response_holds_no_worker_and_is_reset(server, monkeypatch):
     monkeypatch.setattr(connections, "WRITE_TIMEOUT_SECONDS", 0.5)
     big = BODY * 200_000  # megabytes: more than the socket buffers hold
     s = server(lambda: big)
     with socket.create_connection(("127.0.0.1", s.port), timeout=30) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
-        # The one worker answers this only once it has given up on the slow reader, which has read nothing and
-        # could not have taken megabytes into its 4 KiB buffer.
-        assert scrape(s, timeout=30)[0] == 200
+        assert scrape(s, timeout=30) == (200, big)  # answered while the slow reader has read nothing
+        wait_until(lambda: not s._connections._writing, what="the unread response to be given up")
+        with pytest.raises(ConnectionResetError):  # reset: the kernel keeps none of what it had not sent
+            while sock.recv(1 << 20):
+                pass
 
 
 def test_a_client_refused_too_often_is_not_read_and_others_are_served(server, monkeypatch):
@@ -198,3 +199,25 @@ def test_a_paused_client_is_answered_when_its_rate_allows(server, monkeypatch):
     )
     assert re.findall(rb"HTTP/1.1 (\d+)", reply) == [b"404", b"404", b"404", b"200"] and reply.endswith(BODY)
     assert scrape(s) == (200, BODY)  # a new connection of the paused client: parked at first, then answered
+
+
+def test_past_the_limit_the_crowded_address_loses_its_own_connections(server, monkeypatch):
+    monkeypatch.setattr(connections, "MAX_CONNECTIONS", 8)
+    s = server()
+    other = socket.create_connection(("127.0.0.1", s.port), timeout=10, source_address=("127.0.0.2", 0))
+    other.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")  # the oldest connection, still waiting for its head
+    crowd = []
+    try:
+        for _ in range(12):
+            sock = socket.create_connection(("127.0.0.1", s.port), timeout=10)
+            sock.sendall(b"GET /metrics HTTP/1.1\r\n")
+            crowd.append(sock)
+        wait_until(lambda: sum(map(closed_by_server, crowd)) >= len(crowd) + 1 - 8, what="room to be made")
+        other.setblocking(True)
+        other.sendall(b"Connection: close\r\n\r\n")
+        reply = b"".join(iter(lambda: other.recv(65536), b""))
+        assert reply.startswith(b"HTTP/1.1 200 OK") and reply.endswith(BODY)
+    finally:
+        other.close()
+        for sock in crowd:
+            sock.close()

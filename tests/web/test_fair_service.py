@@ -1,0 +1,176 @@
+"""Fair service: however clients use their connections (pipelining thousands of requests they never read, scraping
+back to back by the dozen, asking for a slow page), a scraper is answered by the next renders, not after them.
+
+The load runs in a process of its own (tests/scripts/http_load.py), so it takes none of the endpoint's GIL. Renders
+are counted, and a scrape must be answered by one of the first renders that could serve it: a count, not a time.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import subprocess
+import sys
+import threading
+import urllib.parse
+import urllib.request
+
+import pytest
+
+from neuron_exporter.web import http_server
+from neuron_exporter.web.http_messages import TEXT
+from neuron_exporter.web.lanes import FairQueue
+from tests.support.daemon import Daemon
+from tests.support.http import BODY, get
+from tests.support.paths import ROOT
+from tests.support.processes import xla_env
+
+LOAD = ROOT / "tests" / "scripts" / "http_load.py"
+# A render serves the requests that came before it started; the one running when a scrape comes started before it.
+# So the scrape is answered by the second render after it came, or the third if that one began as it came.
+MOST_RENDERS_TO_WAIT = 3
+
+
+class Load:
+    """tests/scripts/http_load.py against ``port``, on while in the ``with`` block; then ``answered``, ``sent``."""
+
+    def __init__(self, kind: str, port: int):
+        self.process = subprocess.Popen(
+            [sys.executable, str(LOAD), kind, str(port), "--seconds", "300"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        self.answered = self.sent = 0
+
+    def __enter__(self) -> Load:
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline()
+        assert line == "ready\n", line
+        return self
+
+    def __exit__(self, *exc) -> None:
+        out, _ = self.process.communicate(timeout=300)
+        found = re.search(r"answered (\d+) of (\d+)", out)
+        assert found, out
+        self.answered, self.sent = int(found.group(1)), int(found.group(2))
+
+
+class CountedRenders:
+    """A /metrics source that says which render it is."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def __call__(self) -> bytes:
+        self.count += 1
+        return b"# HELP demo_renders_total Renders\n# TYPE demo_renders_total counter\n" + (
+            f"demo_renders_total {self.count}\n".encode()
+        )
+
+
+def render_number(url: str) -> int:
+    with urllib.request.urlopen(url, timeout=60) as response:
+        return int(re.search(rb"demo_renders_total (\d+)", response.read()).group(1))
+
+
+@pytest.mark.parametrize("kind", ["pipeline", "polite"])
+def test_a_scrape_is_answered_by_the_next_renders_under_load(server, monkeypatch, kind):
+    """8 connections each pipelining 2,000 ``HEAD /metrics`` and never reading, or 64 clients scraping back to back:
+    a scrape waits for no one's requests but its own render."""
+    # Renders a second apart and no burst of them: a scrape taken to its render within a second meets the bound.
+    monkeypatch.setattr(http_server, "RENDERS_PER_SECOND", 1.0)
+    monkeypatch.setattr(http_server, "RENDERS_BURST", 1)
+    renders = CountedRenders()
+    s = server(renders)
+    with Load(kind, s.port) as load:
+        for _ in range(3):
+            before = renders.count
+            assert render_number(s.url) <= before + MOST_RENDERS_TO_WAIT
+    if kind == "pipeline":
+        assert load.answered < load.sent  # the scrapes were answered while the pipelined requests waited
+
+
+def test_the_daemon_answers_a_scrape_while_8_connections_pipeline(tmp_path):
+    daemon = Daemon(tmp_path, "--addr", "127.0.0.1", "--port", "0", "--spool-dir", str(tmp_path / "spool"))
+    try:
+        with Load("pipeline", daemon.port) as load:
+            for _ in range(3):
+                assert get(daemon.url)[0] == 200
+    finally:
+        assert daemon.stop() == 0
+    assert load.answered < load.sent
+
+
+def test_two_clients_on_a_slow_page_never_delay_metrics_and_share_one_render(server, monkeypatch):
+    monkeypatch.setattr(http_server, "PAGE_INTERVAL_SECONDS", 3600.0)  # so the render is shared whenever they come
+    entered, release = threading.Event(), threading.Event()
+    renders: list[dict] = []
+
+    def page(query):
+        renders.append(query)
+        entered.set()
+        assert release.wait(60)
+        return b"the diagnosis\n", TEXT
+
+    s = server(pages={"/diagnosis": page})
+    base = s.url.removesuffix("/metrics")
+    asking = [socket.create_connection(("127.0.0.1", s.port), timeout=60) for _ in range(2)]
+    try:
+        for n, sock in enumerate(asking):
+            sock.sendall(f"GET /diagnosis?x={n} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+        assert entered.wait(60)
+        for _ in range(3):
+            status, _, body = get(s.url)
+            assert (status, body) == (200, BODY)
+        assert not release.is_set()  # the page was still rendering all along
+        release.set()
+        for sock in asking:
+            reply = b"".join(iter(lambda sock=sock: sock.recv(65536), b""))
+            assert reply.startswith(b"HTTP/1.1 200 OK") and reply.endswith(b"the diagnosis\n")
+    finally:
+        release.set()
+        for sock in asking:
+            sock.close()
+    assert get(f"{base}/diagnosis?x=3")[2] == b"the diagnosis\n"
+    assert renders == [{}]  # once for every query string
+    assert get(f"{base}/diagnosis?format=json&x=4")[0] == 200
+    assert renders == [{}, {"format": ["json"]}]  # the one parameter that picks another form
+
+
+def test_a_fair_queue_takes_each_client_in_turn():
+    queue: FairQueue[str] = FairQueue()
+    for item in ("a1", "a2", "a3"):
+        queue.put("a", item)
+    queue.put("b", "b1")
+    queue.put("c", "c1")
+    queue.put("b", "b2")
+    assert [queue.get() for _ in range(len(queue))] == ["a1", "b1", "c1", "a2", "b2", "a3"]
+
+
+@pytest.mark.training
+@pytest.mark.parametrize("node_view", ["true", "false"], ids=["job endpoint", "rank endpoint"])
+def test_a_training_job_answers_a_scrape_while_8_connections_pipeline(tmp_path, node_view):
+    """A job's node endpoint (a process of its own, asking the training process for its exposition) and a rank's
+    own endpoint (in the training process)."""
+    job = subprocess.Popen(
+        [sys.executable, str(ROOT / "tests" / "scripts" / "endpoint_job.py"), "0", str(tmp_path / "spool")],
+        env=xla_env(NEURON_EXPORTER_RUN_ID="fair-service", NEURON_EXPORTER_NODE_VIEW=node_view),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        url = json.loads(job.stdout.readline())["url"]
+        with Load("pipeline", urllib.parse.urlsplit(url).port) as load:
+            for _ in range(3):
+                status, _, body = get(url)
+                assert status == 200 and b"training_steps_total" in body
+        job.communicate(input="", timeout=120)
+        assert job.returncode == 0
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+    assert load.answered < load.sent

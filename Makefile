@@ -65,9 +65,11 @@ $(TRAINER_STAMP): $(STAMP)
 test-trainer: $(TRAINER_STAMP)
 	$(PY) -m pytest -m trainer
 
-# The torch.compile tests on the newest torch, without torch_xla (torch_xla 2.9 needs torch 2.9): a virtual
-# environment of its own, .venv-torch-latest (a minute to install, reinstalled like .venv). Dynamo's private APIs change
-# between torch versions: this run checks the newest shape of each. Tests that need torch_xla skip there.
+# The torch.compile and TorchNeuron tests on the newest torch, without torch_xla (torch_xla 2.9 needs torch 2.9): a
+# virtual environment of its own, .venv-torch-latest (a minute to install, reinstalled like .venv). Dynamo's private
+# APIs change between torch versions: this run checks the newest shape of each. Tests that need torch_xla skip there.
+# TorchNeuron ships for Python 3.12 to 3.14 only: CI runs `make test-compile-latest PYTHON=python3.12`
+# (.venv-torch-latest-3.12), whose `neuron` tests train on its emulated device (tests/support/torchneuron).
 TORCH_LATEST := 2.14.1
 LATEST_VENV := $(if $(filter python3,$(PYTHON)),.venv-torch-latest,.venv-torch-latest-$(PYTHON_VERSION))
 LATEST_STAMP := $(LATEST_VENV)/.installed
@@ -79,7 +81,7 @@ $(LATEST_STAMP): pyproject.toml Makefile
 	touch $@
 
 test-compile-latest: $(LATEST_STAMP)
-	$(LATEST_VENV)/bin/python -m pytest -m compile $(PARALLEL)
+	$(LATEST_VENV)/bin/python -m pytest -m 'compile or neuron' $(PARALLEL)
 
 # The torch_xla scenario tests on older torch_xla releases (on demand, not in CI): each release with the torch and
 # torchvision it was built against, in a virtual environment of its own (.venv-xla-2.7, .venv-xla-2.8; several GB

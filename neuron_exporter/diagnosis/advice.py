@@ -39,12 +39,13 @@ def findings(document: dict) -> list[tuple[float | None, str, list[str]]]:
         for site in rank.get("sites", []):
             location = site["location"]
             frames = _frames(site, 5)
-            for cause, count in _counts(site.get("graph_cuts")).items():
-                entry = problem(f"cut:{cause}", location)
-                entry["steps"] += steps
-                entry["count"] += count
-                entry["ranks"].add(name)
-                entry["detail"] = entry["detail"] or frames
+            for kind, counts in (("cut", site.get("graph_cuts")), ("wait", site.get("device_waits"))):
+                for cause, count in _counts(counts).items():
+                    entry = problem(f"{kind}:{cause}", location)
+                    entry["steps"] += steps
+                    entry["count"] += count
+                    entry["ranks"].add(name)
+                    entry["detail"] = entry["detail"] or frames
             recompilations = as_number(site.get("recompilations"))
             if recompilations:
                 entry = problem("recompile", location)
@@ -78,15 +79,23 @@ def findings(document: dict) -> list[tuple[float | None, str, list[str]]]:
         elif kind == "fallback":
             title = f"{where}: runs on the CPU, {count} calls ({ranks})"
             advice = [
-                "No XLA lowering: every call cuts the graph and copies tensors to the host and back. Replace "
-                "the operator, or ask for a lowering (aten:: ops: torch_xla; others: register an XLA "
-                "implementation with torch.library)."
+                "No kernel on the device (no XLA lowering, or none of TorchNeuron's): every call copies tensors "
+                "to the host and back, and on XLA cuts the graph. Replace the operator, or ask for a lowering "
+                "(aten:: ops: torch_xla or torch-neuronx; others: register an implementation with torch.library)."
             ]
             if not entry["detail"]:
                 advice.append(
                     "To name the line that calls it, run with NEURON_EXPORTER_FALLBACK_SITES=1 (one step "
                     "is watched when an operator first falls back)."
                 )
+        elif kind.startswith("wait:"):
+            cause = kind.split(":", 1)[1]
+            title = f"{where}: {count} host reads by {_cause_text(cause)} that wait for the device ({ranks})"
+            advice = [
+                "The host waited for the device to finish the work queued before the read (TorchNeuron's neuron "
+                "device runs eagerly). Read it only every N steps, or keep the value on the device (torch.where "
+                "instead of if)."
+            ]
         else:
             cause = kind.split(":", 1)[1]
             title = f"{where}: {count} graph cuts by {_cause_text(cause)} ({ranks})"

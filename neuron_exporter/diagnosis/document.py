@@ -60,6 +60,7 @@ _SITE = {
     "location!": "text",
     "host_reads": {"*": "count"},
     "graph_cuts": {"*": "count"},
+    "device_waits": {"*": "count"},  # host reads of an eager device (TorchNeuron's neuron), each waiting for it
     "new_graphs": "count",
     "recompilations": "count",
     "frames": FRAMES,
@@ -292,7 +293,9 @@ def _site_lists(rank: dict) -> list[list]:
 def _cost(entry: dict, rank: dict) -> float:
     if "op" in entry:  # a CPU-fallback call: as costly as the operator's calls
         return rank.get("cpu_fallback_ops", {}).get(entry["op"], 0)
-    cuts = sum(entry.get("graph_cuts", {}).values()) + entry.get("count", 0)
+    cuts = (
+        sum(entry.get("graph_cuts", {}).values()) + sum(entry.get("device_waits", {}).values()) + entry.get("count", 0)
+    )
     recompilations = entry.get("recompilations", 0)
     if isinstance(recompilations, dict):
         recompilations = sum(recompilations.values())

@@ -35,7 +35,7 @@ SAMPLE_SUFFIXES = ("", "_bucket", "_sum", "_count", "_created")
 # writes creation times in this format.)
 RESERVED_SUFFIXES = ("_bucket", "_sum", "_count")
 
-RANK_PREFIXES = ("xla_", "neuron_exporter_", "torch_compile_", "training_")
+RANK_PREFIXES = ("xla_", "neuron_exporter_", "torch_compile_", "training_", "torchneuron_")
 # Families the node endpoint itself renders: a rank file must not publish them.
 NODE_FAMILIES = (
     "neuron_exporter_rank_up",

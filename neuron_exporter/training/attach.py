@@ -6,6 +6,8 @@ library it reads, so a process without torch_xla never loads it:
 - ``training_steps`` (``steps/``): every ``torch.optim`` optimizer step (``OptimizerHook``), whatever runs the model;
 - ``torch_compile`` (``torch_compile/``): dynamo's records, once ``torch._dynamo`` is imported;
 - ``xla`` (``xla/``): torch_xla's step markers, host reads and fallbacks, once torch_xla is imported;
+- ``neuron`` (``neuron/``): TorchNeuron's CPU fallbacks, compile cache, host reads and memory, once torch_neuronx is
+  imported;
 - the process and the exporter itself (``RankCollector``).
 What runs where:
 - on the training thread: the sources' hooks (see each module);
@@ -45,6 +47,7 @@ from ..web.web_config import load_web_config
 from . import AUTOSTART_DIR
 from .attribution import Attribution
 from .endpoint_keeper import EndpointKeeper
+from .neuron import SOURCE as NEURON
 from .patching import Patch
 from .rank import rank_labels
 from .rank_collector import RankCollector
@@ -56,7 +59,7 @@ from .torch_compile import SOURCE as TORCH_COMPILE
 from .xla import SOURCE as XLA
 
 log = logging.getLogger("neuron_exporter")
-SOURCES = (TRAINING_STEPS, TORCH_COMPILE, XLA)  # each starts when its library is imported (``source``)
+SOURCES = (TRAINING_STEPS, TORCH_COMPILE, XLA, NEURON)  # each starts when its library is imported (``source``)
 
 _lock = threading.RLock()
 _current: ExporterHandle | None = None

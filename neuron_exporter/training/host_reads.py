@@ -1,17 +1,18 @@
 """Wrappers on the Python paths by which device data reaches the host, and by which host data reaches the device.
 
 A host read (``.item()``, ``if t:``, ``int(t)``, ``.tolist()``, ``.cpu()``, ``.to("cpu")``, ``.numpy()``, printing or
-formatting a tensor) needs the tensor's value, so the pending graph runs there: a graph cut. Each wrapper takes a
-fast path for anything but an XLA tensor; for an XLA tensor its owner makes the read, reading the compile counters
-around it and recording the read, its site, and whether it ran a graph and a compilation.
+formatting a tensor) needs the tensor's value: on XLA the pending graph runs there (a graph cut), on an eager device
+(TorchNeuron's ``neuron``) the host waits for the device. Each wrapper takes a fast path for any tensor but one of
+its device (``xla``, or another device type); for one of those its owner makes the read (on XLA, reading the compile
+counters around it and recording the read, its site, and whether it ran a graph and a compilation).
 A read inside another (``print(t)`` calls several) counts once. Results and exceptions are the original method's.
 
 torch_xla's partial sync of chosen tensors (``_xla_sync_multi``: ``xm.mesh_reduce``, ``xm.save``) is wrapped the
 same way: it cuts the graph without a Tensor method, and its cuts are named ``sync_tensors``.
 
-Uploads (``Tensor.to(device)`` of a CPU tensor, ``_xla_tensors_from_aten``, and the batch a parallel loader hands to
-the training thread, whose own uploads run ahead on a thread of their own) are recorded with their shapes, to name
-the input whose shape changed at a recompilation.
+On XLA only, uploads (``Tensor.to(device)`` of a CPU tensor, ``_xla_tensors_from_aten``, and the batch a parallel
+loader hands to the training thread, whose own uploads run ahead on a thread of their own) are recorded with their
+shapes, to name the input whose shape changed at a recompilation.
 
 While ``torch.compile`` (dynamo) compiles, the wrappers are taken off, so that it traces the methods as they are
 and breaks its graphs exactly where it would without the exporter. ``uninstall()`` puts every method back, except one
@@ -49,7 +50,9 @@ MAX_BATCH_TENSORS = 64  # tensors of a loader's batch whose shapes are recorded
 
 
 class HostReadHook:
-    def __init__(self, read: Callable, on_upload: Callable, on_error: Callable[[BaseException], None]):
+    def __init__(
+        self, read: Callable, on_upload: Callable, on_error: Callable[[BaseException], None], device: str = "xla"
+    ):
         """``read(original, cause, tensor, args, kwargs, frame)`` makes a read of device data from ``frame``: it calls
         ``original(tensor, *args, **kwargs)`` once and returns its result (its exceptions reach the caller unchanged),
         and records the read around it. ``on_upload(frame, shapes)`` records an upload. Both run on the thread of the
@@ -59,6 +62,7 @@ class HostReadHook:
         self._on_upload = on_upload
         self._on_error = on_error
         self._local = threading.local()
+        self.device = device
         self.active = False
         self._methods = [
             Patch(torch.Tensor, name, functools.partial(self._wrap_read, name, cause), on_error)
@@ -81,19 +85,37 @@ class HostReadHook:
             local.depth = 0
 
     def _wrap_read(self, name: str, cause: str, original):
-        hook = self
+        hook, device = self, self.device
 
         def read(tensor, *args, **kwargs):
             if not tensor.is_xla:
                 return original(tensor, *args, **kwargs)
             return hook._read(original, cause, tensor, args, kwargs)
 
+        def read_device(tensor, *args, **kwargs):  # a device without a Tensor.is_<device> of its own in C
+            if tensor.is_cpu or tensor.device.type != device:
+                return original(tensor, *args, **kwargs)
+            return hook._read(original, cause, tensor, args, kwargs)
+
+        if device != "xla":
+            read = read_device
+
         read.__name__, read.__qualname__, read.__doc__ = name, f"Tensor.{name}", original.__doc__
         never_compiled(read)
         return read
 
     def _wrap_to(self, original):
-        hook = self
+        hook, device = self, self.device
+        if device != "xla":
+
+            def to_device(tensor, *args, **kwargs):
+                if not tensor.is_cpu and tensor.device.type == device and _target_type(args, kwargs) == "cpu":
+                    return hook._read(original, "cpu", tensor, args, kwargs)
+                return original(tensor, *args, **kwargs)
+
+            to_device.__name__, to_device.__qualname__, to_device.__doc__ = "to", "Tensor.to", original.__doc__
+            never_compiled(to_device)
+            return to_device
 
         def to(tensor, *args, **kwargs):
             if tensor.is_xla:
@@ -148,10 +170,10 @@ class HostReadHook:
     # -- life cycle -----------------------------------------------------------------------------------------
     def install(self) -> None:
         """Never raises: a wrapper that cannot go in is counted, the others go in."""
-        import torch_xla
-        from torch_xla.distributed.parallel_loader import ParallelLoader
+        if not self._bindings and self.device == "xla":
+            import torch_xla
+            from torch_xla.distributed.parallel_loader import ParallelLoader
 
-        if not self._bindings:
             xlac, on_error = torch_xla._XLAC, self._on_error
             self._bindings = [
                 Patch(xlac, "_xla_tensors_from_aten", self._wrap_from_aten, on_error),

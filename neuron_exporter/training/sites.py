@@ -1,10 +1,11 @@
 """Sites: the source line that made a graph run, found by a cheap walk up the Python stack.
 
-A site is the innermost frame that is not in torch, torch_xla, this package, the standard library (``functools``
-wrappers among it) or a package of decorators (``typing_extensions``, whose ``deprecated`` wraps ``xm.mark_step`` in
-torch_xla 2.9). Library code such as transformers counts (a cut inside ``transformers/masking_utils.py`` is reported
-there). Whether a code object is skipped, and how its file is written, is decided once per code object and cached,
-so a walk costs well under a microsecond for a short stack; no traceback is ever built.
+A site is the innermost frame that is not in torch, torch_xla, torch_neuronx, this package, the standard library
+(``functools`` wrappers among it) or a package of decorators (``typing_extensions``, whose ``deprecated`` wraps
+``xm.mark_step`` in torch_xla 2.9). Library code such as transformers counts (a cut inside
+``transformers/masking_utils.py`` is reported there). Whether a code object is skipped, and how its file is written,
+is decided once per code object and cached, so a walk costs well under a microsecond for a short stack; no
+traceback is ever built.
 """
 
 from __future__ import annotations
@@ -37,8 +38,9 @@ def _skipped_packages() -> tuple[str, ...]:
     import neuron_exporter
 
     directories = [_directory(torch), _directory(neuron_exporter)]
-    if "torch_xla" in sys.modules:
-        directories.append(_directory(sys.modules["torch_xla"]))
+    for library in ("torch_xla", "torch_neuronx"):  # a device's own Python code, when it runs here
+        if library in sys.modules:
+            directories.append(_directory(sys.modules[library]))
     return tuple(directories) + _wrapper_paths()
 
 

@@ -58,6 +58,7 @@ def test_alerts_are_grouped_by_topic():
     prefixes = {
         "neuron-exporter.xla": "Xla",
         "neuron-exporter.torch_compile": "TorchCompile",
+        "neuron-exporter.torchneuron": "TorchNeuron",
         "neuron-exporter.exporter": "NeuronExporter",
     }
     assert list(groups) == list(prefixes)
@@ -175,6 +176,8 @@ def test_training_and_rank_alerts_are_per_run():
         "XlaFrequentHostReads",
         "XlaCompileTimeDominates",
         "XlaTrainingStalled",
+        "TorchNeuronCpuFallbackOp",
+        "TorchNeuronFrequentHostReads",
         "NeuronExporterRankHung",
         "NeuronExporterRankDead",
         "NeuronExporterCollectionErrors",
@@ -418,6 +421,7 @@ def test_the_generator_is_a_function_from_a_config_to_files(tmp_path):
     assert sorted(files) == [
         "dashboards/fragmentation-recompiles.json",
         "dashboards/torch-compile.json",
+        "dashboards/torchneuron.json",
         "dashboards/training-overview.json",
         f"deploy/prometheus/rules/{rules.ALERTS_FILE}",
         f"deploy/prometheus/rules/{rules.RECORDING_FILE}",

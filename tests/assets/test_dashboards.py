@@ -202,6 +202,33 @@ def test_training_overview_has_the_promised_panels():
     assert table["type"] == "table" and table["targets"][0]["instant"] and "topk(" in table["targets"][0]["expr"]
 
 
+def test_a_torchneuron_job_has_a_dashboard_of_its_own_and_is_listed_on_every_one():
+    """Steps, fallback operators (per call and seen) and where, compiles and the cache's hit ratio, host reads,
+    memory, from torchneuron_ and training_ series only; the runs and ranks of every dashboard from a series every
+    backend serves."""
+    board = load("torchneuron.json")
+    names = set().union(*(metric_names(expr) for _, expr in all_exprs(board)))
+    assert {
+        "training_steps_total",
+        "torchneuron_cpu_fallback_op_calls_total",
+        "torchneuron_cpu_fallback_ops_seen",
+        "torchneuron_cpu_fallback_site_info",
+        "torchneuron_compile_cache_hits_total",
+        "torchneuron_compile_cache_misses_total",
+        "torchneuron_compilations_total",
+        "torchneuron_host_reads_total",
+        "torchneuron_memory_allocated_bytes",
+        "torchneuron_memory_active_peak_bytes",
+    } <= names
+    assert not [name for name in names if name.startswith("xla_")]
+    for name in DASHBOARD_FILES:
+        variables = {v["name"]: v["query"] for v in load(name)["templating"]["list"] if "query" in v}
+        for variable in ("run_id", "instance", "rank"):
+            assert variables[variable].startswith("label_values(training_steps_total{"), (name, variable)
+    reads = next(p for p in data_panels(load("fragmentation-recompiles.json")) if p["title"] == "Host reads by site")
+    assert all("torchneuron_host_reads_total" in target["expr"] for target in reads["targets"])
+
+
 def test_cuts_and_markers_per_training_step_panels():
     panels = {p["title"]: p for p in data_panels(load("fragmentation-recompiles.json"))}
     cuts = panels["Graph cuts per training step by rank"]["targets"][0]["expr"]

@@ -62,6 +62,22 @@ CONTRACT_COUNTERS_AND_GAUGES = {
     "torch_compile_recompile_limit_hits_total",
     "torch_compile_compile_seconds_total",
     "neuron_exporter_torch_compile_readable",
+    "torchneuron_cpu_fallback_op_calls_total",
+    "torchneuron_cpu_fallback_site_info",
+    "torchneuron_cpu_fallback_ops_seen",
+    "torchneuron_host_reads_total",
+    "torchneuron_compile_cache_hits_total",
+    "torchneuron_compile_cache_misses_total",
+    "torchneuron_compilations_total",
+    "torchneuron_compile_seconds_total",
+    "torchneuron_compiled_graphs_total",
+    "torchneuron_graphs_with_collectives_total",
+    "torchneuron_graph_fallbacks_total",
+    "torchneuron_memory_allocated_bytes",
+    "torchneuron_memory_active_peak_bytes",
+    "torchneuron_memory_ooms_total",
+    "torchneuron_memory_alloc_retries_total",
+    "neuron_exporter_torchneuron_readable",
 }
 
 

@@ -9,13 +9,14 @@ from collections.abc import Callable
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 
 from ..config import DEFAULTS, Config
-from . import fragmentation, torch_compile, training_overview
+from . import fragmentation, torch_compile, torchneuron, training_overview
 
 # File name -> the function that builds the dashboard from a configuration.
 DASHBOARDS: dict[str, Callable[[Config], object]] = {
     "training-overview.json": training_overview.build,
     "fragmentation-recompiles.json": fragmentation.build,
     "torch-compile.json": torch_compile.build,
+    "torchneuron.json": torchneuron.build,
 }
 
 

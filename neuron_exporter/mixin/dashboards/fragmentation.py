@@ -10,6 +10,7 @@ from grafana_foundation_sdk.models import dashboard as model
 from ..config import DEFAULTS, Config
 from .panels import RANK_LEGEND, Queries, dashboard_links, finish, graph, instant_table, merged_table, note, variables
 
+ALL_STEPS = "training_steps_total"  # the training steps of every backend (TorchNeuron's host reads are per these)
 UID = "neuron-exporter-fragmentation"
 
 OP_LEGEND = "{{op}}, " + RANK_LEGEND
@@ -170,12 +171,24 @@ def graph_cut_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
             merged_table(
                 "Host reads by site",
                 "Every read of device data by the host from Python, per run, site and cause, "
-                "whether or not it cut the graph (a read after the step marker does not): reads per training step "
-                "in the selected time range (over the run's selected ranks) and how many ranks read there. " + SITES,
+                "whether or not it cut the graph (a read after the step marker does not), on an XLA device or "
+                "TorchNeuron's neuron device: reads per training step in the selected time range (over the run's "
+                "selected ranks) and how many ranks read there. " + SITES,
                 "suffix:reads/step",
                 CAUSE_SITE_COLUMNS,
-                (q.per_run_step("xla_host_reads_total", "cause, location"), "Reads per step", None),
-                (q.ranks_with("xla_host_reads_total", "cause, location"), "Ranks", "short"),
+                (
+                    f"({q.per_run_step('xla_host_reads_total', 'cause, location')}) or "
+                    f"({q.per_run_step('torchneuron_host_reads_total', 'cause, location', steps=ALL_STEPS)})",
+                    "Reads per step",
+                    None,
+                ),
+                (
+                    "count by (run_id, cause, location) ("
+                    f"{q.increase('xla_host_reads_total', 'run_id, rank, cause, location')} > 0 or "
+                    f"{q.increase('torchneuron_host_reads_total', 'run_id, rank, cause, location')} > 0)",
+                    "Ranks",
+                    "short",
+                ),
             )
         )
         .with_panel(

@@ -52,13 +52,13 @@ class Queries:
         return f"sum by ({by}) (increase({metric}{{{matchers or self.rank}}}[{window}]))"
 
     # Per site (or operator) of each run, over the time range: ``by`` is "cause, location", "location" or "op".
-    def per_run_step(self, metric: str, by: str, matchers: str | None = None) -> str:
+    def per_run_step(self, metric: str, by: str, matchers: str | None = None, steps: str = "xla_steps_total") -> str:
         """A site's events per training step of its run in the time range, where it had any: summed over the
-        selected ranks and divided by the run's training steps summed over the same ranks, so the sites of a run
-        add up to the run's own ratio."""
+        selected ranks and divided by the run's training steps (``steps``: torch_xla's, or ``training_steps_total``
+        of every backend) summed over the same ranks, so the sites of a run add up to the run's own ratio."""
         return (
             f"{self.increase(metric, f'run_id, {by}', matchers=matchers)} / on (run_id) group_left "
-            f"sum by (run_id) (increase(xla_steps_total{{{self.rank}}}[$__range]) > 0) > 0"
+            f"sum by (run_id) (increase({steps}{{{self.rank}}}[$__range]) > 0) > 0"
         )
 
     def ranks_with(self, metric: str, by: str, matchers: str | None = None) -> str:
@@ -283,13 +283,14 @@ def variables(board: dashboard.Dashboard, q: Queries, with_op: bool = False) -> 
         .with_variable(
             label_variable("job", "Job", f"label_values(neuron_exporter_build_info{{{place}}}, job)", multi=False)
         )
-        .with_variable(label_variable("run_id", "Run", f"label_values(xla_steps_total{{{q.scope}}}, run_id)"))
+        # Runs and ranks of every backend: training_steps_total is served by every attached process.
+        .with_variable(label_variable("run_id", "Run", f"label_values(training_steps_total{{{q.scope}}}, run_id)"))
         .with_variable(
             label_variable(
-                "instance", "Instance", f'label_values(xla_steps_total{{{q.scope}, run_id=~"$run_id"}}, instance)'
+                "instance", "Instance", f'label_values(training_steps_total{{{q.scope}, run_id=~"$run_id"}}, instance)'
             )
         )
-        .with_variable(label_variable("rank", "Rank", f"label_values(xla_steps_total{{{q.run}}}, rank)"))
+        .with_variable(label_variable("rank", "Rank", f"label_values(training_steps_total{{{q.run}}}, rank)"))
     )
     if with_op:
         board = board.with_variable(

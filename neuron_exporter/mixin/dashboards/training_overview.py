@@ -349,7 +349,7 @@ def health_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                 "Resident memory by rank",
                 "Resident set size of each training process.",
                 "bytes",
-                (f"sum by (run_id, rank) (xla_process_resident_memory_bytes{{{q.rank}}})", RANK_LEGEND),
+                (f"sum by (run_id, rank) (training_process_resident_memory_bytes{{{q.rank}}})", RANK_LEGEND),
                 width=8,
             )
         )

@@ -11,8 +11,9 @@ dashboards. Every alert carries a ``severity`` label and the annotations ``summa
 
 Every expression and annotation is written out as one PromQL or Go-template text in which ``${name}`` stands for
 what the configuration decides (labels, selectors, windows, thresholds) and is filled in by ``promql.fill``. The
-alerts come in one group per area, a module each: XLA training (xla.py), torch.compile (torch_compile.py), and the
-exporter itself (exporter.py). A new source adds its module and its line in ``ALERT_GROUPS``.
+alerts come in one group per area, a module each: XLA training (xla.py), torch.compile (torch_compile.py),
+TorchNeuron (torchneuron.py), and the exporter itself (exporter.py). A new source adds its module and its line
+in ``ALERT_GROUPS``.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from ..config import DEFAULTS, Config
 from .exporter import exporter_alerts
 from .recording import recording_rules
 from .torch_compile import torch_compile_alerts
+from .torchneuron import torchneuron_alerts
 from .xla import xla_alerts
 
 ALERTS_FILE = "neuron-exporter-alerts.yml"
@@ -33,6 +35,7 @@ RECORDING_GROUP = "neuron-exporter.xla.recording"
 ALERT_GROUPS: dict[str, Callable[[Config], list[dict]]] = {
     "neuron-exporter.xla": xla_alerts,
     "neuron-exporter.torch_compile": torch_compile_alerts,
+    "neuron-exporter.torchneuron": torchneuron_alerts,
     "neuron-exporter.exporter": exporter_alerts,
 }
 

@@ -36,7 +36,7 @@ def torch_compile_alerts(c: Config) -> list[dict]:
             run=labels(*c.run_labels),
             rank=labels(*c.rank_labels),
             counter=select(c, metric),
-            cpu=select(c, "xla_process_cpu_seconds_total"),
+            cpu=select(c, "training_process_cpu_seconds_total"),
             window=window,
             warmup=warmup,
         )

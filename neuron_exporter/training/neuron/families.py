@@ -1,0 +1,263 @@
+"""The TorchNeuron families of one training process (``torchneuron_*``), read from the ``NeuronSource`` at scrape
+time: nothing here synchronizes the device (see ``names``).
+
+Not ``xla_*`` (there is no XLA in a TorchNeuron process) nor ``neuron_*``/``neuroncore_*`` (AWS's neuron-monitor
+exports those). Host reads have the causes and the ``location`` rules of ``xla_host_reads_total``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from ...metric_family import single_series
+from ...untrusted import LabelBudget
+from .names import COUNTERS_KEY, RECORDS, memory_value
+
+READABLE_FAMILY = "neuron_exporter_torchneuron_readable"
+
+
+class Totals:
+    """Counters read from TorchNeuron's own totals, kept from going backwards when they are reset (a reset is a value
+    lower than the last one: what was counted before it is kept as an offset)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._last: dict[str, float] = {}
+        self._offset: dict[str, float] = {}
+
+    def read(self, values: dict[str, float]) -> dict[str, float]:
+        with self._lock:
+            totals = {}
+            for key, value in values.items():
+                if value < self._last.get(key, 0):
+                    self._offset[key] = self._offset.get(key, 0) + self._last[key]
+                self._last[key] = value
+                totals[key] = self._offset.get(key, 0) + value
+            return totals
+
+
+class NeuronFamilies:
+    def __init__(self, source, max_op_series: int, max_site_series: int):
+        """``source``: the ``NeuronSource`` (its ``readable`` records and what it counted)."""
+        self.source = source
+        self._ops = {name: LabelBudget(max_op_series) for name in ("calls", "seen", "sites")}
+        self._sites = {name: LabelBudget(max_site_series) for name in ("host_reads", "sites")}
+        self._reasons = LabelBudget(max_site_series)
+        self._totals = Totals()
+
+    def parts(self):
+        return {"torchneuron": self.collect}
+
+    def collect(self, labels: dict[str, str]) -> Iterator[Metric]:
+        source = self.source
+        names_, values = list(labels), list(labels.values())
+        readable = GaugeMetricFamily(
+            READABLE_FAMILY,
+            "1 if the exporter reads this record of TorchNeuron in this process, 0 if a name it comes from is "
+            "missing or of another shape (the log says which), by record",
+            labels=names_ + ["record"],
+        )
+        for record in RECORDS:
+            readable.add_metric(values + [record], float(record in source.readable))
+        yield readable
+        yield from self._fallbacks(labels)
+        if "compile_cache" in source.readable:
+            yield from self._cache(labels, source.cache_stats())
+        if "compiled_graphs" in source.readable:
+            yield from self._graphs(labels)
+        if "graph_fallbacks" in source.readable:
+            counts, _ = source.graph_fallbacks.snapshot()
+            yield self._labelled(
+                "torchneuron_graph_fallbacks",
+                "Compiled graphs (torch.compile, neuron backend) that failed to run and ran eagerly instead, by the "
+                "reason TorchNeuron logged",
+                labels,
+                ["reason"],
+                [((self._reasons.label_for(reason),), count) for reason, count in counts.items()],
+            )
+        yield self._labelled(
+            "torchneuron_host_reads",
+            "Reads of neuron device data by the host (.item(), bool, print, .cpu(), ...; each waits for the device), "
+            "by cause and source line",
+            labels,
+            ["cause", "location"],
+            [
+                ((cause, self._sites["host_reads"].label_for(record.location)), count)
+                for record in source.attribution.records()
+                for cause, count in record.causes.items()
+            ],
+        )
+        if "memory" in source.readable:
+            yield from self._memory(labels, source.memory_stats())
+
+    def _fallbacks(self, labels: dict[str, str]) -> Iterator[Metric]:
+        source = self.source
+        if "fallback_op_calls" in source.readable:
+            calls, sites = source.fallbacks.snapshot()
+            yield self._labelled(
+                "torchneuron_cpu_fallback_op_calls",
+                "Calls of operators TorchNeuron registers from Python that ran on the CPU (each counted as it "
+                "happens), by operator",
+                labels,
+                ["op"],
+                [((self._ops["calls"].label_for(op),), count) for op, count in calls.items()],
+            )
+            yield self._labelled(
+                "torchneuron_cpu_fallback_site_info",
+                "Where a CPU-fallback operator counted per call was called (pass: forward, or backward for a call "
+                "from the backward pass, named by the line that called backward()); always 1",
+                labels,
+                ["op", "location", "pass"],
+                [
+                    (
+                        (
+                            self._ops["sites"].label_for(op),
+                            self._sites["sites"].label_for(location),
+                            "backward" if backward else "forward",
+                        ),
+                        1,
+                    )
+                    for op, location, _, backward in sites
+                ],
+                GaugeMetricFamily,
+            )
+        if "fallback_ops_seen" in source.readable:
+            yield self._labelled(
+                "torchneuron_cpu_fallback_ops_seen",
+                "Operators TorchNeuron ran on the CPU at least once (no Neuron kernel, a Python implementation that "
+                "could not take the call, or a failure in the device pipeline), from its set of their names; always 1",
+                labels,
+                ["op"],
+                [((self._ops["seen"].label_for(op),), 1) for op in source.fallback_ops_seen()],
+                GaugeMetricFamily,
+            )
+
+    def _cache(self, labels: dict[str, str], stats: dict) -> Iterator[Metric]:
+        graph = self.source.window.graphs()
+        memory_hits = float(stats.get("in_memory_hits") or 0)
+        persistent_hits = float(stats.get("persistent_hits") or 0)
+        misses = max(0.0, float(stats.get("in_memory_misses") or 0) - persistent_hits)
+        compilations = float(stats.get("total_compilations") or 0)
+        seconds = float(stats.get("total_compilation_time_ms") or 0) / 1000
+        graph_seconds = graph["compile_ms"] / 1000
+        totals = self._totals.read(
+            {
+                "memory": memory_hits,
+                "persistent": persistent_hits,
+                "misses": misses,
+                "graph": min(graph["compilations"], compilations),
+                "eager_op": max(0.0, compilations - graph["compilations"]),
+                "graph_seconds": min(graph_seconds, seconds),
+                "eager_op_seconds": max(0.0, seconds - graph_seconds),
+            }
+        )
+        yield self._labelled(
+            "torchneuron_compile_cache_hits",
+            "NEFFs found in TorchNeuron's compile cache, in memory or in the persistent cache (on disk)",
+            labels,
+            ["tier"],
+            [(("memory",), totals["memory"]), (("persistent",), totals["persistent"])],
+        )
+        yield single_series(
+            CounterMetricFamily,
+            "torchneuron_compile_cache_misses",
+            "NEFFs found in neither cache, compiled by neuronx-cc",
+            labels,
+            totals["misses"],
+        )
+        yield self._labelled(
+            "torchneuron_compilations",
+            "neuronx-cc compilations: of torch.compile graphs (during a dynamo compilation) or of eager operators' "
+            "kernels",
+            labels,
+            ["kind"],
+            [(("graph",), totals["graph"]), (("eager_op",), totals["eager_op"])],
+        )
+        yield self._labelled(
+            "torchneuron_compile_seconds",
+            "Time neuronx-cc spent compiling, of torch.compile graphs or of eager operators' kernels",
+            labels,
+            ["kind"],
+            [(("graph",), totals["graph_seconds"]), (("eager_op",), totals["eager_op_seconds"])],
+        )
+
+    def _graphs(self, labels: dict[str, str]) -> Iterator[Metric]:
+        from torch._dynamo.utils import counters
+
+        neuron = dict(counters.get(COUNTERS_KEY) or {})
+        totals = self._totals.read(
+            {
+                "compiled_graphs": float(neuron.get("compiled_graphs", 0)),
+                "graphs_with_collectives": float(neuron.get("graphs_with_collectives", 0)),
+            }
+        )
+        yield single_series(
+            CounterMetricFamily,
+            "torchneuron_compiled_graphs",
+            "Graphs the neuron backend of torch.compile compiled (forward and backward, from its cache or not)",
+            labels,
+            totals["compiled_graphs"],
+        )
+        yield single_series(
+            CounterMetricFamily,
+            "torchneuron_graphs_with_collectives",
+            "Compiled graphs with collective operations (all_reduce, all_gather, ...)",
+            labels,
+            totals["graphs_with_collectives"],
+        )
+
+    def _memory(self, labels: dict[str, str], stats: dict) -> Iterator[Metric]:
+        def value(key: str, part: str | None = None) -> float:
+            found = memory_value(stats, key, part)
+            return 0.0 if found is None else found
+
+        yield single_series(
+            GaugeMetricFamily,
+            "torchneuron_memory_allocated_bytes",
+            "Device memory allocated by tensors now (torch.neuron.memory_stats)",
+            labels,
+            value("allocated_bytes"),
+        )
+        yield single_series(
+            GaugeMetricFamily,
+            "torchneuron_memory_active_peak_bytes",
+            "Peak of the device memory in active use since the process started or the user reset it",
+            labels,
+            value("active_bytes", "peak"),
+        )
+        totals = self._totals.read({"ooms": value("num_ooms"), "retries": value("num_alloc_retries")})
+        yield single_series(
+            CounterMetricFamily,
+            "torchneuron_memory_ooms",
+            "Device allocations that failed for want of memory",
+            labels,
+            totals["ooms"],
+        )
+        yield single_series(
+            CounterMetricFamily,
+            "torchneuron_memory_alloc_retries",
+            "Device allocations that succeeded only after freeing cached memory",
+            labels,
+            totals["retries"],
+        )
+
+    def _labelled(
+        self,
+        name: str,
+        documentation: str,
+        labels: dict[str, str],
+        extra: list[str],
+        values: list[tuple[tuple[str, ...], float]],
+        family_type: type[CounterMetricFamily | GaugeMetricFamily] = CounterMetricFamily,
+    ) -> Metric:
+        """One family of ``values`` by extra label values (those the budget sent to ``other`` summed; 1 for a gauge)."""
+        family = family_type(name, documentation, labels=list(labels) + extra)
+        summed: dict[tuple[str, ...], float] = {}
+        for key, value in values:
+            summed[key] = summed.get(key, 0) + value if family_type is CounterMetricFamily else 1
+        for key, value in sorted(summed.items()):
+            family.add_metric(list(labels.values()) + list(key), value)
+        return family

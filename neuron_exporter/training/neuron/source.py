@@ -1,0 +1,145 @@
+"""The TorchNeuron source: what the native ``neuron`` device of PyTorch (torch-neuronx 2.13 / 2.14) runs on the CPU,
+compiles, reads back to the host and allocates, in a process that imports ``torch_neuronx``.
+
+Started when ``torch_neuronx`` is fully imported (``import_watch``); a process without it never loads this. What runs
+on the training thread: a dict increment and a site per call of an operator TorchNeuron itself runs on the CPU
+(``fallbacks``, path b: a call that is slow already, it syncs the device); a site per host read of a ``neuron``
+tensor (``host_reads``); a read of the compile cache's statistics when dynamo starts and ends compiling
+(``compiles``). Nothing per operator that runs on the device, and nothing that synchronizes it: the device sync of
+a host read is the user's own, and the exporter never calls ``get_dynamo_metrics()`` (see ``names``).
+
+Each name read is probed at start (``names``): what is missing or of another shape is not read, the rest is, one
+log line says what, and ``neuron_exporter_torchneuron_readable{record}`` shows it.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+import time
+from typing import Any
+
+from ...config import Options
+from ..attribution import Attribution
+from ..host_reads import HostReadHook
+from ..self_metrics import SelfStats
+from ..sites import SiteFinder
+from ..source import Source
+from .compiles import CacheWindow, GraphFallbacks
+from .fallbacks import FallbackCalls
+from .families import NeuronFamilies
+from .names import LIBRARY, metrics_off, probe
+from .names import readable as readable_records
+
+log = logging.getLogger("neuron_exporter")
+DEVICE = "neuron"
+
+
+class NeuronSource(Source):
+    def __init__(self, options: Options, stats: SelfStats):
+        self.options = options
+        self.stats = stats  # replaced in a forked child
+        self.neuronx = sys.modules[LIBRARY]
+        self.problems = probe()
+        self.readable = readable_records(self.problems)
+        self.sites = SiteFinder()
+        self.attribution = Attribution()  # host reads by cause and site, as on XLA (no graph is cut: eager)
+        self.fallbacks = FallbackCalls(self.sites, self._step_error)
+        self.window = CacheWindow(self.cache_stats, self._step_error)
+        self.graph_fallbacks = GraphFallbacks()
+        self._host_reads = HostReadHook(self._host_read, _no_upload, self._step_error, device=DEVICE)
+        self.families = NeuronFamilies(self, options.max_op_series, options.max_site_series)
+
+    # -- life cycle ---------------------------------------------------------------------------------------
+    def install(self) -> bool:
+        unread = dict(self.problems)
+        if "fallback_op_calls" in self.readable and not self.fallbacks.install(self.neuronx._C):
+            unread["offloaded_op"] = "torch_neuronx._C._log_offloaded_op could not be wrapped"
+        if "compile_cache" in self.readable and not self.window.install():
+            unread["compile_windows"] = "dynamo's compile callbacks are missing: every compilation counts as eager"
+        if "graph_fallbacks" in self.readable:
+            self.graph_fallbacks.install()
+        self._host_reads.install()
+        self.readable = readable_records(unread)
+        if "compile_cache" in self.readable and metrics_off():
+            log.warning(
+                "neuron-exporter: TorchNeuron's metrics are off: its compile-cache counters may stay at 0 "
+                "(set TORCH_NEURONX_METRICS_ENABLED=1 to count them)"
+            )
+        if unread:
+            served = ", ".join(self.readable) or "nothing"
+            log.warning(
+                "neuron-exporter: TorchNeuron %s: %s; still counted: %s, host_reads",
+                getattr(self.neuronx, "__version__", "?"),
+                "; ".join(unread.values()),
+                served,
+            )
+        return True
+
+    def uninstall(self) -> None:
+        self.fallbacks.uninstall()
+        self.window.uninstall()
+        self.graph_fallbacks.uninstall()
+        self._host_reads.uninstall()
+
+    def after_fork(self, stats: SelfStats) -> None:
+        self.stats = stats
+        self.attribution = Attribution()
+        self.fallbacks.clear()
+        self.window.clear()
+        self.graph_fallbacks.clear()
+
+    def parts(self):
+        return self.families.parts()
+
+    def on_optimizer_created(self) -> None:
+        self.fallbacks.training_thread = threading.get_ident()  # the thread that waits in backward()
+
+    # -- what a scrape reads (no device work) --------------------------------------------------------------
+    def cache_stats(self) -> dict:
+        return self.neuronx._C._get_compilation_cache_stats()
+
+    def memory_stats(self) -> dict:
+        import torch
+
+        device_module: Any = torch  # torch.neuron is registered by TorchNeuron
+        return device_module.neuron.memory_stats()
+
+    def fallback_ops_seen(self) -> set[str]:
+        return self.fallbacks.read_seen(self.neuronx.get_fallback_ops)
+
+    def diagnosis(self, rank: dict) -> None:
+        calls, sites = self.fallbacks.snapshot()
+        ops = rank.setdefault("cpu_fallback_ops", {})
+        for op, count in calls.items():
+            ops[op] = ops.get(op, 0) + count
+        rank.setdefault("cpu_fallback_sites", []).extend(
+            {"op": op, "location": location, "frames": frames, "pass": "backward" if backward else "forward"}
+            for op, location, frames, backward in sites
+        )
+        # A host read here cuts no graph (the device runs eagerly) but waits for the device: diagnose lists it so.
+        rank.setdefault("sites", []).extend(
+            {**record.as_dict(), "device_waits": dict(record.causes)} for record in self.attribution.records()
+        )
+
+    # -- the training thread ------------------------------------------------------------------------------
+    def _step_error(self, error: BaseException) -> None:
+        self.stats.record_error("step", error)
+
+    def _host_read(self, original, cause: str, tensor, args, kwargs, frame):
+        """A host read of a ``neuron`` tensor from ``frame``: its site, then the read (which waits for the device,
+        as it would without the exporter). Its exceptions are the original method's only."""
+        start = time.perf_counter()
+        try:
+            location = self.sites.site(frame)
+            frames = None if location in self.attribution.sites else self.sites.frames(frame)
+            self.attribution.host_read(cause, location, frames, 0, 0)
+        except Exception as error:  # noqa: BLE001 (never into the training loop)
+            self._step_error(error)
+        self.stats.hook_seconds += time.perf_counter() - start
+        return original(tensor, *args, **kwargs)
+
+
+def _no_upload(frame, shapes) -> None:
+    """Uploads name a changed input at a recompilation on XLA; TorchNeuron runs eagerly: not recorded."""

@@ -1,6 +1,6 @@
 """The snapshot model: torch_xla's counters and metrics at one moment, in base units.
 
-Both sources produce it: the live process (``xla_reader``) and a saved ``metrics_report()`` text
+Both sources produce it: the live process (``training.xla.reader``) and a saved ``metrics_report()`` text
 (``report_parser``). Everything downstream (exposition, ``explain``) works on this model only.
 """
 

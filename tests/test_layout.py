@@ -11,6 +11,9 @@ generator of the dashboards and rules (it needs the Grafana SDK, an extra), impo
 package's start-up files are (``neuron_exporter.training.AUTOSTART_DIR``: the package's ``__init__``, which imports
 nothing, so reading it loads nothing of training).
 
+In training/, each source is a room of its own (``xla/``, ``torch_compile/``, ``steps/``, ``neuron/``...: every
+sub-package) and never imports a sibling; what two sources share lives in training/ itself.
+
 No module imports itself back: the imports between the package's modules form no cycle.
 """
 
@@ -230,6 +233,56 @@ def test_an_import_inside_a_function_closes_a_cycle_too(tmp_path):
     path = copy / "config_file.py"
     path.write_text(path.read_text() + "\n\ndef later():\n    from . import config\n")
     assert cycles(import_graph(copy)) == [["neuron_exporter.config", "neuron_exporter.config_file"]]
+
+
+TRAINING = "neuron_exporter.training"
+
+
+def source_room_of(module: str) -> str | None:
+    """The source room (a sub-package of training/) a module belongs to, None if none."""
+    parts = module.split(".")
+    if module.startswith(TRAINING + ".") and len(parts) > 3:
+        return parts[2]
+    return None
+
+
+def source_room_violations(package: Path = PACKAGE) -> list[str]:
+    found = []
+    for path in sorted((package / "training").glob("*/*.py")):
+        room = path.parent.name
+        for module in sorted(imported_modules(path, package)):
+            target = source_room_of(module)
+            if target is not None and target != room and (package / "training" / target / "__init__.py").exists():
+                found.append(f"{path.relative_to(package)} imports {module}")
+    return found
+
+
+def test_the_source_rooms_exist_and_keep_apart():
+    rooms = {path.parent.name for path in (PACKAGE / "training").glob("*/__init__.py")}
+    assert {"xla", "torch_compile", "steps"} <= rooms
+    assert source_room_violations() == []
+
+
+@pytest.mark.parametrize(
+    "room, line",
+    [
+        ("xla", "from ..torch_compile.reasons import guard_reason"),
+        ("steps", "from ..xla.step_tracker import StepState"),
+        ("torch_compile", "import neuron_exporter.training.steps.training_steps"),
+        ("neuron", "from ..xla import source"),
+    ],
+)
+def test_a_source_importing_a_sibling_is_caught(tmp_path, room, line):
+    copy = copy_of_the_package(tmp_path)
+    folder = copy / "training" / room
+    if not folder.exists():  # a room yet to come
+        folder.mkdir()
+        (folder / "__init__.py").write_text('"""A source."""\n')
+    module = sorted(folder.glob("*.py"))[-1]
+    module.write_text(module.read_text() + f"\n{line}\n")
+    found = source_room_violations(copy)
+    assert found and all(v.startswith(f"{module.relative_to(copy)} imports neuron_exporter.training.") for v in found)
+    assert all(source_room_of(v.split()[-1]) not in (room, None) for v in found)
 
 
 # The connection layer: its modules may use the rate limits and one another, nothing else of the package.

@@ -1,11 +1,11 @@
 """``attach()``: one line in a training script (or none, with ``neuron-exporter run``) turns every training step of
 a PyTorch process into Prometheus metrics.
 
-The handle only wires the sources and runs their life cycle; each source starts with the library it reads
-(``import_watch``), so a process without torch_xla never loads it:
-- ``training_steps``: every ``torch.optim`` optimizer step (``OptimizerHook``), whatever runs the model;
-- ``torch_compile``: dynamo's records, once ``torch._dynamo`` is imported;
-- ``xla_source``: torch_xla's step markers, host reads and fallbacks, once torch_xla is imported;
+The handle keeps the list of sources (``SOURCES``) and runs their life cycle (``source``); each starts with the
+library it reads, so a process without torch_xla never loads it:
+- ``training_steps`` (``steps/``): every ``torch.optim`` optimizer step (``OptimizerHook``), whatever runs the model;
+- ``torch_compile`` (``torch_compile/``): dynamo's records, once ``torch._dynamo`` is imported;
+- ``xla`` (``xla/``): torch_xla's step markers, host reads and fallbacks, once torch_xla is imported;
 - the process and the exporter itself (``RankCollector``).
 What runs where:
 - on the training thread: the sources' hooks (see each module);
@@ -34,7 +34,6 @@ import os
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING
 
 import psutil
 from prometheus_client import CollectorRegistry, generate_latest
@@ -46,20 +45,18 @@ from ..web.web_config import load_web_config
 from . import AUTOSTART_DIR
 from .attribution import Attribution
 from .endpoint_keeper import EndpointKeeper
-from .import_watch import after_import, forget, poll
-from .optimizer_hook import OptimizerHook
 from .patching import Patch
 from .rank import rank_labels
 from .rank_collector import RankCollector
 from .self_metrics import SelfStats
-from .step_tracker import StepState
-from .torch_compile import TorchCompileSource
-from .training_steps import TrainingSteps
-
-if TYPE_CHECKING:
-    from .xla_source import XlaSource
+from .source import Sources
+from .steps import SOURCE as TRAINING_STEPS
+from .steps.optimizer_hook import OptimizerHook
+from .torch_compile import SOURCE as TORCH_COMPILE
+from .xla import SOURCE as XLA
 
 log = logging.getLogger("neuron_exporter")
+SOURCES = (TRAINING_STEPS, TORCH_COMPILE, XLA)  # each starts when its library is imported (``source``)
 
 _lock = threading.RLock()
 _current: ExporterHandle | None = None
@@ -74,12 +71,8 @@ class ExporterHandle:
         self.options = options
         self.auto = auto  # started by the import of torch in a child process, not by a call in the script
         self.stats = SelfStats()
-        self.xla: XlaSource | None = None  # once torch_xla is imported
-        self.steps = TrainingSteps(self._lazy_steps)
-        self.torch_compile = TorchCompileSource(options.max_site_series, self._step_error)
         self.collector = RankCollector(self.stats)
-        self.collector.add_part("training_steps", self.steps.families)
-        self.collector.add_part("torch_compile", self.torch_compile.families)
+        self.sources = Sources(SOURCES, options, self.stats, self.collector)
         self._rank_registry = CollectorRegistry(auto_describe=False)
         self._rank_registry.register(self.collector)
         self._user_registry = registry
@@ -92,83 +85,32 @@ class ExporterHandle:
         self._detached = False
         self._crashed = False
 
-    # -- the sources ----------------------------------------------------------------------------------------
-    def _start_torch_compile(self) -> None:
-        if not self._detached:
-            self.torch_compile.install()  # never raises
-
-    def _start_xla(self) -> None:
-        """Right after torch_xla is fully imported (on the importing thread): its hooks go in. If they cannot, the
-        source says so (``neuron_exporter_source_started{source="xla"} 0``, the failure counted and logged once) and
-        tries again at the training thread's next chance (``_retry_sources``)."""
-        if self._detached or self.xla is not None:
-            return
-        self.stats.sources["xla"] = False
-        try:
-            from .xla_source import XlaSource
-
-            source = XlaSource(self.options, self.stats)
-            if not source.install():
-                return
-        except Exception as error:  # noqa: BLE001 (never into the user's import)
-            self.stats.record_error("step", error)
-            return
-        self.xla = source
-        self.stats.sources["xla"] = True
-        for name, collect_part in source.families.parts().items():
-            self.collector.add_part(name, collect_part)
-
-    def _lazy_steps(self) -> StepState | None:
-        xla = self.xla
-        return xla.tracker.state() if xla is not None else None
-
     # -- the training thread ------------------------------------------------------------------------------
     def _step_error(self, error: BaseException) -> None:
         self.stats.record_error("step", error)
 
-    def _retry_sources(self) -> None:
-        """The training thread's chance for a source that has not started: a library whose import ended unnoticed
-        (``import_watch.poll``), or one whose hooks could not go in."""
-        poll()
-        if self.stats.sources.get("xla") is False:
-            self._start_xla()
-
     def _on_optimizer_created(self) -> None:
         try:
-            self._retry_sources()
-            self.steps.on_optimizer_created()
-            if self.xla is not None:
-                self.xla.on_optimizer_created()
+            self.sources.on_optimizer_created()
         except Exception as error:  # noqa: BLE001
             self._step_error(error)
 
     def _on_optimizer_step(self, optimizer, args, kwargs) -> None:
         try:
-            xla = self.xla
-            if xla is not None:
-                xla.tracker.optimizer_steps += 1  # carried by the next step marker
-            elif self.stats.sources:
-                self._retry_sources()
-            self.steps.on_optimizer_step(optimizer)
-            if self.torch_compile.record_pending:
-                self.torch_compile.check()
+            self.sources.on_optimizer_step(optimizer)
         except Exception as error:  # noqa: BLE001
             self._step_error(error)
 
     @property
     def claimed(self) -> bool:
-        """Whether this process has trained (made a step), and so reports as its rank."""
-        return self.last_active is not None or self.torch_compile.compiled
+        """Whether this process has trained (made a step) or compiled, and so reports as its rank."""
+        return self.last_active is not None or self.sources.compiled
 
     @property
     def last_active(self) -> float | None:
-        """time.perf_counter() at the end of the last step, torch_xla's (or its last marker while its first steps
-        are held as possible setup) or a training step's."""
-        xla = self.xla
-        ends = [
-            end for end in (xla.last_active if xla is not None else None, self.steps.last_step_end) if end is not None
-        ]
-        return max(ends) if ends else None
+        """time.perf_counter() at the end of the last step of any source (torch_xla's may be its last marker while
+        its first steps are held as possible setup)."""
+        return self.sources.last_active
 
     # -- life cycle ---------------------------------------------------------------------------------------
     @property
@@ -182,18 +124,15 @@ class ExporterHandle:
     def _start(self) -> None:
         log.setLevel(self.options.log_level.upper())
         self._optimizer_hook.install()
-        after_import("torch._dynamo", self._start_torch_compile)
-        after_import("torch_xla", self._start_xla)
+        self.sources.watch()
         if not self.auto:  # a child attached by autostart binds the port once it trains (in the spool thread)
             self._endpoint.serve(first_try=True)
         self._endpoint.start_spool_thread()
 
     def diagnosis(self) -> dict:
         """This process's diagnosis document: its own rank only (``neuron_exporter.diagnosis``)."""
-        xla = self.xla
-        labels = rank_labels()
-        rank = xla.diagnosis(labels) if xla is not None else Attribution().diagnosis(labels, self.steps.steps, {})
-        rank["torch_compile"] = self.torch_compile.diagnosis()
+        rank = Attribution().diagnosis(rank_labels(), 0, {})
+        self.sources.diagnosis(rank)
         return diagnosis.fit({"format": diagnosis.FORMAT, "ranks": [rank]})  # what the node reads, no more
 
     def _meta(self, finished: bool = False) -> dict:
@@ -229,12 +168,8 @@ class ExporterHandle:
             if self._detached:
                 return
             self._detached = True
-            forget(self._start_xla)
-            forget(self._start_torch_compile)
-            if self.xla is not None:
-                self.xla.uninstall()
             self._optimizer_hook.uninstall()
-            self.torch_compile.uninstall()
+            self.sources.stop()
             self._endpoint.stop_spool_thread()
             # A process that dies of an uncaught exception leaves its rank to be seen dead, not finished.
             self._write_spool(finished=not self._crashed)
@@ -254,11 +189,7 @@ class ExporterHandle:
         self.stats = SelfStats()
         self.stats.sources = dict(sources)
         self.collector.stats = self.stats
-        if self.xla is not None:
-            self.xla.after_fork(self.stats)
-        self.steps = TrainingSteps(self._lazy_steps)
-        self.collector.add_part("training_steps", self.steps.families)
-        self.torch_compile.after_fork()
+        self.sources.after_fork(self.stats)
         self._process_start = psutil.Process().create_time()
         self.auto = True  # like a child started afresh: bind the port only once it trains, and quietly
         self._endpoint.start_spool_thread()

@@ -1,5 +1,6 @@
 """The Prometheus collector of one training process (one rank): the parts each source adds (``training_steps``,
-``torch_compile``, torch_xla's ``steps``, ``sites`` and ``xla``), the process, and the exporter's own families.
+``torch_compile``, torch_xla's ``steps``, ``sites`` and ``xla``), the process (``training_process_*``), and the
+exporter's own families.
 
 Each part is collected on its own: a part that fails is left out of that scrape,
 counted in ``neuron_exporter_collection_errors_total{stage="scrape"}`` and shown by
@@ -9,6 +10,7 @@ counted in ``neuron_exporter_collection_errors_total{stage="scrape"}`` and shown
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Callable, Iterator
 
@@ -17,7 +19,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from ..metric_family import single_series
 from .rank import rank_labels, workload_labels
-from .self_metrics import STAGES, SelfStats, build_labels
+from .self_metrics import STAGES, START_TRIES, SelfStats, build_labels
 
 
 class RankCollector:
@@ -66,23 +68,26 @@ class RankCollector:
             memory = process.memory_info().rss
             cpu = process.cpu_times()
             threads = process.num_threads()
-        yield single_series(
-            GaugeMetricFamily,
-            "xla_process_resident_memory_bytes",
-            "Resident memory of the training process",
-            labels,
-            memory,
-        )
-        yield single_series(
-            CounterMetricFamily,
-            "xla_process_cpu_seconds",
-            "CPU time of the training process (user + system)",
-            labels,
-            cpu.user + cpu.system,
-        )
-        yield single_series(
-            GaugeMetricFamily, "xla_process_threads", "Threads of the training process", labels, threads
-        )
+        # The xla_process_* names, which the training_process_* ones replace, are served for one more release
+        # where torch_xla is imported, so that rules and dashboards written for them go on working there.
+        for prefix in ("training", "xla") if "torch_xla" in sys.modules else ("training",):
+            yield single_series(
+                GaugeMetricFamily,
+                f"{prefix}_process_resident_memory_bytes",
+                "Resident memory of the training process",
+                labels,
+                memory,
+            )
+            yield single_series(
+                CounterMetricFamily,
+                f"{prefix}_process_cpu_seconds",
+                "CPU time of the training process (user + system)",
+                labels,
+                cpu.user + cpu.system,
+            )
+            yield single_series(
+                GaugeMetricFamily, f"{prefix}_process_threads", "Threads of the training process", labels, threads
+            )
 
     def _self_families(self, labels: dict[str, str]) -> Iterator[Metric]:
         yield single_series(
@@ -111,7 +116,7 @@ class RankCollector:
         started = GaugeMetricFamily(
             "neuron_exporter_source_started",
             "1 once a source's hooks are in, 0 while its library is imported but it could not start (it tries again "
-            "when an optimizer is created and at each optimizer step)",
+            f"when an optimizer is created or steps, up to {START_TRIES} times)",
             labels=list(labels) + ["source"],
         )
         for source, ok in sorted(self.stats.sources.items()):

@@ -18,6 +18,7 @@ STAGE_NAMES = {"step": "step hook", "scrape": "scrape", "spool": "spool write"}
 # all. A bounded number of distinct failures, so a broken exporter cannot flood a job's log.
 MAX_LOGGED_FAILURES = 20
 MAX_MESSAGE = 300
+START_TRIES = 10  # attempts to start a source whose library is imported (``source``); then it stays off
 
 
 class SelfStats:

@@ -89,9 +89,9 @@ def broken(*args):
 
 handle.detach()
 handle = neuron_exporter.attach(port=0, addr="127.0.0.1", spool_dir=spool_dir)
-handle.xla.reader.counter_value = broken
+handle.sources.get("xla").reader.counter_value = broken
 train(3)
-handle.xla.reader.snapshot = broken
+handle.sources.get("xla").reader.snapshot = broken
 response = urllib.request.urlopen(handle.url)
 scraped = values(response.read().decode())
 seen["broken_scrape_status"] = response.status
@@ -99,7 +99,10 @@ seen["broken_step_errors"] = scraped["neuron_exporter_collection_errors_total{st
 seen["broken_scrape_errors"] = scraped["neuron_exporter_collection_errors_total{stage=scrape}"]
 seen["broken_xla_collector_success"] = scraped["neuron_exporter_collector_success{collector=xla}"]
 seen["broken_steps_collector_success"] = scraped["neuron_exporter_collector_success{collector=steps}"]
-seen["broken_scrape_still_has_process_metrics"] = "xla_process_resident_memory_bytes{}" in scraped
+seen["broken_scrape_still_has_process_metrics"] = all(
+    f"{prefix}_process_resident_memory_bytes{{}}" in scraped
+    for prefix in ("training", "xla")  # xla_: one release more
+)
 handle.detach()
 
 print(json.dumps(seen), flush=True)

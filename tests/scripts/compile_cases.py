@@ -57,11 +57,11 @@ graph_break_log.addHandler(GraphBreakLog())
 handle = None
 if "--no-attach" not in sys.argv:
     import neuron_exporter
-    from neuron_exporter.training import torch_compile
+    from neuron_exporter.training.torch_compile import probes
 
     if "--unknown-torch" in sys.argv:  # records with a field this torch lacks, a graph-break call of no known shape
-        torch_compile.RECORD_FIELDS += ("a_field_of_a_future_torch",)
-        torch_compile.BREAK_SHAPES = {}
+        probes.RECORD_FIELDS += ("a_field_of_a_future_torch",)
+        probes.BREAK_SHAPES = {}
     handle = neuron_exporter.attach(port=0, addr="127.0.0.1", warmup_steps=2, spool_dir=tempfile.mkdtemp())
 
 device = torch_xla.device() if backend == "openxla" else torch.device("cpu")
@@ -143,7 +143,9 @@ else:
     raise SystemExit(f"unknown scenario {scenario}")
 # Whether the exporter had taken the newest compilation record before anything scraped it: in the training loop, the
 # optimizer step after a compilation reads it.
-taken_while_training = handle is not None and handle.torch_compile._newest is get_compilation_metrics()[-1]
+taken_while_training = (
+    handle is not None and handle.sources.get("torch_compile")._newest is get_compilation_metrics()[-1]
+)
 
 if backend == "openxla":
     torch_xla._XLAC._xla_wait_device_ops(devices=[])

@@ -27,6 +27,10 @@ CONTRACT_COUNTERS_AND_GAUGES = {
     "xla_metric_seconds_total",
     "xla_metric_bytes_total",
     "xla_metric_value_total",
+    "training_process_resident_memory_bytes",
+    "training_process_cpu_seconds_total",
+    "training_process_threads",
+    # Served in torch_xla processes for one release more (CHANGELOG 0.2.0): the training_process_* names replace them.
     "xla_process_resident_memory_bytes",
     "xla_process_cpu_seconds_total",
     "xla_process_threads",
@@ -47,6 +51,7 @@ CONTRACT_COUNTERS_AND_GAUGES = {
     "neuron_exporter_spool_rejected_files",
     "neuron_exporter_spool_directory_ok",
     "neuron_exporter_rank_info",
+    "neuron_exporter_source_started",
     "xla_graph_cuts_total",
     "xla_step_markers_total",
     "xla_new_graphs_total",

@@ -43,9 +43,9 @@ def test_compilations_are_dynamos_own_and_torch_xla_is_never_loaded(compiled_run
     compilations = sum(v for (name, _), v in _samples(exposition) if name == "torch_compile_compilations_total")
     recompilations = sum(v for (name, _), v in _samples(exposition) if name == "torch_compile_recompilations_total")
     assert (compilations, recompilations) == (result["compiled"], result["recompiled"]) == (2, 1)
-    assert not [
-        name for (name, _), _ in _samples(exposition) if name.startswith("xla_") and not name.startswith("xla_process_")
-    ]
+    assert not [name for (name, _), _ in _samples(exposition) if name.startswith("xla_")]
+    assert value(exposition, "training_process_threads") >= 1
+    assert value(exposition, "training_process_resident_memory_bytes") > 0
 
 
 def test_the_scrape_passes_promtool_check_metrics(compiled_run):

@@ -11,7 +11,7 @@ import pytest
 
 from neuron_exporter.node.spool_reader import read_rank_file
 from neuron_exporter.snapshot import Snapshot
-from neuron_exporter.training.xla_reader import MonotonicSnapshots
+from neuron_exporter.training.xla.reader import MonotonicSnapshots
 from tests.support.exposition import samples, value
 from tests.support.paths import SCRIPTS
 from tests.support.processes import run_python

@@ -321,7 +321,7 @@ def test_the_optimizer_hook_leaves_a_later_wrapper_in_place_and_does_nothing_ins
     torch = pytest.importorskip("torch")
     from torch.optim.optimizer import Optimizer
 
-    from neuron_exporter.training.optimizer_hook import OptimizerHook
+    from neuron_exporter.training.steps.optimizer_hook import OptimizerHook
 
     created: list[int] = []
     errors: list[BaseException] = []

@@ -3,7 +3,7 @@ the events the step hook records (compile counters around each marker, optimizer
 
 from __future__ import annotations
 
-from neuron_exporter.training.step_tracker import SETUP_MARKERS, SETUP_SECONDS, StepTracker
+from neuron_exporter.training.xla.step_tracker import SETUP_MARKERS, SETUP_SECONDS, StepTracker, Sync
 
 
 class Loop:
@@ -18,7 +18,8 @@ class Loop:
         self.now += seconds
         before = self.graphs
         self.graphs += 1
-        self.tracker.on_sync(before, 0, self.graphs, 0, self.now)
+        stepped, self.tracker.optimizer_steps = self.tracker.optimizer_steps, 0
+        self.tracker.record(Sync(before, 0, self.graphs, 0, self.now, None, stepped))
 
     def optimizer_step(self) -> None:
         self.tracker.optimizer_steps += 1

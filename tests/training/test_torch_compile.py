@@ -287,7 +287,7 @@ def test_an_unknown_torch_is_counted_without_lines_and_said_once():
     ],
 )
 def test_a_failed_guard_is_reduced_to_a_bounded_reason(guard, reason):
-    from neuron_exporter.training.torch_compile import RECOMPILE_REASONS, guard_reason
+    from neuron_exporter.training.torch_compile.reasons import RECOMPILE_REASONS, guard_reason
 
     assert guard_reason(guard) == reason and reason in RECOMPILE_REASONS
 
@@ -314,7 +314,7 @@ def test_a_failed_guard_is_reduced_to_a_bounded_reason(guard, reason):
     ],
 )
 def test_a_graph_break_reason_is_reduced_to_a_bounded_reason(message, reason):
-    from neuron_exporter.training.torch_compile import GRAPH_BREAK_REASONS, break_reason
+    from neuron_exporter.training.torch_compile.reasons import GRAPH_BREAK_REASONS, break_reason
 
     assert break_reason(message) == reason and reason in GRAPH_BREAK_REASONS
 

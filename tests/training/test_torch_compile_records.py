@@ -21,8 +21,9 @@ import torch
 import torch._dynamo
 from torch._dynamo.utils import clear_compilation_metrics, get_compilation_metrics
 
-from neuron_exporter.training import torch_compile
-from neuron_exporter.training.torch_compile import TorchCompileSource
+from neuron_exporter.training.torch_compile import probes
+from neuron_exporter.training.torch_compile.diagnosis import torch_compile_part
+from neuron_exporter.training.torch_compile.source import TorchCompileSource
 
 pytestmark = pytest.mark.compile
 
@@ -86,7 +87,7 @@ def marked(site: str) -> str:
 def series(source: TorchCompileSource, name: str) -> dict[tuple, float]:
     """{(label values, the location as file name:line): value} of one family, as a scrape shows it."""
     found = {}
-    for family in source.families({}):
+    for family in source.parts()["torch_compile"]({}):
         for sample in family.samples:
             if sample.name == name:
                 labels = {k: (Path(v).name if k == "location" else v) for k, v in sample.labels.items()}
@@ -109,8 +110,8 @@ def dynamo_records() -> dict:
 
 
 def assert_full(source: TorchCompileSource) -> None:
-    assert source.mode == "full" and source.readable == torch_compile.READABLE
-    assert series(source, "neuron_exporter_torch_compile_readable") == {(name,): 1.0 for name in torch_compile.READABLE}
+    assert source.mode == "full" and source.readable == probes.READABLE
+    assert series(source, "neuron_exporter_torch_compile_readable") == {(name,): 1.0 for name in probes.READABLE}
 
 
 # -- the compiled code: each marked line is one the tests look for ---------------------------------------------------
@@ -171,11 +172,11 @@ def train(batches=(8, 8, 8, 5), backend: str = "aot_eager") -> None:
 
 # -- the tests -------------------------------------------------------------------------------------------------------
 def test_each_private_api_has_a_shape_the_exporter_reads_on_this_torch():
-    """Fails on a torch whose dynamo changed: check torch_compile.py against that torch's dynamo (the compilation
+    """Fails on a torch whose dynamo changed: check torch_compile/probes.py against that torch's dynamo (the compilation
     records, log_graph_break, the compile callbacks) and add an adapter for the new shape."""
-    assert torch_compile.probe_records() is None
-    assert torch_compile.probe_callbacks() is None
-    hook, problem = torch_compile.probe_graph_breaks()
+    assert probes.probe_records() is None
+    assert probes.probe_callbacks() is None
+    hook, problem = probes.probe_graph_breaks()
     assert problem is None and hook is not None
 
 
@@ -188,7 +189,7 @@ def test_a_batch_size_that_changes_is_a_recompilation_by_size_mismatch_at_the_fu
     assert series(source, "torch_compile_compilations_total") == {(function,): own["compilations"]}
     assert series(source, "torch_compile_graph_breaks_total") == {}
     assert series(source, "torch_compile_compile_seconds_total")[()] == pytest.approx(own["compile_seconds"])
-    (entry,) = source.diagnosis()["functions"]
+    (entry,) = torch_compile_part(source)["functions"]
     assert entry["function"] == "shapes" and Path(entry["location"]).name == function
     assert entry["failed_guards"][0] == {
         "reason": "size_mismatch",
@@ -207,7 +208,7 @@ def test_a_graph_break_is_named_by_its_line_and_reason(source, graph_break_log, 
     assert series(source, "torch_compile_recompilations_total") == {}
     own = dynamo_records()
     assert sum(series(source, "torch_compile_compilations_total").values()) == own["compilations"] == 2
-    (entry,) = source.diagnosis()["graph_break_sites"]
+    (entry,) = torch_compile_part(source)["graph_break_sites"]
     assert Path(entry["location"]).name == site and entry["reason"] == reason and entry["count"] == 1
     assert entry["frames"][0].startswith(f"{function.__name__} (") and entry["frames"][0].endswith(f"{site})")
     first = marked(("print" if function is noisy else "branch") + " function")
@@ -224,7 +225,7 @@ def test_a_function_at_the_recompile_limit_is_counted_once_at_its_line(source):
     assert series(source, "torch_compile_recompile_limit_hits_total") == {(function,): 1}
     assert series(source, "torch_compile_recompilations_total") == {(function, "value_changed"): 1}
     assert own["compilations"] == 2 and series(source, "torch_compile_compilations_total") == {(function,): 2}
-    (entry,) = source.diagnosis()["functions"]
+    (entry,) = torch_compile_part(source)["functions"]
     assert entry["recompile_limit_hits"] == 1 and entry["failed_guards"][-1]["recompile_limit_hit"] is True
     guard = entry["failed_guards"][-1]["guard"]
     assert guard.startswith("n == 1 ") and guard.endswith(" in shifted")  # the guard, without torch 2.11's stack
@@ -242,7 +243,7 @@ def test_a_compiled_module_trained_with_adamw_is_counted_as_dynamo_records_it(so
     assert series(source, "torch_compile_graph_breaks_total") == {}
     assert series(source, "torch_compile_recompile_limit_hits_total") == {}
     assert series(source, "torch_compile_compile_seconds_total")[()] == pytest.approx(own["compile_seconds"])
-    assert own["compile_seconds"] > 0 and source.diagnosis()["records_missed"] == 0
+    assert own["compile_seconds"] > 0 and torch_compile_part(source)["records_missed"] == 0
     assert_full(source)
 
 
@@ -285,7 +286,7 @@ def test_the_exporter_adds_no_graph_break_and_no_recompilation(graph_break_log):
 def test_an_unknown_graph_break_call_leaves_the_rest_counted_and_is_said_once(monkeypatch, caplog, graph_break_log):
     """A torch whose log_graph_break has a shape no adapter reads: compilations, recompilations and limits are
     still counted by line, graph breaks are not, and one log line and the readable metric say so."""
-    monkeypatch.setattr(torch_compile, "BREAK_SHAPES", {})
+    monkeypatch.setattr(probes, "BREAK_SHAPES", {})
     fresh_dynamo()
     read = TorchCompileSource(on_error=pytest.fail)
     with caplog.at_level(logging.WARNING, logger="neuron_exporter"):
@@ -299,8 +300,8 @@ def test_an_unknown_graph_break_call_leaves_the_rest_counted_and_is_said_once(mo
         assert said[0].endswith("not counted: graph_breaks")
         assert read.mode == "partial"
         readable = series(read, "neuron_exporter_torch_compile_readable")
-        assert readable == {(name,): float(name != "graph_breaks") for name in torch_compile.READABLE}
-        assert "torch_compile_graph_breaks_total" not in {f.name + "_total" for f in read.families({})}
+        assert readable == {(name,): float(name != "graph_breaks") for name in probes.READABLE}
+        assert "torch_compile_graph_breaks_total" not in {f.name + "_total" for f in read.parts()["torch_compile"]({})}
         own = dynamo_records()
         assert sum(series(read, "torch_compile_compilations_total").values()) == own["compilations"]
         assert series(read, "torch_compile_recompilations_total") == {
@@ -314,7 +315,7 @@ def test_an_unknown_graph_break_call_leaves_the_rest_counted_and_is_said_once(mo
 def test_unknown_compilation_records_are_counted_from_the_callbacks_without_lines(monkeypatch, caplog):
     """A torch whose compilation records lack a field read: compilations and their time are counted from the
     compile callbacks (location="unknown"), graph breaks still by line."""
-    monkeypatch.setattr(torch_compile, "RECORD_FIELDS", torch_compile.RECORD_FIELDS + ("a_field_of_a_future_torch",))
+    monkeypatch.setattr(probes, "RECORD_FIELDS", probes.RECORD_FIELDS + ("a_field_of_a_future_torch",))
     fresh_dynamo()
     read = TorchCompileSource(on_error=pytest.fail)
     with caplog.at_level(logging.WARNING, logger="neuron_exporter"):
@@ -324,12 +325,13 @@ def test_unknown_compilation_records_are_counted_from_the_callbacks_without_line
         run_breaks(noisy)
         said = [r.getMessage() for r in caplog.records if "torch.compile" in r.getMessage()]
         assert len(said) == 1 and "CompilationMetrics lacks a_field_of_a_future_torch" in said[0]
-        assert read.mode == "counting" and read.diagnosis()["mode"] == "counting"
+        assert read.mode == "counting" and torch_compile_part(read)["mode"] == "counting"
         own = dynamo_records()
         # one compile window per frame dynamo compiles: the function's compilations, the print's two frames
         assert series(read, "torch_compile_compilations_total") == {("unknown",): own["compilations"]}
         assert series(read, "torch_compile_graph_breaks_total") == {(marked("print"), "print"): 1}
-        assert "torch_compile_recompilations_total" not in {f.name + "_total" for f in read.families({})}
+        shown = {f.name + "_total" for f in read.parts()["torch_compile"]({})}
+        assert "torch_compile_recompilations_total" not in shown
         assert series(read, "torch_compile_compile_seconds_total")[()] > 0
     finally:
         read.uninstall()

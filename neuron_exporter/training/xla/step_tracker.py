@@ -7,80 +7,66 @@ compile cache lookup, so CachedCompile + UncachedCompile counts graphs exactly a
 
 from __future__ import annotations
 
-import bisect
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
-# Up to 30 minutes: the steps of large models on many devices take minutes.
-STEP_DURATION_BUCKETS = (
-    0.001,
-    0.0025,
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1.0,
-    2.5,
-    5.0,
-    10.0,
-    30.0,
-    60.0,
-    120.0,
-    300.0,
-    600.0,
-    1800.0,
-    float("inf"),
-)
+from ..histogram import STEP_DURATION_BUCKETS, Histogram
+
 GRAPHS_PER_STEP_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, float("inf"))
 FLUSH_EVERY = 64  # events recorded before the training thread accounts them itself
 # Steps held back while no optimizer exists: setup (a broadcast of the initial weights, a checkpoint load) if one
 # turns up, steps of a process that trains without one (inference, custom updates) once this many have passed.
 SETUP_MARKERS, SETUP_SECONDS = 8, 60.0
-# Events, kept in the order they happened until they are accounted. Each is a tuple:
-#   (SYNC, graphs before, compilations before, graphs after, compilations after, perf_counter() after, extra,
-#    optimizer steps since the marker before): a step marker (see on_sync)
-#   (READ, cause, location, frames or None, graphs run, compilations, traits): a host read (see
-#    Attribution.host_read)
-#   (UPLOAD, location, shapes); (OPTIMIZER_CREATED, time); (PROBE_ON,) and (PROBE_OFF,): the step the fallback probe
-#    watches
-SYNC, READ, UPLOAD = "sync", "read", "upload"
-OPTIMIZER_CREATED = "optimizer created"
-PROBE_ON, PROBE_OFF = "fallback probe on", "fallback probe off"
 
 
-@dataclass
-class Histogram:
-    """Cumulative-on-read histogram: ``counts[i]`` holds the observations that fell in bucket i only."""
+# Events, kept in the order they happened until they are accounted (``StepTracker.pending``). Each is built in one
+# place: a step marker and a host read by the wrappers of ``source``, the others here.
+class Sync(NamedTuple):
+    """A step marker: the compile counters (graphs run = CachedCompile + UncachedCompile, and UncachedCompile) before
+    and after it, perf_counter() when it ended, what its rare path found (``extra``: see ``Attribution.step_marker``)
+    and the optimizer steps since the marker before."""
 
-    upper_bounds: tuple[float, ...]
-    counts: list[int] = field(init=False)
-    total: float = 0.0
+    graphs_before: int
+    compiles_before: int
+    graphs: int
+    compiles: int
+    end: float
+    extra: tuple | None
+    optimizer_steps: int
 
-    def __post_init__(self):
-        self.counts = [0] * len(self.upper_bounds)
 
-    def observe(self, value: float) -> None:
-        self.counts[bisect.bisect_left(self.upper_bounds, value)] += 1
-        self.total += value
+class Read(NamedTuple):
+    """A host read (see ``Attribution.host_read``, which takes these fields in this order)."""
 
-    def copy(self) -> Histogram:
-        copy = Histogram(self.upper_bounds)
-        copy.counts = list(self.counts)
-        copy.total = self.total
-        return copy
+    cause: str
+    location: str
+    frames: list[str] | None  # None when the site is known already
+    graphs: int
+    compiles: int
+    traits: tuple
 
-    def cumulative(self) -> list[tuple[str, int]]:
-        """[(le, cumulative count)], the form Prometheus exposes."""
-        result, running = [], 0
-        for bound, count in zip(self.upper_bounds, self.counts, strict=False):
-            running += count
-            result.append(("+Inf" if bound == float("inf") else repr(float(bound)), running))
-        return result
+
+class Upload(NamedTuple):
+    location: str
+    shapes: tuple
+
+
+class OptimizerCreated(NamedTuple):
+    time: float
+
+
+class Probe(NamedTuple):
+    """The fallback probe starts (after a marker) or stops (after the next one) watching a step."""
+
+    watching: bool
+
+
+# ``new_event(Sync, (...))`` is ``Sync(...)`` without the Python call of a NamedTuple's ``__new__``: the step marker and
+# host-read wrappers build their events with it, at the cost of a plain tuple.
+new_event = tuple.__new__
 
 
 @dataclass
@@ -127,7 +113,7 @@ class StepTracker:
         # Markers, optimizer events, host reads and uploads as they happen, accounted later in a batch: right after a
         # graph ran the CPU caches are cold, and every line there costs the training thread several times what it
         # costs a few events later. Appending to a deque is atomic, so readers on other threads can flush. The owner's
-        # step marker and host-read wrappers append SYNC and READ events here themselves and call ``flush()`` once
+        # step marker and host-read wrappers append Sync and Read events here themselves and call ``flush()`` once
         # FLUSH_EVERY are pending: a Python call less on the hottest path.
         self.pending: deque = deque()
         # Optimizer steps (any torch.optim optimizer, on any thread) since the last recorded marker, which carries
@@ -144,23 +130,16 @@ class StepTracker:
     # -- the training thread: record only --------------------------------------------------------------------
     def on_optimizer_created(self) -> None:
         """A ``torch.optim`` optimizer was made: from now on, steps are training steps, the first timed from now."""
-        self.pending.append((OPTIMIZER_CREATED, self._clock()))
+        self.pending.append(OptimizerCreated(self._clock()))
 
     def on_probe(self, watching: bool) -> None:
-        """The fallback probe starts (after a marker) or stops (after the next one) watching a step."""
-        self.pending.append((PROBE_ON if watching else PROBE_OFF,))
-
-    def on_sync(
-        self, graphs_before: int, compiles_before: int, graphs_total: int, compiles_total: int, now: float, extra=None
-    ) -> None:
-        """One step marker, given CachedCompile+UncachedCompile and UncachedCompile before it and after it."""
-        stepped, self.optimizer_steps = self.optimizer_steps, 0
-        self._record((SYNC, graphs_before, compiles_before, graphs_total, compiles_total, now, extra, stepped))
+        self.pending.append(Probe(watching))
 
     def on_upload(self, location: str, shapes: tuple) -> None:
-        self._record((UPLOAD, location, shapes))
+        self.record(Upload(location, shapes))
 
-    def _record(self, event) -> None:
+    def record(self, event: tuple) -> None:
+        """Keep an event to account (the wrappers of ``source`` inline this)."""
         pending = self.pending
         pending.append(event)
         if len(pending) >= FLUSH_EVERY:
@@ -173,24 +152,24 @@ class StepTracker:
             pending, attribution = self.pending, self.attribution
             while pending:
                 event = pending.popleft()
-                kind = event[0]
-                if kind is SYNC:
-                    if event[7]:  # optimizer steps since the marker before
+                kind = type(event)
+                if kind is Sync:
+                    if event.optimizer_steps:
                         self._count_training_steps()
                         self._optimizer_stepped = True
                     self._account_sync(event)
-                elif kind is OPTIMIZER_CREATED:
+                elif kind is OptimizerCreated:
                     if not self._state.optimizer_steps:
-                        self._first_start = event[1]
+                        self._first_start = event.time
                     self._count_training_steps()
                 elif attribution is None:
                     continue
-                elif kind is READ:
-                    attribution.host_read(*event[1:])
-                elif kind is UPLOAD:
-                    attribution.upload(*event[1:])
+                elif kind is Read:
+                    attribution.host_read(*event)
+                elif kind is Upload:
+                    attribution.upload(*event)
                 else:
-                    attribution.probing = kind is PROBE_ON
+                    attribution.probing = event.watching
 
     def _count_training_steps(self) -> None:
         if not self._state.optimizer_steps:
@@ -198,8 +177,8 @@ class StepTracker:
             self._held = None  # setup: the markers before the optimizer were no steps
             self._step_graphs = self._step_cuts = 0  # what ran before belongs to no training step
 
-    def _account_sync(self, event: tuple) -> None:
-        _, graphs_before, compiles_before, graphs_total, compiles_total, now, extra, _ = event
+    def _account_sync(self, event: Sync) -> None:
+        graphs_before, compiles_before, graphs_total, compiles_total, now, extra, _ = event
         state = self._state
         state.syncs += 1
         # The counters only go down when someone calls met.clear_counters(); count from zero again then.

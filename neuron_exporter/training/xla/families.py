@@ -7,11 +7,11 @@ from collections.abc import Callable, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from ..metric_family import histogram_family, single_series
-from ..snapshot_metrics import snapshot_families
-from ..untrusted import LabelBudget
-from .attribution import SiteRecord
-from .xla_reader import MonotonicSnapshots
+from ...metric_family import histogram_family, single_series
+from ...snapshot_metrics import snapshot_families
+from ...untrusted import LabelBudget
+from ..attribution import SiteRecord
+from .reader import MonotonicSnapshots
 
 
 class XlaFamilies:

@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
 
-from .sites import SiteFinder
+from ..sites import SiteFinder
 
 MAX_OPS = 100  # operators named; more are not watched
 

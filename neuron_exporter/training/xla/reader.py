@@ -11,8 +11,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from ..snapshot import SECONDS, MetricValue, Snapshot, unit_of
-from ..snapshot_metrics import HOST_SCALAR_READ_OP
+from ...snapshot import SECONDS, MetricValue, Snapshot, unit_of
+from ...snapshot_metrics import HOST_SCALAR_READ_OP
 
 NANOSECONDS_PER_SECOND = 1e9
 CACHED_COMPILE, UNCACHED_COMPILE = "CachedCompile", "UncachedCompile"  # every graph that runs passes one of them

@@ -22,8 +22,9 @@ from collections.abc import Callable, Iterator
 
 from prometheus_client.core import CounterMetricFamily, Metric
 
-from ..metric_family import histogram_family, single_series
-from .step_tracker import STEP_DURATION_BUCKETS, Histogram, StepState
+from ...metric_family import histogram_family, single_series
+from ..histogram import STEP_DURATION_BUCKETS, Histogram
+from ..source import Source, StepCounts
 
 STEPS_HELP = (
     "Training steps: rounds of torch.optim optimizer steps (each optimizer at most once), whatever runs "
@@ -35,19 +36,35 @@ DURATION_HELP = (
 )
 
 
-class TrainingSteps:
-    def __init__(self, lazy_steps: Callable[[], StepState | None], clock: Callable[[], float] = time.perf_counter):
-        """``lazy_steps()``: torch_xla's step state (None without torch_xla), the steps of an optimizer on an XLA
-        device."""
+class TrainingSteps(Source):
+    def __init__(self, lazy_steps: Callable[[], StepCounts | None], clock: Callable[[], float] = time.perf_counter):
+        """``lazy_steps()``: the steps another source counts where they end on an XLA device (None without one)."""
         self._lazy_steps = lazy_steps
         self._clock = clock
+        self._start()
+
+    def _start(self) -> None:
         self._lock = threading.Lock()
         self.on_xla: bool | None = None  # decided at the first optimizer step
         self.steps = 0
         self.duration = Histogram(STEP_DURATION_BUCKETS)
         self._round: set[int] = set()  # the optimizers that stepped in the current step
-        self._step_end = clock()  # where the next step starts
+        self._step_end = self._clock()  # where the next step starts
         self.last_step_end: float | None = None
+
+    def after_fork(self, stats) -> None:
+        self._start()
+
+    def parts(self) -> dict:
+        return {"training_steps": self.families}
+
+    def diagnosis(self, rank: dict) -> None:
+        if not self.on_xla:  # on an XLA device, the XLA source's steps
+            rank["steps"] = self.steps
+
+    @property
+    def last_active(self) -> float | None:
+        return self.last_step_end
 
     # -- the training thread ------------------------------------------------------------------------------
     def on_optimizer_created(self) -> None:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .dynamo_skip import never_compiled
-from .patching import Patch
+from ..dynamo_skip import never_compiled
+from ..patching import Patch
 
 
 class StepHook:

@@ -15,21 +15,23 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-from ..config import Options
-from .attribution import Attribution
-from .host_reads import HostReadHook
-from .self_metrics import SelfStats
-from .sites import UNKNOWN, SiteFinder
+from ...config import Options
+from ..attribution import Attribution
+from ..host_reads import HostReadHook
+from ..rank import rank_labels
+from ..self_metrics import SelfStats
+from ..sites import UNKNOWN, SiteFinder
+from ..source import Source
+from .families import XlaFamilies
+from .reader import CACHED_COMPILE, UNCACHED_COMPILE, XlaReader
 from .step_hook import StepHook
-from .step_tracker import FLUSH_EVERY, READ, SYNC, StepTracker
-from .xla_families import XlaFamilies
-from .xla_reader import CACHED_COMPILE, UNCACHED_COMPILE, XlaReader
+from .step_tracker import FLUSH_EVERY, Read, StepState, StepTracker, Sync, new_event
 
 if TYPE_CHECKING:
     from .fallback_probe import FallbackProbe
 
 
-class XlaSource:
+class XlaSource(Source):
     def __init__(self, options: Options, stats: SelfStats):
         self.options = options
         self.stats = stats  # replaced in a forked child
@@ -78,14 +80,23 @@ class XlaSource:
     def last_active(self) -> float | None:
         return self.tracker.last_active
 
-    def diagnosis(self, labels: dict[str, str]) -> dict:
-        return self.attribution.diagnosis(labels, self.tracker.state().steps, self.reader.fallback_counts())
+    def parts(self) -> dict:
+        return self.families.parts()
 
-    # -- optimizer events (OptimizerHook, through the handle) ---------------------------------------------
+    def diagnosis(self, rank: dict) -> None:
+        """Its sites, cuts and fallbacks; the steps are its own (those of an optimizer on the XLA device)."""
+        rank.update(
+            self.attribution.diagnosis(rank_labels(), self.tracker.state().steps, self.reader.fallback_counts())
+        )
+
+    def step_counts(self) -> StepState:
+        return self.tracker.state()
+
+    # -- optimizer events ---------------------------------------------------------------------------------
     def on_optimizer_created(self) -> None:
         self.tracker.on_optimizer_created()
 
-    def on_optimizer_step(self) -> None:
+    def on_optimizer_step(self, optimizer) -> None:
         self.tracker.optimizer_steps += 1  # the cheapest thing on the training thread; carried by the next marker
 
     # -- the training thread ------------------------------------------------------------------------------
@@ -99,7 +110,7 @@ class XlaSource:
         every step, right after the graph ran, when every extra call costs several times what it costs warm. The
         source's parts are looked up at each call, because a forked child replaces them."""
         source = self
-        perf_counter = time.perf_counter
+        perf_counter, new, sync_event = time.perf_counter, new_event, Sync  # closure variables: cheaper than globals
 
         def step_marker(*args, **kwargs):
             if not hook.active:
@@ -125,23 +136,24 @@ class XlaSource:
                 unexplained = graphs_before != graphs_seen
                 compiled = compiles != compiles_seen  # at the marker or at a cut no host read explains
                 source._graphs_seen, source._compiles_seen = graphs, compiles
-                if compiled or unexplained or source._probe is not None:
-                    source._unusual_sync(
-                        graphs_before,
+                probe = source._probe
+                if compiled or unexplained or probe is not None:
+                    extra, fallbacks = source._unusual_sync(
                         compiles_before,
-                        graphs,
                         compiles,
-                        now,
                         unexplained,
                         (graphs - graphs_seen, compiles - compiles_seen) if compiled else None,
                     )
-                else:  # tracker.on_sync(graphs_before, compiles_before, graphs, compiles, now), inlined
-                    tracker = source.tracker
-                    stepped, tracker.optimizer_steps = tracker.optimizer_steps, 0
-                    pending = tracker.pending
-                    pending.append((SYNC, graphs_before, compiles_before, graphs, compiles, now, None, stepped))
-                    if len(pending) >= FLUSH_EVERY:
-                        tracker.flush()
+                else:
+                    extra = fallbacks = None
+                tracker = source.tracker
+                stepped, tracker.optimizer_steps = tracker.optimizer_steps, 0
+                pending = tracker.pending  # tracker.record(Sync(...)), inlined
+                pending.append(new(sync_event, (graphs_before, compiles_before, graphs, compiles, now, extra, stepped)))
+                if len(pending) >= FLUSH_EVERY:
+                    tracker.flush()
+                if probe is not None:
+                    source._watch_fallbacks(fallbacks)
             except Exception as error:  # noqa: BLE001
                 source._step_error(error)
             source.stats.hook_seconds += own + perf_counter() - now
@@ -150,17 +162,11 @@ class XlaSource:
         return step_marker
 
     def _unusual_sync(
-        self,
-        graphs_before: int,
-        compiles_before: int,
-        graphs: int,
-        compiles: int,
-        now: float,
-        unexplained: bool,
-        compiled: tuple[int, int] | None,
-    ) -> None:
-        """A marker that compiled, or after a cut no host read explains, or with the fallback probe on. ``compiled``:
-        the graphs run and the compilations since the last marker or host read, if any compiled."""
+        self, compiles_before: int, compiles: int, unexplained: bool, compiled: tuple[int, int] | None
+    ) -> tuple[tuple | None, dict[str, int] | None]:
+        """A marker that compiled, or after a cut no host read explains, or with the fallback probe on: (its event's
+        ``extra``, the fallback counters if read). ``compiled``: the graphs run and the compilations since the last
+        marker or host read, if any compiled."""
         frame = sys._getframe(2)  # the step marker's caller (past this and the wrapper)
         site = (self.sites.site(frame), self.sites.frames(frame)) if compiles != compiles_before else None
         fallbacks = self.reader.fallback_counts() if unexplained else None
@@ -168,9 +174,7 @@ class XlaSource:
         if site is not None or fallbacks is not None or compiled:
             traits = self.reader.graph_traits(*compiled) if compiled else ((), ())
             extra = (site, sum(fallbacks.values()) if fallbacks is not None else None, traits)
-        self.tracker.on_sync(graphs_before, compiles_before, graphs, compiles, now, extra)
-        if self._probe is not None:
-            self._watch_fallbacks(fallbacks)
+        return extra, fallbacks
 
     def _watch_fallbacks(self, fallbacks: dict[str, int] | None) -> None:
         """After a marker: end the fallback probe's watch of the step that ended, and watch the next one if an
@@ -218,7 +222,7 @@ class XlaSource:
                     traits = self.reader.graph_traits(graphs, compiled) if compiled else ((), ())
                     tracker = self.tracker
                     pending = tracker.pending
-                    pending.append((READ, cause, location, frames, graphs, compiled, traits))
+                    pending.append(new_event(Read, (cause, location, frames, graphs, compiled, traits)))
                     if len(pending) >= FLUSH_EVERY:
                         tracker.flush()
                 except Exception as error:  # noqa: BLE001

@@ -29,7 +29,7 @@ import ssl
 import struct
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 
@@ -84,7 +84,7 @@ class Connections:
         self._paused: dict[_Connection, None] = {}  # of clients refused too often: out of the selector for now
         self._busy: set[_Connection] = set()  # a request in its lane, being answered or answered later
         self._per_client: Counter[str] = Counter()  # open connections
-        self._answered: queue.SimpleQueue[tuple[_Connection, bytes | None, bool]] = queue.SimpleQueue()
+        self._answered: queue.SimpleQueue[tuple[_Connection, list[bytes] | None, bool]] = queue.SimpleQueue()
         self._lanes: Lanes[_Connection] = Lanes(self._work, lanes, "neuron-exporter-http-worker")
         self._next_sweep = 0.0
         self._logged: set[str] = set()
@@ -271,17 +271,17 @@ class Connections:
         except (BlockingIOError, InterruptedError):
             pass
         while not self._answered.empty():
-            connection, data, keep_alive = self._answered.get()
+            connection, parts, keep_alive = self._answered.get()
             if connection.sock is None:  # closed meanwhile (stop)
                 continue
             self._busy.discard(connection)
-            if data is None or self._stopping:
+            if parts is None or self._stopping:
                 self._close(connection)
             else:
-                self._start_writing(connection, data, keep_alive)
+                self._start_writing(connection, parts, keep_alive)
 
-    def _start_writing(self, connection: _Connection, data: bytes, keep_alive: bool) -> None:
-        connection.output = memoryview(data)
+    def _start_writing(self, connection: _Connection, parts: list[bytes], keep_alive: bool) -> None:
+        connection.output = deque(memoryview(part) for part in parts)
         connection.keep_alive = keep_alive
         connection.deadline = time.monotonic() + WRITE_TIMEOUT_SECONDS
         self._writing[connection] = None
@@ -293,19 +293,19 @@ class Connections:
         sent = 0
         try:
             while output and sent < WRITE_TURN:
-                n = sock.send(output[:WRITE_CHUNK])  # the same bytes again after a want-write, as TLS requires
-                output, sent = output[n:], sent + n
+                n = sock.send(output[0][:WRITE_CHUNK])  # the same bytes again after a want-write, as TLS requires
+                output[0], sent = output[0][n:], sent + n
+                if not output[0]:
+                    output.popleft()
         except (BlockingIOError, InterruptedError, ssl.SSLWantWriteError):
             pass
         except ssl.SSLWantReadError:
-            connection.output = output
             self._watch(connection, selectors.EVENT_READ)
             return
         except (OSError, ValueError) as error:
             log.debug("connection from %s: %s", connection.client, error)
             self._close(connection)
             return
-        connection.output = output
         if output:
             self._watch(connection, selectors.EVENT_WRITE)
             return
@@ -371,18 +371,18 @@ class Connections:
             self._answer(connection, request, answer)
 
     def _answer(self, connection: _Connection, request: Request, answer: Response | Future | None) -> None:
-        data, keep_alive = None, False
+        parts, keep_alive = None, False
         try:
             response = answer.result() if isinstance(answer, Future) else answer
             if response is not None:
                 keep_alive = keeps_alive(request)
-                data = self._serialized(connection, request.method, response, keep_alive)
+                parts = self._serialized(connection, request.method, response, keep_alive)
         except Exception as error:  # noqa: BLE001 - as above
             log.debug("connection from %s: %s: %s", connection.client, type(error).__name__, error)
-        self._answered.put((connection, data, keep_alive))
+        self._answered.put((connection, parts, keep_alive))
         self._wake()
 
-    def _serialized(self, connection: _Connection, method: str, response: Response, keep_alive: bool) -> bytes:
+    def _serialized(self, connection: _Connection, method: str, response: Response, keep_alive: bool) -> list[bytes]:
         # The refusal is counted before it is sent: a client that reconnects the moment it reads it must find it
         # counted already.
         if 400 <= response.status < 500 and not self._refusals.take(connection.client):
@@ -424,7 +424,7 @@ class _Connection:
         self.events = 0  # what the selector watches it for
         self.buffer = bytearray()  # received and not yet answered
         self.request: Request | None = None  # the one being answered
-        self.output: memoryview | None = None  # the rest of its response
+        self.output: deque[memoryview] | None = None  # the rest of its response
         self.keep_alive = False  # after the response being written
         self.paused_until = 0.0  # while its client is refused too often: monotonic time until it is read again
         self.served = False  # a request of it got a 2xx answer

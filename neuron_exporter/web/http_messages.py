@@ -22,6 +22,7 @@ MAX_HEADERS = 100
 HEAD_END = re.compile(rb"\r?\n\r?\n")
 TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 DIGITS = re.compile(r"[0-9]+")
+SMALL_BODY_BYTES = 65536  # sent in one piece with the head
 
 
 class Request(NamedTuple):
@@ -89,7 +90,8 @@ def keeps_alive(request: Request) -> bool:
     )
 
 
-def serialize(method: str, response: Response, keep_alive: bool) -> bytes:
+def serialize(method: str, response: Response, keep_alive: bool) -> list[bytes]:
+    """The response's bytes, in parts: a large body is its own part, sent as it is (never copied for each client)."""
     status, body = response.status, response.body
     lines = [
         f"HTTP/1.1 {status} {HTTPStatus(status).phrase}",
@@ -101,4 +103,7 @@ def serialize(method: str, response: Response, keep_alive: bool) -> bytes:
     ]
     if not keep_alive:
         lines.append("Connection: close")
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (b"" if method == "HEAD" else body)
+    head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+    if method == "HEAD" or not body:
+        return [head]
+    return [head + body] if len(body) <= SMALL_BODY_BYTES else [head, body]

@@ -221,3 +221,18 @@ def test_past_the_limit_the_crowded_address_loses_its_own_connections(server, mo
         other.close()
         for sock in crowd:
             sock.close()
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["http", "https"])
+def test_a_large_response_arrives_whole_on_a_kept_alive_connection(server, tls_files, tls):
+    big = BODY * 30_000  # 2 MB: written in chunks as the socket takes them, its head apart
+    s = server(lambda: big, web_config=tls_files / "web.yml") if tls else server(lambda: big)
+    connection = connection_to(s, tls_files if tls else None)
+    try:
+        for method in ("GET", "HEAD", "GET"):
+            connection.request(method, "/metrics", headers=AUTH if tls else {})
+            response = connection.getresponse()
+            assert response.read() == (big if method == "GET" else b"")
+            assert response.getheader("Content-Length") == str(len(big))
+    finally:
+        connection.close()

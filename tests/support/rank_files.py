@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import psutil
 
+from neuron_exporter.node.spool_reader import read_rank_file
 from tests.support.paths import RUN
+from tests.support.processes import xla_env
 
 
 def rank_file(directory, rank: str, run: str = RUN, suffix: str = ".prom") -> Path:
@@ -51,3 +54,17 @@ def hostile_rank_file(rank: str, size: int) -> bytes:
     room = size - len(rank_file_bytes(rank, head))
     lines = [f'xla_events_total{{counter="c{n:07d}",{labels}}} 1.0\n' for n in range(max(1, room // line))]
     return rank_file_bytes(rank, head + "".join(lines).encode())
+
+
+def spooled_exposition(tmp_path, command: list[str], **env: str) -> str:
+    """Run ``command`` (a training run with the exporter attached by zero code) to its end and return the exposition
+    its rank 0 left in its spool; the run must end cleanly, and the exporter must have said nothing."""
+    spool = tmp_path / "spool"
+    environment = xla_env(NEURON_EXPORTER_SPOOL_DIR=str(spool), NEURON_EXPORTER_PORT="0", **env)
+    result = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    complaints = [line for line in result.stderr.splitlines() if "neuron-exporter:" in line or "Traceback" in line]
+    assert complaints == [], result.stderr
+    report = read_rank_file(only_rank_file(spool, "0"))
+    assert report is not None and report.meta.finished
+    return report.exposition.decode()

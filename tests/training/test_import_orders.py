@@ -4,17 +4,14 @@ or with dynamo, is measured from its first step, under NEURON_EXPORTER_AUTO and 
 
 from __future__ import annotations
 
-import subprocess
 import sys
 
 import pytest
 
-from neuron_exporter.node.spool_reader import read_rank_file
 from tests.support.daemon import free_port
 from tests.support.exposition import value
 from tests.support.paths import SCRIPTS
-from tests.support.processes import xla_env
-from tests.support.rank_files import only_rank_file
+from tests.support.rank_files import spooled_exposition
 
 pytestmark = pytest.mark.training
 
@@ -29,19 +26,6 @@ ORDERS = [
 ]
 
 
-def trained(tmp_path, command: list[str], **env: str) -> str:
-    """The exposition a run left in its spool, once it has ended."""
-    spool = tmp_path / "spool"
-    environment = xla_env(NEURON_EXPORTER_SPOOL_DIR=str(spool), NEURON_EXPORTER_PORT="0", **env)
-    result = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=240)
-    assert result.returncode == 0, result.stderr[-3000:]
-    complaints = [line for line in result.stderr.splitlines() if "neuron-exporter:" in line or "Traceback" in line]
-    assert complaints == [], result.stderr
-    report = read_rank_file(only_rank_file(spool, "0"))
-    assert report is not None and report.meta.finished
-    return report.exposition.decode()
-
-
 def assert_every_step_counted(exposition: str) -> None:
     assert value(exposition, "xla_steps_total") == STEPS
     assert value(exposition, "training_steps_total") == STEPS
@@ -51,11 +35,11 @@ def assert_every_step_counted(exposition: str) -> None:
 @pytest.mark.parametrize("modules", ORDERS, ids=["+".join(order) for order in ORDERS])
 def test_autostart_counts_every_step_whatever_is_imported_first(tmp_path, modules):
     script = [sys.executable, str(SCRIPTS / "import_order.py"), str(STEPS), *modules]
-    assert_every_step_counted(trained(tmp_path, script, NEURON_EXPORTER_AUTO="1"))
+    assert_every_step_counted(spooled_exposition(tmp_path, script, NEURON_EXPORTER_AUTO="1"))
 
 
 @pytest.mark.parametrize("modules", [["torch_xla"], ["torch_xla.core.xla_model"]])
 def test_run_counts_every_step_of_a_script_that_imports_torch_xla_first(tmp_path, modules):
     command = [sys.executable, "-m", "neuron_exporter", "run", "--addr", "127.0.0.1", "--port", str(free_port())]
     command += ["--spool-dir", str(tmp_path / "spool"), "--", sys.executable, str(SCRIPTS / "import_order.py")]
-    assert_every_step_counted(trained(tmp_path, [*command, str(STEPS), *modules]))
+    assert_every_step_counted(spooled_exposition(tmp_path, [*command, str(STEPS), *modules]))

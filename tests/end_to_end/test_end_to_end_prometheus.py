@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import re
 import select
 import subprocess
@@ -24,7 +23,7 @@ from neuron_exporter.mixin import build, dashboards, rules
 from neuron_exporter.mixin.config import DEFAULTS, Config
 from tests.support.paths import DASHBOARDS, SCRIPTS
 from tests.support.processes import wait_until, xla_env
-from tests.support.prometheus import Prometheus, running_prometheus
+from tests.support.prometheus import Prometheus, finite_values, running_prometheus, substitute_variables
 
 pytestmark = [pytest.mark.training, pytest.mark.prometheus]
 
@@ -307,19 +306,12 @@ def test_every_rule_evaluates_and_only_the_expected_alerts_fire(run):
 
 
 def substitute(expr: str, **overrides: str) -> str:
-    values = {**VARIABLES, **overrides}
-    for variable in sorted(values, key=len, reverse=True):
-        expr = expr.replace(variable, values[variable])
-    return expr
+    return substitute_variables(expr, {**VARIABLES, **overrides})
 
 
-def finite_values(result: dict) -> int:
-    data = result["data"]["result"]
-    if result["data"]["resultType"] == "matrix":
-        values = [v for series in data for _, v in series["values"]]
-    else:
-        values = [series["value"][1] for series in data]
-    return sum(1 for v in values if math.isfinite(float(v)))
+# TorchNeuron's dashboard has its data from a TorchNeuron job (test_torchneuron_prometheus.py); here its queries
+# must parse and run.
+NOT_FROM_XLA = {"torchneuron.json"}
 
 
 @pytest.mark.parametrize("dashboard", sorted(dashboards.DASHBOARDS))
@@ -345,7 +337,8 @@ def test_every_dashboard_query_parses_and_every_panel_has_data(run, dashboard):
         *(f"  {title}: {counts}" for title, counts in report.items()),
         sep="\n",
     )
-    assert not empty, f"{dashboard}: panels without data: {empty}"
+    if dashboard not in NOT_FROM_XLA:
+        assert not empty, f"{dashboard}: panels without data: {empty}"
 
 
 def test_dashboard_variables_list_the_run(run):

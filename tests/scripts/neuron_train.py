@@ -1,7 +1,7 @@
 """An eager training loop on the emulated TorchNeuron ``neuron`` device (tests/support/torchneuron), and with
 ``--compile`` a module compiled with ``torch.compile(backend="neuron")``.
 
-Usage: python neuron_train.py STEPS [--attach] [--compile]
+Usage: python neuron_train.py STEPS [--attach] [--compile] [--until PATH]
 
 Each eager step: ``torch.lgamma`` (no Neuron kernel: path a, only in TorchNeuron's set; its backward calls
 ``digamma``), ``torch.digamma`` (a Python-registered op that runs on the CPU: path b, one ``_log_offloaded_op``
@@ -73,5 +73,20 @@ print(
     ),
     flush=True,
 )
+if "--until" in sys.argv:  # go on training, as a job does while it is scraped, until PATH exists
+    until = Path(sys.argv[sys.argv.index("--until") + 1])
+    compiled = torch.compile(model, backend="neuron")
+    iteration = 0
+    while not until.exists():
+        out = model(torch.randn(16, 8).to("neuron"))
+        loss = torch.lgamma(out.abs() + 1).mean() + torch.digamma(out.abs() + 1).mean()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        loss.item()
+        if iteration % 30 == 29:
+            backend.fail_executions.append("NRT execution failed: NEFF load error (code 1103)")
+        compiled(torch.randn(8 + (iteration // 50) % 4, 8).to("neuron")).sum().backward()  # a new shape now and then
+        iteration += 1
 for _ in sys.stdin:
     print(json.dumps({"syncs": _C.syncs}), flush=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import subprocess
 import urllib.error
 import urllib.parse
@@ -83,3 +84,20 @@ def running_prometheus(config: dict, directory: Path) -> Iterator[Prometheus]:
     finally:
         process.terminate()
         process.wait(timeout=30)
+
+
+def substitute_variables(expr: str, variables: dict[str, str]) -> str:
+    """A dashboard query with Grafana's variables (``$job``, ``$__rate_interval``...) replaced, longest first."""
+    for variable in sorted(variables, key=len, reverse=True):
+        expr = expr.replace(variable, variables[variable])
+    return expr
+
+
+def finite_values(result: dict) -> int:
+    """How many finite values a query's result holds (a range query's over all its points)."""
+    data = result["data"]["result"]
+    if result["data"]["resultType"] == "matrix":
+        values = [v for series in data for _, v in series["values"]]
+    else:
+        values = [series["value"][1] for series in data]
+    return sum(1 for v in values if math.isfinite(float(v)))

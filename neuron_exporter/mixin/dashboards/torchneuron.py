@@ -181,7 +181,7 @@ def compile_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                 "short",
                 (
                     f"sum by (run_id, rank, kind) (rate(torchneuron_compilations_total{{{q.rank}}}[$__rate_interval]))"
-                    f" / on (run_id, rank) group_left ({q.rate(STEPS)} > 0)",
+                    f" / on (run_id, rank) group_left () ({q.rate(STEPS)} > 0)",
                     "{{kind}} rank {{rank}} ({{run_id}})",
                 ),
                 width=8,

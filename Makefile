@@ -115,11 +115,15 @@ fuzz: venv
 dashboards: venv
 	$(PY) -m neuron_exporter.mixin
 
-bench: venv
+# The step costs (torch_xla, and TorchNeuron's eager loop on the emulated device in the newest torch's environment),
+# then what serving a node costs (the daemon, a trainer scraped at a node of 128 ranks, scrapes under load).
+bench: venv $(LATEST_STAMP)
 	$(PY) benchmarks/step_overhead.py
+	$(LATEST_VENV)/bin/python benchmarks/neuron_eager_overhead.py
 	$(PY) benchmarks/daemon_scrape.py
 	$(PY) benchmarks/daemon_scrape.py --rewrite 2
 	$(PY) benchmarks/node_scale.py
+	$(PY) benchmarks/scrape_under_load.py
 
 clean:
 	rm -rf $(VENV) $(LATEST_VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -23,24 +23,19 @@ from neuron_exporter.mixin import build, dashboards, rules
 from neuron_exporter.mixin.config import DEFAULTS, Config
 from tests.support.paths import DASHBOARDS, SCRIPTS
 from tests.support.processes import wait_until, xla_env
-from tests.support.prometheus import Prometheus, finite_values, running_prometheus, substitute_variables
+from tests.support.prometheus import (
+    Prometheus,
+    dashboard_variables,
+    finite_values,
+    running_prometheus,
+    substitute_variables,
+)
 
 pytestmark = [pytest.mark.training, pytest.mark.prometheus]
 
 JOB = "neuron-exporter"  # fallback_and_shapes.py
 TRAINER_JOB = "neuron-exporter-trainer"  # trainer_shaped.py
-RATE_INTERVAL = "10s"  # ten 1s scrapes: every rate() window of the dashboards holds several samples
-VARIABLES = {
-    "$__rate_interval": RATE_INTERVAL,
-    "$__range": "1h",
-    "$cluster": ".*",
-    "$namespace": ".*",
-    "$job": JOB,
-    "$run_id": ".*",
-    "$instance": ".*",
-    "$rank": ".*",
-    "$op": ".*",
-}
+VARIABLES = dashboard_variables(JOB)  # rate windows of ten 1s scrapes: several samples each
 BOTH_JOBS = {"$job": f"{JOB}|{TRAINER_JOB}"}  # the panels are run over both runs: each shows a different problem
 # The fallback run recompiles two graphs every 150 steps (about 0.013 per step): below the default storm
 # threshold, above this one, so that the recompilation alert fires on real site-labelled series.

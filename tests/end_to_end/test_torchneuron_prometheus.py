@@ -13,7 +13,7 @@ import pytest
 
 from tests.support.paths import DASHBOARDS
 from tests.support.processes import TrainingRun, wait_until
-from tests.support.prometheus import finite_values, running_prometheus, substitute_variables
+from tests.support.prometheus import dashboard_variables, finite_values, running_prometheus, substitute_variables
 from tests.support.torchneuron import emulation_problem
 
 pytestmark = [
@@ -24,17 +24,7 @@ pytestmark = [
 ]
 
 JOB = "neuron-exporter-torchneuron"  # the default selector takes jobs named like neuron-exporter
-VARIABLES = {
-    "$__rate_interval": "10s",
-    "$__range": "1h",
-    "$cluster": ".*",
-    "$namespace": ".*",
-    "$job": JOB,
-    "$run_id": ".*",
-    "$instance": ".*",
-    "$rank": ".*",
-    "$op": ".*",
-}
+VARIABLES = dashboard_variables(JOB)
 
 
 def test_every_panel_of_the_torchneuron_dashboard_has_data(tmp_path):

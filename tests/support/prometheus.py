@@ -86,6 +86,21 @@ def running_prometheus(config: dict, directory: Path) -> Iterator[Prometheus]:
         process.wait(timeout=30)
 
 
+def dashboard_variables(job: str) -> dict[str, str]:
+    """Values for the variables of the shipped dashboards: every series of ``job``, rate windows of ten 1 s scrapes."""
+    return {
+        "$__rate_interval": "10s",
+        "$__range": "1h",
+        "$cluster": ".*",
+        "$namespace": ".*",
+        "$job": job,
+        "$run_id": ".*",
+        "$instance": ".*",
+        "$rank": ".*",
+        "$op": ".*",
+    }
+
+
 def substitute_variables(expr: str, variables: dict[str, str]) -> str:
     """A dashboard query with Grafana's variables (``$job``, ``$__rate_interval``...) replaced, longest first."""
     for variable in sorted(variables, key=len, reverse=True):

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from ...metric_family import single_series
+from ...metric_family import readable_family, single_series
 from ...untrusted import LabelBudget
 from .names import COUNTERS_KEY, RECORDS, memory_value
 
@@ -53,16 +53,14 @@ class NeuronFamilies:
 
     def collect(self, labels: dict[str, str]) -> Iterator[Metric]:
         source = self.source
-        names_, values = list(labels), list(labels.values())
-        readable = GaugeMetricFamily(
+        yield readable_family(
             READABLE_FAMILY,
             "1 if the exporter reads this record of TorchNeuron in this process, 0 if a name it comes from is "
             "missing or of another shape (the log says which), by record",
-            labels=names_ + ["record"],
+            labels,
+            RECORDS,
+            source.readable,
         )
-        for record in RECORDS:
-            readable.add_metric(values + [record], float(record in source.readable))
-        yield readable
         yield from self._fallbacks(labels)
         if "compile_cache" in source.readable:
             yield from self._cache(labels, source.cache_stats())

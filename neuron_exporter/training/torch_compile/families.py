@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, Metric
 
+from ...metric_family import readable_family
 from ...untrusted import LabelBudget
 from ..sites import UNKNOWN
 from .probes import OFF, READABLE
@@ -44,19 +45,18 @@ class TorchCompileFamilies:
         source = self.source
         if not source.version:
             return  # never installed
-        names, values = list(labels), list(labels.values())
-        family = GaugeMetricFamily(
+        yield readable_family(
             "neuron_exporter_torch_compile_readable",
             "1 if the exporter reads this record "
             "of torch.compile on this torch, 0 if the private API of torch it comes from is "
             "missing or of a shape the exporter does not know (the log says which), by record",
-            labels=names + ["record"],
+            labels,
+            READABLE,
+            source.readable,
         )
-        for name in READABLE:
-            family.add_metric(values + [name], float(name in source.readable))
-        yield family
         if source.mode == OFF:
             return
+        names, values = list(labels), list(labels.values())
         functions, breaks, seconds, counted = source.snapshot()
         if "source_lines" not in source.readable:  # compilations counted from the compile callbacks, without lines
             functions = [FunctionRecord(UNKNOWN, compilations=counted)]

@@ -19,15 +19,27 @@ the real loader of a watched module so that the functions run after the module's
 nothing at start-up that Python has not loaded already (no ``threading``, no ``typing``).
 """
 
+import os
 import sys
 from _thread import allocate_lock  # what threading.Lock is, without importing threading at start-up
 
 _lock = allocate_lock()
 
 
+def _new_lock_after_fork() -> None:
+    global _lock
+    _lock = allocate_lock()  # another thread may have held it at the fork
+
+
+os.register_at_fork(after_in_child=_new_lock_after_fork)
+
+
 def _run(functions) -> None:
     for function in functions:
-        function()
+        try:
+            function()
+        except Exception as error:  # noqa: BLE001 (they must not raise; if one does, never into the user's import)
+            sys.stderr.write(f"neuron-exporter: after an import: {type(error).__name__}: {error}\n")
 
 
 def _initializing(name):
@@ -36,31 +48,45 @@ def _initializing(name):
     return bool(getattr(spec, "_initializing", False))
 
 
+def _real_spec(name, path, target):
+    """The spec the other finders of ``sys.meta_path`` give, in their order, as the import system asks them."""
+    for finder in list(sys.meta_path):
+        find_spec = getattr(finder, "find_spec", None)
+        if finder is not _watcher and find_spec is not None:
+            spec = find_spec(name, path, target)
+            if spec is not None:
+                return spec
+    return None
+
+
 class _ImportWatcher:
     def __init__(self):
         self.waiting = {}  # module name -> the functions to call after its import
         self.unfinished = {}  # module name, imported but its code still running -> the functions to call after it
 
     def find_spec(self, name, path=None, target=None):
-        with _lock:
-            functions = self.waiting.pop(name, None)
-            finished = self._take_finished()
-            self._leave_if_idle()
-        _run(finished)
-        if functions is None:
+        # It never leaves sys.meta_path here (the import system is looping over it), and a watched module's functions
+        # wait until its code has run: a look-up alone (importlib.util.find_spec, as libraries probe for torch_xla)
+        # or an import that fails leaves them waiting for the next import.
+        if self.unfinished:
+            with _lock:
+                finished = self._take_finished()
+            _run(finished)
+        if name not in self.waiting:
             return None
-        import importlib.util
-
-        spec = importlib.util.find_spec(name)  # the real one: this watcher no longer answers for the name
+        spec = _real_spec(name, path, target)
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
         exec_module = spec.loader.exec_module
 
         def exec_then_run(module):
             exec_module(module)
+            with _lock:
+                functions = self.waiting.pop(name, [])
+                self._leave_if_idle()
             _run(functions)
 
-        spec.loader.exec_module = exec_then_run  # type: ignore[method-assign]
+        spec.loader.exec_module = exec_then_run
         return spec
 
     def _take_finished(self) -> list:

@@ -70,3 +70,53 @@ def test_where_the_end_cannot_be_watched_the_next_chance_runs_it(tmp_path, chanc
 def test_a_module_already_whole_runs_at_once(tmp_path):
     script = "import outer\nimport_watch.after_import('outer', whole)\n"
     assert run(tmp_path, "import inner\nEND = True\n", script) == ["outer whole: True", "outer whole: True"]
+
+
+def test_a_look_up_of_the_spec_alone_leaves_the_functions_waiting_for_the_import(tmp_path):
+    # Libraries probe for torch and torch_xla with importlib.util.find_spec before anything imports them.
+    script = (
+        "import importlib.util\n"
+        "import_watch.after_import('other', lambda: print('other imported', flush=True))\n"
+        "assert importlib.util.find_spec('other') is not None\n"
+        "print('looked up', flush=True)\n"
+        "import other\n"
+    )
+    assert run(tmp_path, "", script) == ["looked up", "other imported"]
+
+
+def test_an_import_that_failed_leaves_the_functions_waiting_for_the_next_one(tmp_path):
+    script = (
+        "import_watch.after_import('other', lambda: print('other imported', flush=True))\n"
+        "open(PACKAGES + '/other.py', 'w').write('raise ImportError(1)')\n"
+        "try:\n    import other\nexcept ImportError:\n    print('failed', flush=True)\n"
+        "open(PACKAGES + '/other.py', 'w').write('')\n"
+        "import importlib; importlib.invalidate_caches(); sys.modules.pop('other', None)\n"
+        "import other\n"
+    )
+    assert run(tmp_path, "", script) == ["failed", "other imported"]
+
+
+def test_the_finder_after_the_watcher_is_asked_when_the_watcher_is_done(tmp_path):
+    # A finder behind the watcher in sys.meta_path must see every import, also the one that empties the watcher.
+    script = (
+        "import importlib.machinery, importlib.util\n"
+        "class Virtual:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'virtual':\n"
+        "            return importlib.util.spec_from_loader(name, importlib.machinery.SourceFileLoader(\n"
+        "                name, PACKAGES + '/other.py'))\n"
+        "sys.meta_path.insert(1, Virtual())\n"
+        "import_watch._call_when_the_mark_is_cleared = lambda name: False\n"
+        "import outer\n"
+        "import virtual\n"
+        "print('virtual imported', flush=True)\n"
+    )
+    assert run(tmp_path, "import inner\nEND = True\n", script) == ["outer whole: True", "virtual imported"]
+
+
+def test_a_function_that_raises_never_reaches_the_import(tmp_path):
+    script = "import_watch.after_import('other', lambda: 1 / 0)\nimport other\nprint('imported', flush=True)\n"
+    assert run(tmp_path, "", script) == [
+        "imported",
+        "neuron-exporter: after an import: ZeroDivisionError: division by zero",
+    ]

@@ -135,7 +135,8 @@ class EndpointKeeper:
         return {"meta": None, "diagnosis": None}, b""
 
     def start_spool_thread(self) -> None:
-        self._stop.clear()
+        # A new event, not clear(): in a forked child the old one's lock may be held by the parent's spool thread.
+        self._stop = threading.Event()
         self._spool_thread = threading.Thread(target=self._spool_loop, name="neuron-exporter-spool", daemon=True)
         self._spool_thread.start()
 
@@ -151,27 +152,36 @@ class EndpointKeeper:
         interval = self.options.spool_interval_seconds
         next_write = time.monotonic() + interval
         while not self._stop.is_set():
-            server = self.server
-            wait = max(0.0, next_write - time.monotonic())
-            if isinstance(server, JobEndpointProcess):
-                try:
-                    gone = not server.answer(wait, self._answer)
-                except Exception as error:  # noqa: BLE001
-                    self.rank.stats.record_error("scrape", error)
-                    gone = True
-                if gone:  # the endpoint process ended: this process or another binds the port again
-                    server.stop()
-                    self.server = None
-                    self._endpoint_ended(server)
-            else:
-                self._stop.wait(wait)
-            if self._stop.is_set() or time.monotonic() < next_write:
-                continue
-            next_write = time.monotonic() + interval
-            self.rank._write_spool()
-            if self.server is None and (self._picked_port is not None or self.options.port and self.rank.claimed):
-                # The endpoint process ended, or the process that held the port has gone: serve (again).
-                self.serve(first_try=False)
+            try:
+                next_write = self._spool_turn(next_write, interval)
+            except Exception as error:  # noqa: BLE001 (the thread outlives any failure, or the rank would look dead)
+                self.rank.stats.record_error("spool", error)
+                self._stop.wait(interval)
+
+    def _spool_turn(self, next_write: float, interval: float) -> float:
+        """Answer the endpoint process until ``next_write``, then write the spool (and serve again if no one does);
+        the time of the next write."""
+        server = self.server
+        wait = max(0.0, next_write - time.monotonic())
+        if isinstance(server, JobEndpointProcess):
+            try:
+                gone = not server.answer(wait, self._answer)
+            except Exception as error:  # noqa: BLE001
+                self.rank.stats.record_error("scrape", error)
+                gone = True
+            if gone:  # the endpoint process ended: this process or another binds the port again
+                server.stop()
+                self.server = None
+                self._endpoint_ended(server)
+        else:
+            self._stop.wait(wait)
+        if self._stop.is_set() or time.monotonic() < next_write:
+            return next_write
+        self.rank._write_spool()
+        if self.server is None and (self._picked_port is not None or self.options.port and self.rank.claimed):
+            # The endpoint process ended, or the process that held the port has gone: serve (again).
+            self.serve(first_try=False)
+        return time.monotonic() + interval
 
     def close(self) -> None:
         """Stop serving and free the port (after ``stop_spool_thread``)."""

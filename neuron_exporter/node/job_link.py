@@ -60,13 +60,23 @@ def send_answer(sock: socket.socket, document: dict, body: bytes = b"") -> None:
     sock.sendall(HEADER.pack(len(data), len(body)) + data + body)
 
 
+def readable(sockets: list[socket.socket], timeout: float) -> list[socket.socket]:
+    """Those of ``sockets`` with something to read (or closed) within ``timeout`` seconds. poll(), not select(): a
+    training process often has descriptors past 1023, which select() refuses."""
+    poller = select.poll()
+    for sock in sockets:
+        poller.register(sock, select.POLLIN)
+    ready = {fd for fd, _ in poller.poll(max(0.0, timeout) * 1000)}
+    return [sock for sock in sockets if sock.fileno() in ready]
+
+
 def read_exactly(sock: socket.socket, size: int, deadline: float | None) -> bytes:
     """``size`` bytes; ``TimeoutError`` past ``deadline`` (monotonic; None: wait), ``LinkClosed`` at the end."""
     chunks = []
     while size:
         if deadline is not None:
             remaining = deadline - time.monotonic()
-            if remaining <= 0 or not select.select([sock], [], [], remaining)[0]:
+            if remaining <= 0 or not readable([sock], remaining):
                 raise TimeoutError("no answer on the link in time")
         chunk = sock.recv(min(size, 1 << 20))
         if not chunk:
@@ -190,7 +200,7 @@ class JobEndpointProcess:
     def answer(self, timeout: float, answer: Callable[[bytes], tuple[dict, bytes]]) -> bool:
         """Wait up to ``timeout`` seconds for questions and answer each with ``answer(kind)``; False once the
         endpoint process is gone (the caller then lets another process serve, or binds again)."""
-        ready = select.select([self.link, self._wake_reader], [], [], timeout)[0]
+        ready = readable([self.link, self._wake_reader], timeout)
         if self._wake_reader in ready:
             self._wake_reader.recv(64)
         if self.link not in ready:

@@ -214,7 +214,11 @@ class Connections:
             data = sock.recv(65536)
             while data and isinstance(sock, ssl.SSLSocket) and sock.pending():
                 data += sock.recv(sock.pending())  # decrypted already: select() will not say so
-        except (ssl.SSLWantReadError, BlockingIOError, InterruptedError):
+        except ssl.SSLWantReadError:
+            if connection.handshaking:  # no longer waiting to write: a writable socket would wake the loop at once
+                self._watch(connection, selectors.EVENT_READ)
+            return
+        except (BlockingIOError, InterruptedError):
             return
         except ssl.SSLWantWriteError:  # the handshake's reply did not fit in the socket's buffer
             self._watch(connection, selectors.EVENT_READ | selectors.EVENT_WRITE)
@@ -228,8 +232,8 @@ class Connections:
             return
         if not connection.buffer:  # the first byte of a request: its head must follow soon
             connection.deadline = min(connection.deadline, time.monotonic() + HEAD_TIMEOUT_SECONDS)
-        connection.buffer += data
-        if len(connection.buffer) > MAX_HEAD_BYTES or HEAD_END.search(connection.buffer):
+        scanned, connection.buffer = len(connection.buffer) - 3, connection.buffer + data  # look at what came only
+        if len(connection.buffer) > MAX_HEAD_BYTES or HEAD_END.search(connection.buffer, scanned):
             del self._waiting[connection]
             self._watch(connection, 0)
             self._take_request(connection)

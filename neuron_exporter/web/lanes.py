@@ -66,9 +66,13 @@ class Lanes(Generic[Item]):
             self._queues[lane].put(client, item)
             if self._idle[lane] < len(self._queues[lane]) and len(self._threads[lane]) < self._most[lane]:
                 worker = threading.Thread(target=self._work, args=(lane,), name=self._name, daemon=True)
-                self._threads[lane].append(worker)
-                self._idle[lane] += 1
-                worker.start()
+                try:
+                    worker.start()  # it waits for this lock before it counts itself busy
+                except RuntimeError as error:  # no thread to be had (a pids limit): the lane's workers serve the queue
+                    log.debug("%s: %s", self._name, error)
+                else:
+                    self._threads[lane].append(worker)
+                    self._idle[lane] += 1
             self._ready[lane].notify()
 
     def stop(self) -> None:

@@ -11,8 +11,9 @@ left gets SIGTERM, then SIGKILL after the grace period. When the runner dies, th
 PR_SET_PDEATHSIG (SIGHUP, its parent then no longer the runner) and sends SIGKILL to the whole tree, as the runner's
 SIGKILL meant. It is in a process group of its own: a signal to the runner's group (a shell's ``kill %1``) or from
 the terminal (Ctrl-C goes to the command's group) does not reach it, so the command gets no signal twice and the
-keeper outlives the runner. What Linux gives no way around is the keeper itself killed with SIGKILL: the command
-goes (its PR_SET_PDEATHSIG), what it started does not; a PID namespace or a cgroup is the answer there.
+keeper outlives the runner. The runner is a child subreaper too: the keeper killed with SIGKILL takes the command
+along (its PR_SET_PDEATHSIG), and what the command started comes to the runner, which ends it. Only both killed at
+once leave processes behind; a PID namespace or a cgroup is the answer there.
 
 As PID 1 of a PID namespace, the runner is the command's parent itself (``Keeper`` in its own process): the kernel
 ends every process of the namespace with it, and every orphan of the namespace comes to it to be reaped.
@@ -76,16 +77,16 @@ class Keeper:
 
     def run(self) -> int:
         """The command's exit code (128 + N if a signal N ended it); OSError if it cannot start."""
-        _prctl(PR_SET_CHILD_SUBREAPER, 1)
+        prctl(PR_SET_CHILD_SUBREAPER, 1)
         forward_signals(self._forward)
         if self.runner is not None:
-            _prctl(PR_SET_PDEATHSIG, RUNNER_GONE)
+            prctl(PR_SET_PDEATHSIG, RUNNER_GONE)
             self._check_runner()  # it may have died before the line above
         parent = os.getpid()
 
         def in_child():  # after fork, before exec
             os.setpgid(0, 0)
-            _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # this process killed by SIGKILL: the command goes too
+            prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # this process killed by SIGKILL: the command goes too
             if os.getppid() != parent:
                 os._exit(128 + signal.SIGKILL)
 
@@ -221,7 +222,7 @@ def give_terminal(fd: int | None, group: int) -> None:
         signal.signal(signal.SIGTTOU, ignored)
 
 
-def _prctl(option: int, value: int) -> None:
+def prctl(option: int, value: int) -> None:
     """Linux prctl(2); nothing elsewhere."""
     if _libc is not None:
         _libc.prctl(option, value, 0, 0, 0)

@@ -25,7 +25,16 @@ from ..config import child_environment
 from ..training import AUTOSTART_DIR
 from ..untrusted import EXIT_USAGE
 from . import command_keeper
-from .command_keeper import EXIT_CANNOT_RUN, Keeper, exit_code, forward_signals, wait_for
+from .command_keeper import (
+    EXIT_CANNOT_RUN,
+    PR_SET_CHILD_SUBREAPER,
+    Keeper,
+    end_all,
+    exit_code,
+    forward_signals,
+    prctl,
+    wait_for,
+)
 from .node_view import NodeView
 from .serve_command import add_options, load_options, node_server, prepare_spool_dir
 
@@ -129,11 +138,13 @@ def supervise(command: list[str], env: dict[str, str], grace_seconds: float) -> 
         os.kill(pid, signal.SIGCONT)
 
     forward_signals(forward)
+    prctl(PR_SET_CHILD_SUBREAPER, 1)  # a keeper killed with SIGKILL leaves its orphans to this process
     keeper = subprocess.Popen(
         [sys.executable, "-m", command_keeper.__name__, str(os.getpid()), repr(grace_seconds), home, *command], env=env
     )
     status = wait_for(keeper.pid, stopped if terminal is not None else None)
     reaped = True
+    end_all(None, grace_seconds)  # nothing is left but where the keeper was killed: what it kept then ends here
     return exit_code(status)
 
 

@@ -50,14 +50,19 @@ class JobEndpoint:
     def __init__(self, options: Options, run_id: str, asker: Asker, every_run: bool):
         self.view = NodeView(options, run_id=None if every_run else run_id).start_reading()
         self.asker = asker
+        self._last_own: tuple[dict, bytes] | None = None  # the training process's last answer
 
     def render(self) -> bytes:
         answer = self.asker.ask(METRICS, ASK_TIMEOUT_SECONDS)
-        if answer is None:
+        if answer is not None and answer[0].get("meta") is not None:
+            self._last_own = answer
+        elif self._last_own is not None:
+            # No answer in time (a step holding the GIL): its last answer, not its spool file, which can be older
+            # than what was served already and would take its counters back.
+            answer = self._last_own
+        else:
             return self.view.render(own=None)
         document, exposition = answer
-        if document.get("meta") is None:
-            return self.view.render(own=None)
         return self.view.render(own=(document["meta"], exposition), own_idle=bool(document.get("idle")))
 
     def diagnosis(self) -> dict:

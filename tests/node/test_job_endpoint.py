@@ -14,10 +14,12 @@ import psutil
 import pytest
 
 from neuron_exporter.config import resolve_options
+from neuron_exporter.node.job_endpoint import JobEndpoint
 from neuron_exporter.node.node_view import NodeView
 from tests.support.exposition import samples, scrape, total, value
 from tests.support.paths import ROOT, RUN, SCRIPTS
 from tests.support.processes import TrainingRun, wait_until, xla_env
+from tests.support.rank_files import rank_file, rank_file_bytes, steps_exposition
 from tests.support.spool_writer import Writer
 
 pytestmark = pytest.mark.training
@@ -353,3 +355,24 @@ def test_the_endpoint_link_and_the_server_with_its_pages_are_each_in_one_place()
         "neuron_exporter/web/connections.py",
         "neuron_exporter/web/http_server.py",
     }
+
+
+class SlowAsker:
+    """The training process's side of the link: its answers, then none in time (a step holding its GIL)."""
+
+    def __init__(self, answers: list):
+        self.answers = answers
+
+    def ask(self, kind, timeout):
+        return self.answers.pop(0) if self.answers else None
+
+
+def test_a_late_answer_serves_the_last_one_never_the_older_spool_file(tmp_path):
+    # The spool file says 7 steps, the live answer 9: with no answer in time, the rank's counters must not go back.
+    rank_file(tmp_path, "0").write_bytes(rank_file_bytes("0", steps_exposition("0")))
+    meta = json.loads(rank_file(tmp_path, "0").read_bytes().split(b"\n")[0])
+    live = steps_exposition("0").replace(b"} 7.0", b"} 9.0")
+    options = resolve_options(env={}, overrides={"spool_dir": str(tmp_path)})
+    endpoint = JobEndpoint(options, RUN, SlowAsker([({"meta": meta, "idle": False}, live)]), every_run=False)
+    served = [value(endpoint.render().decode(), "xla_steps_total", rank="0") for _ in range(3)]
+    assert served == [9, 9, 9]

@@ -2,18 +2,23 @@
 2.14): registered here only.
 
 ``start(args)`` runs when dynamo starts compiling a frame, ``end(args)`` when it is done (before that compilation's
-record is added), on the compiling thread. ``torch._dynamo.reset()`` drops every callback, so removing one that is
-gone already is not an error.
+record is added), on the compiling thread. ``torch._dynamo.reset()`` drops every callback
+(``callback_handler.clear()``), so removing one that is gone already is not an error, and ``restore()`` (at cheap
+moments: an optimizer created, a scrape) registers again those it dropped.
 """
 
 from __future__ import annotations
 
 import contextlib
+import sys
+import weakref
 from collections.abc import Callable
 
 from .dynamo_skip import never_compiled
 
 METHODS = ("register_start_callback", "register_end_callback", "remove_start_callback", "remove_end_callback")
+
+_registered: weakref.WeakSet[CompileCallbacks] = weakref.WeakSet()
 
 
 def problem() -> str | None:
@@ -26,6 +31,17 @@ def problem() -> str | None:
     return f"callback_handler.{', '.join(gone)} gone" if gone else None
 
 
+def restore() -> None:
+    """Register again every registered pair that ``torch._dynamo.reset()`` dropped. Cheap, never raises."""
+    if "torch._dynamo.callback" not in sys.modules:
+        return
+    try:
+        for callbacks in list(_registered):
+            callbacks.register()
+    except Exception:  # noqa: BLE001 (never into the caller; each register() reports its own errors)
+        pass
+
+
 class CompileCallbacks:
     def __init__(self, start: Callable, end: Callable, on_error: Callable[[BaseException], None]):
         """``start`` and ``end`` must not raise; ``on_error`` is told why they could not be registered or removed."""
@@ -35,14 +51,19 @@ class CompileCallbacks:
         self.registered = False
 
     def register(self) -> bool:
-        """Register both, once, if this torch has the callbacks; whether they are registered. Never raises."""
-        if self.registered or problem() is not None:
+        """Register both, once, if this torch has the callbacks (again if ``torch._dynamo.reset()`` dropped them);
+        whether they are registered. Never raises."""
+        if self.registered:
+            self._register_dropped()
             return self.registered
+        if problem() is not None:
+            return False
         try:
             from torch._dynamo.callback import callback_handler
 
             never_compiled(self._start, self._end)
             self.registered = True
+            _registered.add(self)
             callback_handler.register_start_callback(self._start)
             callback_handler.register_end_callback(self._end)
         except Exception as error:  # noqa: BLE001 (never into the caller)
@@ -50,11 +71,28 @@ class CompileCallbacks:
             self.remove()
         return self.registered
 
+    def _register_dropped(self) -> None:
+        """The ones no longer in the handler's lists (a ``torch._dynamo.reset()``), registered again."""
+        try:
+            from torch._dynamo.callback import callback_handler
+
+            starts = getattr(callback_handler, "start_callbacks", None)
+            ends = getattr(callback_handler, "end_callbacks", None)
+            # The end first: a compilation that ends between the two then runs an end without a start (a no-op),
+            # never a start without its end.
+            if isinstance(ends, list) and self._end not in ends:
+                callback_handler.register_end_callback(self._end)
+            if isinstance(starts, list) and self._start not in starts:
+                callback_handler.register_start_callback(self._start)
+        except Exception as error:  # noqa: BLE001
+            self._on_error(error)
+
     def remove(self) -> None:
         """Never raises."""
         if not self.registered:
             return
         self.registered = False
+        _registered.discard(self)
         try:
             from torch._dynamo.callback import callback_handler
 

@@ -87,9 +87,9 @@ def test_a_failure_reason_is_short_and_bounded():
 
 def test_counters_read_from_torchneuron_never_go_back_when_it_resets_them():
     totals = Totals()
-    assert totals.read({"hits": 5}) == {"hits": 5}
-    assert totals.read({"hits": 2}) == {"hits": 7}  # reset, then 2 more
-    assert totals.read({"hits": 4}) == {"hits": 9}
+    assert totals.read(lambda: {"hits": 5}) == {"hits": 5}
+    assert totals.read(lambda: {"hits": 2}) == {"hits": 7}  # reset, then 2 more
+    assert totals.read(lambda: {"hits": 4}) == {"hits": 9}
 
 
 @pytest.mark.parametrize(
@@ -107,8 +107,8 @@ def test_memory_statistics_of_either_shape(stats):
 
 
 def test_a_graph_that_fell_back_is_counted_with_the_reason_logged_before_it():
-    handler = GraphFallbacks()
-    handler.install()
+    counter = GraphFallbacks()
+    counter.install()
     logger = logging.getLogger(names.BACKEND_LOGGER)
     try:
         logger.error("Execution failed: NEFF load error 17")
@@ -116,7 +116,7 @@ def test_a_graph_that_fell_back_is_counted_with_the_reason_logged_before_it():
         logger.warning(names.FALLBACK_LINE)  # no failure logged before this one
         logger.info("something else")
     finally:
-        handler.uninstall()
-    counts, messages = handler.snapshot()
+        counter.uninstall()
+    counts, messages = counter.snapshot()
     assert counts == {"NEFF load error N": 1, "unknown": 1}
     assert messages["NEFF load error N"] == "NEFF load error 17"

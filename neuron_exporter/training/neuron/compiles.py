@@ -9,8 +9,8 @@ it), the graphs the ``neuron`` backend compiled, and the compiled graphs that fa
 - The graphs: ``torch._dynamo.utils.counters["neuron"]`` (``compiled_graphs``, ``graphs_with_collectives``), read at
   scrape time. ``get_dynamo_metrics()`` has the same and more, but synchronizes the device: never read.
 - A graph that fails to run logs "Execution failed: <why>" and "Falling back to original GraphModule execution" on
-  the backend's logger: a handler there counts the second line, with the reason of the first. The logger must let
-  warnings through (its default).
+  the backend's logger: a filter there (letting every record through) counts the second line, with the reason of the
+  first. The logger must let warnings through (its default).
 """
 
 from __future__ import annotations
@@ -54,26 +54,34 @@ class CacheWindow:
 
     def _start(self, args=None) -> None:
         try:
-            if self._started is None:
-                self._started = self._read()
+            with self._lock:
+                if self._started is None:
+                    self._started = self._read()
         except Exception as error:  # noqa: BLE001 (never into dynamo)
             self._on_error(error)
 
     def _end(self, args=None) -> None:
         try:
-            started, self._started = self._started, None
-            if started is None:
-                return
-            now = self._read()
             with self._lock:
+                started, self._started = self._started, None
+                if started is None:
+                    return
+                now = self._read()
                 self.graph["compilations"] += _delta(now, started, "total_compilations")
                 self.graph["compile_ms"] += _delta(now, started, "total_compilation_time_ms")
         except Exception as error:  # noqa: BLE001
             self._on_error(error)
 
-    def graphs(self) -> dict[str, float]:
+    def read(self) -> tuple[dict, dict[str, float]]:
+        """The cache's statistics now and the graphs' part of them, read together: with an open window's changes so
+        far (a scrape during a compilation), so the graphs' part never moves back to the eager operators'."""
         with self._lock:
-            return dict(self.graph)
+            stats = self._read()
+            graph = dict(self.graph)
+            if self._started is not None:
+                graph["compilations"] += _delta(stats, self._started, "total_compilations")
+                graph["compile_ms"] += _delta(stats, self._started, "total_compilation_time_ms")
+            return stats, graph
 
     def clear(self) -> None:
         self._lock = threading.Lock()
@@ -85,27 +93,31 @@ def _delta(now: dict, before: dict, key: str) -> float:
     return max(0.0, float(now.get(key) or 0) - float(before.get(key) or 0))
 
 
-class GraphFallbacks(logging.Handler):
-    """Counts the backend's "Falling back to original GraphModule execution" lines, by the reason logged before."""
+class GraphFallbacks:
+    """Counts the backend's "Falling back to original GraphModule execution" lines, by the reason logged before.
+
+    A filter of the backend's logger that lets every record through, not a handler: a handler there would stop
+    ``logging.lastResort`` from printing TorchNeuron's own warnings in a process without logging set up."""
 
     def __init__(self):
-        super().__init__(logging.NOTSET)
         self.counts: dict[str, int] = {}
         self.messages: dict[str, str] = {}  # reason -> the last full message
+        self._lock = threading.Lock()
         self._local = threading.local()
         self._logger: logging.Logger | None = None
 
     def install(self) -> bool:
         self._logger = logging.getLogger(BACKEND_LOGGER)
-        if self not in self._logger.handlers:
-            self._logger.addHandler(self)
+        if self not in self._logger.filters:
+            self._logger.addFilter(self)
         return True
 
     def uninstall(self) -> None:
         if self._logger is not None:
-            self._logger.removeHandler(self)
+            self._logger.removeFilter(self)
 
-    def emit(self, record: logging.LogRecord) -> None:
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Counts ``record``; always True (the record goes on as without the exporter)."""
         try:
             message = record.getMessage()
             if message.startswith(FAILURE_PREFIX):
@@ -114,20 +126,19 @@ class GraphFallbacks(logging.Handler):
                 failure = getattr(self._local, "failure", None) or "unknown"
                 self._local.failure = None
                 reason = failure_reason(failure)
-                if reason not in self.counts and len(self.counts) >= MAX_REASONS:
-                    reason = "other"
-                self.counts[reason] = self.counts.get(reason, 0) + 1  # under the handler's lock (handle())
-                self.messages[reason] = failure
-        except Exception:  # noqa: BLE001 (a handler never raises into the user's logging)
+                with self._lock:
+                    if reason not in self.counts and len(self.counts) >= MAX_REASONS:
+                        reason = "other"
+                    self.counts[reason] = self.counts.get(reason, 0) + 1
+                    self.messages[reason] = failure
+        except Exception:  # noqa: BLE001 (a filter never raises into the user's logging)
             pass
+        return True
 
     def snapshot(self) -> tuple[dict[str, int], dict[str, str]]:
-        self.acquire()
-        try:
+        with self._lock:
             return dict(self.counts), dict(self.messages)
-        finally:
-            self.release()
 
     def clear(self) -> None:
-        self.createLock()
+        self._lock = threading.Lock()
         self.counts, self.messages = {}, {}

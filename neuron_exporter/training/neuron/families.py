@@ -8,12 +8,13 @@ exports those). Host reads have the causes and the ``location`` rules of ``xla_h
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from ...metric_family import readable_family, single_series
 from ...untrusted import LabelBudget
+from ..dynamo_callbacks import restore as restore_callbacks
 from .names import COUNTERS_KEY, RECORDS, memory_value
 
 READABLE_FAMILY = "neuron_exporter_torchneuron_readable"
@@ -21,15 +22,18 @@ READABLE_FAMILY = "neuron_exporter_torchneuron_readable"
 
 class Totals:
     """Counters read from TorchNeuron's own totals, kept from going backwards when they are reset (a reset is a value
-    lower than the last one: what was counted before it is kept as an offset)."""
+    lower than the last one: what was counted before it is kept as an offset). The values are read under the lock
+    they are applied under: a read of two overlapping scrapes applied after a newer one would look like a reset."""
 
     def __init__(self):
         self._lock = threading.Lock()
         self._last: dict[str, float] = {}
         self._offset: dict[str, float] = {}
 
-    def read(self, values: dict[str, float]) -> dict[str, float]:
+    def read(self, reader: Callable[[], dict[str, float]]) -> dict[str, float]:
+        """The totals of what ``reader()`` reads now (its exceptions are the caller's)."""
         with self._lock:
+            values = reader()
             totals = {}
             for key, value in values.items():
                 if value < self._last.get(key, 0):
@@ -48,11 +52,19 @@ class NeuronFamilies:
         self._reasons = LabelBudget(max_site_series)
         self._totals = Totals()
 
+    def clear(self) -> None:
+        """A forked child's fresh state: none of the parent's totals, budgets or (maybe held) locks."""
+        self._ops = {name: LabelBudget(budget.limit) for name, budget in self._ops.items()}
+        self._sites = {name: LabelBudget(budget.limit) for name, budget in self._sites.items()}
+        self._reasons = LabelBudget(self._reasons.limit)
+        self._totals = Totals()
+
     def parts(self):
         return {"torchneuron": self.collect}
 
     def collect(self, labels: dict[str, str]) -> Iterator[Metric]:
         source = self.source
+        restore_callbacks()  # those torch._dynamo.reset() dropped
         yield readable_family(
             READABLE_FAMILY,
             "1 if the exporter reads this record of TorchNeuron in this process, 0 if a name it comes from is "
@@ -63,7 +75,7 @@ class NeuronFamilies:
         )
         yield from self._fallbacks(labels)
         if "compile_cache" in source.readable:
-            yield from self._cache(labels, source.cache_stats())
+            yield from self._cache(labels)
         if "compiled_graphs" in source.readable:
             yield from self._graphs(labels)
         if "graph_fallbacks" in source.readable:
@@ -89,7 +101,7 @@ class NeuronFamilies:
             ],
         )
         if "memory" in source.readable:
-            yield from self._memory(labels, source.memory_stats())
+            yield from self._memory(labels)
 
     def _fallbacks(self, labels: dict[str, str]) -> Iterator[Metric]:
         source = self.source
@@ -133,25 +145,8 @@ class NeuronFamilies:
                 GaugeMetricFamily,
             )
 
-    def _cache(self, labels: dict[str, str], stats: dict) -> Iterator[Metric]:
-        graph = self.source.window.graphs()
-        memory_hits = float(stats.get("in_memory_hits") or 0)
-        persistent_hits = float(stats.get("persistent_hits") or 0)
-        misses = max(0.0, float(stats.get("in_memory_misses") or 0) - persistent_hits)
-        compilations = float(stats.get("total_compilations") or 0)
-        seconds = float(stats.get("total_compilation_time_ms") or 0) / 1000
-        graph_seconds = graph["compile_ms"] / 1000
-        totals = self._totals.read(
-            {
-                "memory": memory_hits,
-                "persistent": persistent_hits,
-                "misses": misses,
-                "graph": min(graph["compilations"], compilations),
-                "eager_op": max(0.0, compilations - graph["compilations"]),
-                "graph_seconds": min(graph_seconds, seconds),
-                "eager_op_seconds": max(0.0, seconds - graph_seconds),
-            }
-        )
+    def _cache(self, labels: dict[str, str]) -> Iterator[Metric]:
+        totals = self._totals.read(self._cache_values)
         yield self._labelled(
             "torchneuron_compile_cache_hits",
             "NEFFs found in TorchNeuron's compile cache, in memory or in the persistent cache (on disk)",
@@ -182,16 +177,35 @@ class NeuronFamilies:
             [(("graph",), totals["graph_seconds"]), (("eager_op",), totals["eager_op_seconds"])],
         )
 
-    def _graphs(self, labels: dict[str, str]) -> Iterator[Metric]:
-        from torch._dynamo.utils import counters
+    def _cache_values(self) -> dict[str, float]:
+        stats, graph = self.source.window.read()  # together: the graphs' part of these statistics
+        memory_hits = float(stats.get("in_memory_hits") or 0)
+        persistent_hits = float(stats.get("persistent_hits") or 0)
+        misses = max(0.0, float(stats.get("in_memory_misses") or 0) - persistent_hits)
+        compilations = float(stats.get("total_compilations") or 0)
+        seconds = float(stats.get("total_compilation_time_ms") or 0) / 1000
+        graph_seconds = graph["compile_ms"] / 1000
+        return {
+            "memory": memory_hits,
+            "persistent": persistent_hits,
+            "misses": misses,
+            "graph": min(graph["compilations"], compilations),
+            "eager_op": max(0.0, compilations - graph["compilations"]),
+            "graph_seconds": min(graph_seconds, seconds),
+            "eager_op_seconds": max(0.0, seconds - graph_seconds),
+        }
 
-        neuron = dict(counters.get(COUNTERS_KEY) or {})
-        totals = self._totals.read(
-            {
+    def _graphs(self, labels: dict[str, str]) -> Iterator[Metric]:
+        def read() -> dict[str, float]:
+            from torch._dynamo.utils import counters
+
+            neuron = dict(counters.get(COUNTERS_KEY) or {})
+            return {
                 "compiled_graphs": float(neuron.get("compiled_graphs", 0)),
                 "graphs_with_collectives": float(neuron.get("graphs_with_collectives", 0)),
             }
-        )
+
+        totals = self._totals.read(read)
         yield single_series(
             CounterMetricFamily,
             "torchneuron_compiled_graphs",
@@ -207,11 +221,18 @@ class NeuronFamilies:
             totals["graphs_with_collectives"],
         )
 
-    def _memory(self, labels: dict[str, str], stats: dict) -> Iterator[Metric]:
+    def _memory(self, labels: dict[str, str]) -> Iterator[Metric]:
+        stats: dict = {}
+
         def value(key: str, part: str | None = None) -> float:
             found = memory_value(stats, key, part)
             return 0.0 if found is None else found
 
+        def read() -> dict[str, float]:
+            stats.update(self.source.memory_stats())
+            return {"ooms": value("num_ooms"), "retries": value("num_alloc_retries")}
+
+        totals = self._totals.read(read)
         yield single_series(
             GaugeMetricFamily,
             "torchneuron_memory_allocated_bytes",
@@ -226,7 +247,6 @@ class NeuronFamilies:
             labels,
             value("active_bytes", "peak"),
         )
-        totals = self._totals.read({"ooms": value("num_ooms"), "retries": value("num_alloc_retries")})
         yield single_series(
             CounterMetricFamily,
             "torchneuron_memory_ooms",

@@ -1,0 +1,160 @@
+"""The TorchNeuron families' and hooks' own logic, with small stand-ins for what TorchNeuron and a scrape read: the
+split of compilations between graphs and eager operators, overlapping scrapes, the graph-fallback count on the
+backend's logger, dynamo's callbacks after ``torch._dynamo.reset()``, a forked child's fresh totals."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from neuron_exporter.training.attribution import Attribution
+from neuron_exporter.training.neuron.compiles import CacheWindow, GraphFallbacks
+from neuron_exporter.training.neuron.families import NeuronFamilies
+from neuron_exporter.training.neuron.names import BACKEND_LOGGER
+
+
+def _families(readable: tuple[str, ...], **source) -> NeuronFamilies:
+    return NeuronFamilies(SimpleNamespace(readable=readable, attribution=Attribution(), **source), 100, 100)
+
+
+def _scrape(families: NeuronFamilies) -> dict[tuple, float]:
+    return {
+        (sample.name, *sorted(sample.labels.values())): sample.value
+        for family in families.collect({})
+        for sample in family.samples
+    }
+
+
+def _cache(stats: dict) -> tuple[NeuronFamilies, CacheWindow]:
+    def read() -> dict:
+        return dict(stats)
+
+    window = CacheWindow(read, lambda error: None)
+    return _families(("compile_cache",), window=window, cache_stats=read), window
+
+
+def test_a_scrape_during_a_compile_window_moves_no_compilation_back_to_eager():
+    stats = {"total_compilations": 10, "total_compilation_time_ms": 10_000}
+    families, window = _cache(stats)
+    scrapes = [_scrape(families)]
+    window._start()
+    stats.update(total_compilations=12, total_compilation_time_ms=12_000)  # the graph's two NEFFs, mid-window
+    scrapes.append(_scrape(families))
+    window._end()
+    scrapes.append(_scrape(families))
+    for kind, expected in (("eager_op", [10, 10, 10]), ("graph", [0, 2, 2])):
+        assert [scrape[("torchneuron_compilations_total", kind)] for scrape in scrapes] == expected
+        assert [scrape[("torchneuron_compile_seconds_total", kind)] for scrape in scrapes] == expected
+
+
+def test_overlapping_scrapes_never_apply_a_stale_read_as_a_reset():
+    """A scrape that read 1000 hits, applied after one that read 1005: the counter must not jump to 2005."""
+    reads: list[int] = []
+    newer = threading.Thread(target=lambda: results.append(_scrape(families)))
+    results: list[dict] = []
+
+    def read() -> dict:
+        reads.append(1)
+        if len(reads) == 1:  # the first scrape's read is slow: the second one reads and applies meanwhile
+            newer.start()
+            newer.join(timeout=1)
+            return {"in_memory_hits": 1000}
+        return {"in_memory_hits": 1005}
+
+    window = CacheWindow(read, lambda error: None)
+    families = _families(("compile_cache",), window=window, cache_stats=read)
+    results.append(_scrape(families))
+    newer.join(timeout=5)
+    results.append(_scrape(families))
+    hits = [scrape[("torchneuron_compile_cache_hits_total", "memory")] for scrape in results]
+    assert max(hits) == 1005 and hits[-1] == 1005, hits
+
+
+def test_a_forked_child_starts_from_fresh_totals():
+    stats = {"num_ooms": 5}
+    families = _families(("memory",), memory_stats=lambda: dict(stats))
+    assert _scrape(families)[("torchneuron_memory_ooms_total",)] == 5
+    families.clear()  # NeuronSource.after_fork
+    stats["num_ooms"] = 2  # the child's own count
+    assert _scrape(families)[("torchneuron_memory_ooms_total",)] == 2
+
+
+def test_graph_fallbacks_are_counted_by_a_filter_that_lets_every_record_through(caplog):
+    counter = GraphFallbacks()
+    logger = logging.getLogger(BACKEND_LOGGER)
+    counter.install()
+    try:
+        assert logger.handlers == []  # a handler would stop logging.lastResort from printing TorchNeuron's warnings
+        with caplog.at_level(logging.WARNING):
+            logger.warning("Execution failed: NEFF 0x1f load error 42")
+            logger.warning("Falling back to original GraphModule execution")
+        assert [record.getMessage()[:16] for record in caplog.records] == ["Execution failed", "Falling back to "]
+        assert counter.snapshot()[0] == {"NEFF N load error N": 1}
+    finally:
+        counter.uninstall()
+    assert counter not in logger.filters
+
+
+def test_torchneuron_warnings_still_reach_stderr_without_logging_setup():
+    code = textwrap.dedent(f"""
+        import logging
+        from neuron_exporter.training.neuron.compiles import GraphFallbacks
+        counter = GraphFallbacks()
+        counter.install()
+        logging.getLogger({BACKEND_LOGGER!r}).warning("Falling back to original GraphModule execution")
+        print(counter.snapshot()[0])
+    """)
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=Path(__file__).parents[2]
+    )
+    assert done.returncode == 0, done.stderr
+    assert "Falling back to original GraphModule execution" in done.stderr
+    assert done.stdout.strip() == "{'unknown': 1}"
+
+
+def test_compile_callbacks_come_back_after_dynamo_reset():
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch._dynamo.callback")
+    from torch._dynamo.callback import callback_handler
+
+    from neuron_exporter.training import dynamo_callbacks
+
+    if dynamo_callbacks.problem() is not None:
+        pytest.skip(dynamo_callbacks.problem())
+    started: list[object] = []
+    ended: list[object] = []
+
+    def start(args=None):
+        started.append(args)
+
+    def end(args=None):
+        ended.append(args)
+
+    others = list(callback_handler.start_callbacks), list(callback_handler.end_callbacks)
+    callbacks = dynamo_callbacks.CompileCallbacks(start, end, lambda error: None)
+    assert callbacks.register()
+    try:
+        torch._dynamo.reset()
+        assert start not in callback_handler.start_callbacks
+        dynamo_callbacks.restore()  # an optimizer created, a scrape
+        assert start in callback_handler.start_callbacks and end in callback_handler.end_callbacks
+        dynamo_callbacks.restore()
+        assert callback_handler.start_callbacks.count(start) == 1 and callback_handler.end_callbacks.count(end) == 1
+        torch.compile(lambda x: x * 2 + 1, backend="eager")(torch.ones(2))
+        assert started and ended
+    finally:
+        callbacks.remove()
+        for registered, now in zip(
+            others, (callback_handler.start_callbacks, callback_handler.end_callbacks), strict=True
+        ):
+            now.extend(callback for callback in registered if callback not in now)  # what reset() dropped
+    assert start not in callback_handler.start_callbacks and end not in callback_handler.end_callbacks
+    dynamo_callbacks.restore()
+    assert start not in callback_handler.start_callbacks

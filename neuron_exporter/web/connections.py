@@ -171,7 +171,7 @@ class Connections:
                 if victim is None:
                     sock.close()
                     continue
-                self._close(victim)
+                self._close(victim, reset=victim in self._writing)
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             connection = _Connection(sock, client_key(address[0]), time.monotonic() + HEAD_TIMEOUT_SECONDS)
@@ -192,14 +192,14 @@ class Connections:
             self._watch(connection, selectors.EVENT_READ)
 
     def _connection_to_close(self) -> _Connection | None:
-        """To make room: a paused one (its client was refused too often), else one that waits for a request, of
-        the client address with the most connections (so one address cannot push out the others), the one that
-        has waited longest, sparing a kept-alive connection that was served (a scraper that proved itself) if one
-        of the next is not."""
+        """To make room: a paused one (its client refused too often), else, of the client address with the most
+        connections, one waiting for a request or else for its response to be read, the oldest, sparing a served
+        kept-alive one (a scraper that proved itself) if one of the next is not."""
         if self._paused:
             return next(iter(self._paused))
         crowded = self._per_client.most_common(1)[0][0] if self._per_client else None
-        candidates = [c for c in self._waiting if c.client == crowded] or list(self._waiting)
+        own = [c for c in self._waiting if c.client == crowded] or [c for c in self._writing if c.client == crowded]
+        candidates = own or list(self._waiting)
         return next((c for c in candidates[:16] if not c.served), candidates[0] if candidates else None)
 
     def _read(self, connection: _Connection) -> None:

@@ -236,3 +236,26 @@ def test_a_large_response_arrives_whole_on_a_kept_alive_connection(server, tls_f
             assert response.getheader("Content-Length") == str(len(big))
     finally:
         connection.close()
+
+
+def test_past_the_limit_connections_whose_responses_are_not_read_make_room(server, monkeypatch):
+    # Every slot holds a response its client does not read: a new client still gets in, at their expense.
+    monkeypatch.setattr(connections, "MAX_CONNECTIONS", 8)
+    big = BODY * 300_000  # 20 MB: more than the kernel's buffers on both sides take
+    s = server(lambda: big)
+    crowd = []
+    try:
+        for _ in range(8):
+            sock = socket.socket()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.connect(("127.0.0.1", s.port))
+            sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            crowd.append(sock)
+        wait_until(lambda: len(s._connections._writing) == 8, what="eight responses waiting to be read")
+        other = socket.create_connection(("127.0.0.1", s.port), timeout=10, source_address=("127.0.0.2", 0))
+        with other:
+            other.sendall(b"HEAD /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            assert b"".join(iter(lambda: other.recv(65536), b"")).startswith(b"HTTP/1.1 200 OK")
+    finally:
+        for sock in crowd:
+            sock.close()

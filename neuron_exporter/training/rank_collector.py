@@ -18,6 +18,7 @@ import psutil
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from ..metric_family import single_series
+from .dynamo_callbacks import restore as restore_callbacks
 from .rank import rank_labels, workload_labels
 from .self_metrics import STAGES, START_TRIES, SelfStats, build_labels
 
@@ -47,6 +48,7 @@ class RankCollector:
             "Time the collector's last scrape took",
             labels=names + ["collector"],
         )
+        restore_callbacks()  # every source's compile callbacks that torch._dynamo.reset() dropped
         for part, collect_part in {**self._parts, "process": self._process_families}.items():
             start = time.perf_counter()
             try:

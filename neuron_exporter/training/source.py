@@ -26,6 +26,7 @@ from typing import Protocol
 from prometheus_client.core import Metric
 
 from ..config import Options
+from .dynamo_callbacks import restore as restore_callbacks
 from .histogram import Histogram
 from .import_watch import after_import, forget, poll
 from .rank_collector import RankCollector
@@ -162,6 +163,7 @@ class Sources:
 
     # -- what the handle asks of all -----------------------------------------------------------------------
     def on_optimizer_created(self) -> None:
+        restore_callbacks()  # every source's compile callbacks that torch._dynamo.reset() dropped
         self.retry()
         for source in self.started:
             source.on_optimizer_created()

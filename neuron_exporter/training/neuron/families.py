@@ -14,7 +14,6 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from ...metric_family import readable_family, single_series
 from ...untrusted import LabelBudget
-from ..dynamo_callbacks import restore as restore_callbacks
 from .names import COUNTERS_KEY, RECORDS, memory_value
 
 READABLE_FAMILY = "neuron_exporter_torchneuron_readable"
@@ -64,7 +63,6 @@ class NeuronFamilies:
 
     def collect(self, labels: dict[str, str]) -> Iterator[Metric]:
         source = self.source
-        restore_callbacks()  # those torch._dynamo.reset() dropped
         yield readable_family(
             READABLE_FAMILY,
             "1 if the exporter reads this record of TorchNeuron in this process, 0 if a name it comes from is "

@@ -22,7 +22,6 @@ from typing import Any
 
 from ...config import Options
 from ..attribution import Attribution
-from ..dynamo_callbacks import restore as restore_callbacks
 from ..host_reads import HostReadHook
 from ..self_metrics import SelfStats
 from ..sites import SiteFinder
@@ -97,7 +96,6 @@ class NeuronSource(Source):
 
     def on_optimizer_created(self) -> None:
         self.fallbacks.training_thread = threading.get_ident()  # the thread that waits in backward()
-        restore_callbacks()  # those torch._dynamo.reset() dropped
 
     # -- what a scrape reads (no device work) --------------------------------------------------------------
     def cache_stats(self) -> dict:

@@ -150,7 +150,8 @@ def main() -> int:
             "--continue-for",
             "inf" if keep else "3600",
         ],
-        env={**os.environ, "NEURON_EXPORTER_WARMUP_STEPS": "0"},
+        # A spool of its own: the endpoint would serve every other run on this machine's default spool too.
+        env={**os.environ, "NEURON_EXPORTER_WARMUP_STEPS": "0", "NEURON_EXPORTER_SPOOL_DIR": str(work / "spool")},
         stdout=subprocess.PIPE,
         text=True,
         start_new_session=True,

@@ -30,11 +30,14 @@ CONTINUE_STEP_SECONDS = 0.5
 NEW_SHAPE_EVERY = 4
 
 
-def read(url: str) -> dict[str, float]:
-    """The exporter's series summed over labels, plus one entry per fallback op."""
+def read(url: str, run_id: str) -> dict[str, float]:
+    """This run's series summed over labels, plus one entry per fallback op (the endpoint on a node's port serves
+    every run of the machine)."""
     totals: dict[str, float] = {}
     for family in text_string_to_metric_families(urllib.request.urlopen(url, timeout=10).read().decode()):
         for sample in family.samples:
+            if sample.labels.get("run_id") != run_id:
+                continue
             key = sample.name
             if sample.name == "xla_cpu_fallback_ops_total":
                 key = sample.labels["op"]
@@ -80,10 +83,10 @@ def main() -> None:
         for i in range(steps):
             step(32 + i if phase == "shapes" else 32, item=phase == "item", fallback=phase == "fallback")
 
-    before = read(handle.url)
+    before = read(handle.url, handle.run_id)
     for phase, steps in PHASES:
         run(phase, steps)
-        after = read(handle.url)
+        after = read(handle.url, handle.run_id)
         delta = {key: after.get(key, 0) - before.get(key, 0) for key in after}
         ran = delta.get("xla_steps_total", 0) or 1
         fallbacks = ", ".join(f"{op} x{n:.0f}" for op, n in sorted(delta.items()) if op.startswith("aten::") and n)

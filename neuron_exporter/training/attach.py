@@ -124,6 +124,11 @@ class ExporterHandle:
     def url(self) -> str | None:
         return self._endpoint.url
 
+    @property
+    def run_id(self) -> str:
+        """The run this process's series are labelled with (``run_id``): a node endpoint serves every run."""
+        return rank_labels()["run_id"]
+
     def _start(self) -> None:
         log.setLevel(self.options.log_level.upper())
         self._optimizer_hook.install()

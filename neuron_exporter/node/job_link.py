@@ -11,7 +11,7 @@ The endpoint asks (``Asker``); the training process answers:
   spool directory is refused);
 - ``b"d"``: its diagnosis document (``null`` if it has nothing to show yet).
 A request is one byte of kind and a 4-byte sequence number; an answer is a header (two lengths), a JSON object that
-repeats the sequence number, and a body. An answer that comes after its asker gave up is skipped by the next asker.
+repeats the sequence number, and a body. An answer that comes after its asker gave up is read and dropped.
 The first message, from the training process, is the endpoint's configuration (JSON, as an answer with sequence 0).
 """
 
@@ -100,32 +100,64 @@ def read_answer(sock: socket.socket, deadline: float | None) -> tuple[dict, byte
 
 
 class Asker:
-    """The endpoint's end: one question at a time, each with a deadline."""
+    """The endpoint's end: one question at a time, each with a deadline. A thread of its own reads every answer as
+    it comes, so an answer that stalls half-way (its training process stopped, or swapped out) holds no render past
+    its deadline, and answers that come after their asker gave up are read and dropped at once: they never fill the
+    link and block the training process's spool thread."""
 
     def __init__(self, sock: socket.socket):
         self._sock = sock
-        self._lock = threading.Lock()
+        self._asking = threading.Lock()
+        self._answered = threading.Condition()
         self._sequence = 0
+        self._waiting_for = 0  # the sequence of the question being asked; 0: none
+        self._answer: tuple[dict, bytes] | None = None
         self.closed = False
+        threading.Thread(target=self._read_answers, name="neuron-exporter-link", daemon=True).start()
+
+    def _read_answers(self) -> None:
+        try:
+            while True:
+                document, body = read_answer(self._sock, None)
+                with self._answered:
+                    if document.get("sequence") == self._waiting_for:
+                        self._answer = (document, body)
+                        self._answered.notify_all()
+        except (OSError, ValueError):
+            pass
+        with self._answered:
+            self.closed = True
+            self._answered.notify_all()
 
     def ask(self, kind: bytes, timeout: float) -> tuple[dict, bytes] | None:
         """The answer to ``kind``, or None if none came within ``timeout`` seconds or the link is closed."""
-        with self._lock:
-            if self.closed:
-                return None
-            self._sequence = self._sequence % 0xFFFFFFFF + 1
-            deadline = time.monotonic() + timeout
+        with self._asking:
+            with self._answered:
+                if self.closed:
+                    return None
+                self._sequence = self._sequence % 0xFFFFFFFF + 1
+                self._waiting_for, self._answer = self._sequence, None
             try:
-                self._sock.sendall(REQUEST.pack(kind, self._sequence))
-                while True:
-                    document, body = read_answer(self._sock, deadline)
-                    if document.get("sequence") == self._sequence:
-                        return document, body
-            except TimeoutError:
+                # Never blocks: with the training process stopped long enough to leave its end full of questions,
+                # the question is not asked (no answer, as for a late one).
+                sent = self._sock.send(REQUEST.pack(kind, self._sequence), socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                sent = 0
+            except OSError:
+                self._close()
                 return None
-            except (OSError, ValueError):
-                self.closed = True
-                return None
+            with self._answered:
+                if sent == REQUEST.size:
+                    self._answered.wait_for(lambda: self._answer is not None or self.closed, timeout)
+                elif sent:  # part of a question: the link is out of step for good
+                    self.closed = True
+                answer, self._answer, self._waiting_for = self._answer, None, 0
+                return answer
+
+    def _close(self) -> None:
+        with self._answered:
+            self.closed = True
+            self._answered.notify_all()
 
 
 def read_requests(sock: socket.socket) -> list[tuple[bytes, int]]:

@@ -4,8 +4,8 @@ response serialized. Nothing here knows a path, a metric or a user.
 Request bodies are never read (the endpoint serves GET and HEAD), so a request that announces one is answered and its
 connection closed: whatever follows the head is never taken for a request. A head whose framing is ambiguous (more
 than one ``Content-Length``, one that is not a number, ``Transfer-Encoding`` with ``Content-Length``, a transfer
-coding that does not end in ``chunked``, or more than one ``Host``) gets 400 and the connection closes, so no proxy
-in front and this server can disagree on where the next request starts.
+coding that does not end in ``chunked``, more than one ``Host``, or none in HTTP/1.1) gets 400 and the connection
+closes, so no proxy in front and this server can disagree on where the next request starts.
 """
 
 from __future__ import annotations
@@ -68,6 +68,8 @@ def parse_request(head: bytes, client: str) -> Request | Response:
 
 def _framing_is_clear(headers: dict[str, str], seen: dict[str, int], version: str) -> bool:
     if seen.get("content-length", 0) > 1 or seen.get("host", 0) > 1:
+        return False
+    if version == "HTTP/1.1" and "host" not in headers:  # RFC 9112 3.2: 400
         return False
     if "content-length" in headers and not DIGITS.fullmatch(headers["content-length"]):
         return False

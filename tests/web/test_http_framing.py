@@ -33,6 +33,7 @@ AMBIGUOUS = {
     "chunked not last": head("Transfer-Encoding: chunked, identity"),
     "chunked in http/1.0": b"GET /metrics HTTP/1.0\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n",
     "two hosts": head("Host: y"),
+    "no host in http/1.1": b"GET /metrics HTTP/1.1\r\n\r\n",
     "space before the colon": b"GET /metrics HTTP/1.1\r\nHost: x\r\nContent-Length : 31\r\n\r\n",
 }
 

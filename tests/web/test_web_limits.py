@@ -210,7 +210,7 @@ def test_past_the_limit_the_crowded_address_loses_its_own_connections(server, mo
     try:
         for _ in range(12):
             sock = socket.create_connection(("127.0.0.1", s.port), timeout=10)
-            sock.sendall(b"GET /metrics HTTP/1.1\r\n")
+            sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
             crowd.append(sock)
         wait_until(lambda: sum(map(closed_by_server, crowd)) >= len(crowd) + 1 - 8, what="room to be made")
         other.setblocking(True)

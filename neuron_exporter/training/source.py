@@ -121,12 +121,15 @@ class Sources:
             return
         self.tries[kind.name] = self.tries.get(kind.name, 0) + 1
         self.stats.sources[kind.name] = False
+        built: Source | None = None
         try:
-            source = kind.start(self)
+            source = built = kind.start(self)
             installed = source.install()
         except Exception as error:  # noqa: BLE001 (never into the user's import or training loop)
             self.stats.record_error("step", error)
             installed = False
+            if built is not None:
+                self._take_out(built)  # what went in before it failed: the next try must not hook twice
         if not installed:
             self.retrying = True
             return
@@ -196,11 +199,18 @@ class Sources:
             source.after_fork(stats)
 
     def stop(self) -> None:
-        self.active = False
-        for starter in self._starters.values():
-            forget(starter)
-        for source in self.started:
+        with self._lock:  # no source starts half-way through: it would stay hooked after detach()
+            self.active = False
+            for starter in self._starters.values():
+                forget(starter)
+            for source in self.started:
+                source.uninstall()
+
+    def _take_out(self, source: Source) -> None:
+        try:
             source.uninstall()
+        except Exception as error:  # noqa: BLE001
+            self.stats.record_error("step", error)
 
 
 def _starter(sources: Sources, kind: SourceKind) -> Callable[[], None]:

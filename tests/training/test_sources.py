@@ -1,0 +1,59 @@
+"""The contract ``Sources`` keeps with every source, on a source of its own: whatever fails half-way through a start
+is taken out before the next try, and ``detach()`` leaves nothing hooked."""
+
+from __future__ import annotations
+
+import types
+
+from neuron_exporter.config import resolve_options
+from neuron_exporter.training.patching import Patch
+from neuron_exporter.training.rank_collector import RankCollector
+from neuron_exporter.training.self_metrics import SelfStats
+from neuron_exporter.training.source import Source, SourceKind, Sources
+
+
+def original() -> str:
+    return "original"
+
+
+class HookingSource(Source):
+    """Wraps ``library.call``, then (at its first start) fails before it is done."""
+
+    def __init__(self, library, stats: SelfStats, fail: bool):
+        on_error = lambda error: stats.record_error("step", error)  # noqa: E731
+        self.patch = Patch(library, "call", lambda inner: lambda: "hooked " + inner(), on_error)
+        self.fail = fail
+
+    def install(self) -> bool:
+        self.patch.install()
+        if self.fail:
+            raise RuntimeError("injected failure after the hook went in")
+        return True
+
+    def uninstall(self) -> None:
+        self.patch.undo()
+
+
+def sources_of(library) -> tuple[Sources, list[HookingSource]]:
+    stats = SelfStats()
+    built: list[HookingSource] = []
+
+    def start(sources: Sources) -> Source:
+        built.append(HookingSource(library, stats, fail=not built))
+        return built[-1]
+
+    kind = SourceKind("hooking", "json", start)  # json is imported: it starts at once
+    return Sources((kind,), resolve_options(env={}), stats, RankCollector(stats)), built
+
+
+def test_a_source_that_fails_half_way_is_taken_out_and_its_next_try_hooks_once():
+    library = types.SimpleNamespace(call=original)
+    sources, built = sources_of(library)
+    sources.watch()
+    assert len(built) == 1 and library.call is original  # its hook did not stay
+    assert sources.stats.sources == {"hooking": False} and sources.stats.errors["step"] == 1
+    sources.retry()
+    assert len(built) == 2 and sources.stats.sources == {"hooking": True}
+    assert library.call() == "hooked original"  # once, not twice
+    sources.stop()
+    assert library.call is original

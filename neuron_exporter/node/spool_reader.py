@@ -271,15 +271,22 @@ class SpoolReader:
         )
 
     def read_changed_files(self) -> None:
-        """Read and check the files that changed since they were last read, without holding up a scrape."""
+        """Read and check the files that changed since they were last read, without holding up a scrape, within the
+        same budget: files that grew past it are left to the next refresh, which rejects them."""
         with self._lock:
-            known = list(self._entries.items())
+            known = list(self._entries.items())  # in the refresh's order
         updates = []
+        budget = self.max_total_bytes
         for name, entry in known:
             try:
-                identity = file_identity(os.lstat(self.directory / name))
+                info = os.lstat(self.directory / name)
             except OSError:
                 continue
+            size = info.st_size if stat.S_ISREG(info.st_mode) and info.st_size <= self.max_file_bytes else 0
+            if size > budget:
+                continue
+            budget -= size
+            identity = file_identity(info)
             if identity != entry.identity:
                 updates.append((name, entry, self._read(self.directory / name, identity, entry)))
         with self._lock:

@@ -82,13 +82,20 @@ def run(args: argparse.Namespace) -> int:
         return loaded
     options, web_config = loaded
     problem = prepare_spool_dir(options)
-    if problem:
-        print(f"neuron-exporter run: {problem}", file=sys.stderr)
-        return EXIT_USAGE
     server = None
     try:
-        server = node_server(NodeView(options).start_reading(), options, web_config).start()
-        print(f"neuron-exporter run: serving every rank on {server.url}", file=sys.stderr, flush=True)
+        if problem:
+            # Another user's file must not cost the job: it runs, and the port is left to its ranks, the first of
+            # which serves itself there, with neuron_exporter_spool_directory_ok 0 (the alert fires).
+            print(
+                f"neuron-exporter run: {problem}; running the command anyway, its ranks do not share the spool: "
+                "the rank that holds the port serves itself only",
+                file=sys.stderr,
+                flush=True,
+            )
+        else:
+            server = node_server(NodeView(options).start_reading(), options, web_config).start()
+            print(f"neuron-exporter run: serving every rank on {server.url}", file=sys.stderr, flush=True)
     except OSError as error:
         log.warning(
             "neuron-exporter run: cannot listen on %s:%s (%s); the ranks report to whoever holds it",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from tests.support.rank_files import only_rank_file
 pytestmark = pytest.mark.training
 
 TORCHRUN = Path(sys.executable).parent / "torchrun"
+NOBODY = 65534
 CLI = [sys.executable, "-m", "neuron_exporter"]
 
 
@@ -171,6 +173,26 @@ def test_neuron_exporter_auto_attaches_a_plain_python_script(tmp_path):
         process.kill()
     assert process.returncode == 0 and "Traceback" not in stderr, stderr[-3000:]
     assert read_rank_file(only_rank_file(tmp_path / "spool", "0")).meta.finished
+
+
+def test_a_spool_directory_of_another_user_costs_the_job_nothing(tmp_path):
+    """Anyone can lay a directory where the spool goes: the command still runs, and the rank that holds the port
+    serves itself there, saying the spool is not used."""
+    (tmp_path / "spool").mkdir(mode=0o700)
+    os.chown(tmp_path / "spool", NOBODY, NOBODY)
+    port = free_port()
+    process = start(tmp_path, [sys.executable, str(SCRIPTS / "plain_train.py"), str(tmp_path), "3"], port)
+    url = f"http://127.0.0.1:{port}/metrics"
+    try:
+        wait_until(lambda: steps_by_rank(url) == {"0": 3}, timeout=120, what="the rank to serve its steps")
+        assert value(scrape(url), "neuron_exporter_spool_directory_ok") == 0
+        (tmp_path / "release").write_text("")
+        _, stderr = process.communicate(timeout=120)
+    finally:
+        process.kill()
+    assert process.returncode == 0 and "Traceback" not in stderr, stderr[-3000:]
+    assert stderr.count("running the command anyway") == 1
+    assert os.listdir(tmp_path / "spool") == []
 
 
 def test_no_command_is_one_line_and_exit_2():

@@ -19,8 +19,11 @@ As PID 1 of a PID namespace, the runner is the command's parent itself (``Keeper
 ends every process of the namespace with it, and every orphan of the namespace comes to it to be reaped.
 
 Signals: the keeper passes on to the command every signal it can catch (but for its own SIGCHLD, the terminal's
-job-control signals and faults). Stopped from the terminal (Ctrl-Z), the command's stop is the keeper's too, for the
-runner and the shell; continued, so is the command's group. The keeper exits with the command's exit code.
+job-control signals and faults). One that comes before the command runs is not lost: the runner holds (blocks) them
+from before it starts the keeper, which inherits that, until the command has started; then they are passed on.
+Stopped from the terminal (Ctrl-Z), the command's stop is the keeper's too, for the runner and the shell; continued,
+so is the command's group. The command's group gets the terminal before the command runs (or a command that reads
+at once, ``cat``, would stop). The keeper exits with the command's exit code.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ NOT_FORWARDED = {
     signal.SIGKILL,
     signal.SIGSTOP,
 }
+FORWARDED = signal.valid_signals() - NOT_FORWARDED
 PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER = 1, 36
 RUNNER_GONE = signal.SIGHUP  # the keeper's PR_SET_PDEATHSIG: its handler then finds its parent is not the runner
 KILL_WAIT_SECONDS = 5.0  # after SIGKILL, for the last processes to be gone
@@ -74,24 +78,38 @@ class Keeper:
         self.child: subprocess.Popen | None = None
         self.ended = False  # the command reaped: its pid is no longer its own
         self.paused = False  # stopped with the command: continued, it gives the terminal before the SIGCONT
+        self.pending: list[int] = []  # signals that came before the command was started, for it once it is
 
     def run(self) -> int:
         """The command's exit code (128 + N if a signal N ended it); OSError if it cannot start."""
         prctl(PR_SET_CHILD_SUBREAPER, 1)
         forward_signals(self._forward)
+        hold_signals()  # held by the runner already; what comes until the command runs is passed on then
         if self.runner is not None:
             prctl(PR_SET_PDEATHSIG, RUNNER_GONE)
             self._check_runner()  # it may have died before the line above
-        parent = os.getpid()
+        parent, terminal = os.getpid(), self.terminal
 
         def in_child():  # after fork, before exec
             os.setpgid(0, 0)
+            if terminal is not None:  # SIGTTOU is held here: a group not in the foreground may take the terminal
+                signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTTOU})
+                try:
+                    os.tcsetpgrp(terminal, os.getpid())
+                except OSError:
+                    pass
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED | {signal.SIGTTOU})
             prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # this process killed by SIGKILL: the command goes too
             if os.getppid() != parent:
                 os._exit(128 + signal.SIGKILL)
 
-        self.child = subprocess.Popen(self.command, env=self.env, preexec_fn=in_child)
+        try:
+            self.child = subprocess.Popen(self.command, env=self.env, preexec_fn=in_child)
+        finally:
+            release_signals()
         give_terminal(self.terminal, self.child.pid)
+        for signum in self.pending:
+            self._forward(signum, None)
         try:
             status = wait_for(self.child.pid, self._stopped if self.terminal is not None else None)
         finally:
@@ -102,7 +120,9 @@ class Keeper:
 
     def _forward(self, signum: int, _frame) -> None:
         self._check_runner()
-        if self.child is not None and not self.ended and not (self.paused and signum == signal.SIGCONT):
+        if self.child is None:  # another thread took it (as PID 1, the runner's server has threads)
+            self.pending.append(signum)
+        elif not self.ended and not (self.paused and signum == signal.SIGCONT):
             try:
                 os.kill(self.child.pid, signum)
             except OSError:
@@ -124,11 +144,20 @@ class Keeper:
 
 
 def forward_signals(forward: Callable[[int, object], None]) -> None:
-    for signum in signal.valid_signals() - NOT_FORWARDED:
+    for signum in FORWARDED:
         try:
             signal.signal(signum, forward)
         except (OSError, ValueError):  # one the C library keeps for itself
             pass
+
+
+def hold_signals() -> None:
+    """Block the signals that are passed on: they wait, pending, until ``release_signals()``."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
+
+
+def release_signals() -> None:
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)
 
 
 def wait_for(pid: int, stopped: Callable[[int], None] | None) -> int:

@@ -32,7 +32,9 @@ from .command_keeper import (
     end_all,
     exit_code,
     forward_signals,
+    hold_signals,
     prctl,
+    release_signals,
     wait_for,
 )
 from .node_view import NodeView
@@ -132,9 +134,12 @@ def supervise(command: list[str], env: dict[str, str], grace_seconds: float) -> 
     home = str(os.getpgrp()) if terminal is not None else "-"
     keeper: subprocess.Popen | None = None
     reaped = False
+    pending: list[int] = []  # held signals reach this process through its server's threads: for the keeper
 
     def forward(signum, _frame):
-        if keeper is not None and not reaped:
+        if keeper is None:
+            pending.append(signum)
+        elif not reaped:
             try:
                 os.kill(keeper.pid, signum)
             except OSError:
@@ -146,9 +151,16 @@ def supervise(command: list[str], env: dict[str, str], grace_seconds: float) -> 
 
     forward_signals(forward)
     prctl(PR_SET_CHILD_SUBREAPER, 1)  # a keeper killed with SIGKILL leaves its orphans to this process
-    keeper = subprocess.Popen(
-        [sys.executable, "-m", command_keeper.__name__, str(os.getpid()), repr(grace_seconds), home, *command], env=env
-    )
+    hold_signals()  # until the keeper is there to take them; it starts with them held (command_keeper says why)
+    try:
+        keeper = subprocess.Popen(
+            [sys.executable, "-m", command_keeper.__name__, str(os.getpid()), repr(grace_seconds), home, *command],
+            env=env,
+        )
+    finally:
+        release_signals()
+    for signum in pending:
+        forward(signum, None)
     status = wait_for(keeper.pid, stopped if terminal is not None else None)
     reaped = True
     end_all(None, grace_seconds)  # nothing is left but where the keeper was killed: what it kept then ends here

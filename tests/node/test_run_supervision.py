@@ -96,6 +96,42 @@ def test_every_catchable_signal_is_passed_on_and_the_runner_keeps_running(tmp_pa
     assert {signal.SIGALRM, signal.SIGVTALRM, signal.SIGPROF, signal.SIGXCPU, signal.SIGINT} <= set(sent)
 
 
+# Starts the command under the runner (``supervise``) or the keeper alone, with a signal sent to itself just as the
+# process that takes it on is being started: the command must get it (and end of it), not run on as if none came.
+# ``thread``: another thread runs, which the kernel may hand the signal to instead (the runner's server has threads).
+EARLY_SIGNAL = """
+import os, signal, subprocess, sys, threading
+from neuron_exporter.node import command_keeper, run_command
+where, thread = sys.argv[1:]
+if thread == "thread":
+    threading.Thread(target=threading.Event().wait, daemon=True).start()
+real_popen = subprocess.Popen
+def signalled_popen(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGTERM)
+    subprocess.Popen = real_popen
+    return real_popen(*args, **kwargs)
+subprocess.Popen = signalled_popen
+command = [sys.executable, "-c", "import time; time.sleep(120)"]
+if where == "runner":
+    sys.exit(run_command.supervise(command, dict(os.environ), 1.0))
+sys.exit(command_keeper.Keeper(command, None, 1.0, None, os.getpgrp()).run())
+"""
+
+
+@pytest.mark.parametrize("thread", ["", "thread"])
+@pytest.mark.parametrize("where", ["runner", "keeper"])
+def test_a_signal_that_comes_before_the_command_runs_is_passed_on(tmp_path, where, thread):
+    result = subprocess.run(
+        [sys.executable, "-c", EARLY_SIGNAL, where, thread or "-"],
+        env=environment(),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=110,  # before the command would end by itself
+    )
+    assert result.returncode == 128 + signal.SIGTERM, result.stderr[-2000:]
+
+
 def gone(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
@@ -243,6 +279,32 @@ def test_ctrl_z_stops_the_runner_with_the_command_and_fg_gives_the_command_the_t
         os.write(terminal, b"\x03")  # Ctrl-C: to the command's group only
         _, status = os.waitpid(process.pid, 0)
         assert os.waitstatus_to_exitcode(status) == 128 + signal.SIGINT
+    finally:
+        process.kill()
+        os.close(terminal)
+
+
+def test_a_command_that_reads_the_terminal_at_once_has_it(tmp_path):
+    """cat reads its terminal as soon as it runs: its group must have the terminal by then, or it stops (SIGTTIN)."""
+    terminal, runner_side = pty.openpty()
+    os.write(terminal, b"early\n")  # waiting for cat before it starts
+    process = subprocess.Popen(
+        runner_command(tmp_path, ["cat"]),
+        env=environment(),
+        stdin=runner_side,
+        stdout=runner_side,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0),
+    )
+    os.close(runner_side)
+    try:
+        output = Output(terminal)
+        output.wait_for(b"early\r\nearly")  # the terminal's echo, then cat's copy
+        os.write(terminal, b"\x04")  # end of input: cat ends
+        _, status = os.waitpid(process.pid, os.WUNTRACED)
+        assert not os.WIFSTOPPED(status), "the command stopped for the terminal, and the runner with it"
+        assert os.waitstatus_to_exitcode(status) == 0
     finally:
         process.kill()
         os.close(terminal)

@@ -17,7 +17,7 @@ from pathlib import Path
 from ..config import Options
 from .spool import DATA_SUFFIX, LOCK_SUFFIX, PREFIX, TEMP_SUFFIX, RankReport, split_name
 from .spool_dir import SpoolDirError, check_spool_dir, file_trust, trusted_owners
-from .spool_reader import lock_holder_alive, read_header
+from .spool_reader import probing_lock, read_header
 
 log = logging.getLogger(__name__)
 
@@ -66,13 +66,22 @@ def remove_expired_files(
         if now - last_report <= expire_after_seconds:
             continue
         meta = read_header(directory / (stem + DATA_SUFFIX), trusted) if DATA_SUFFIX in files else None
-        alive = lock_holder_alive(directory / (stem + LOCK_SUFFIX), meta, trusted)
-        nobodys = meta is None and LOCK_SUFFIX not in files  # no lock and no header: no rank to ask
-        if not (alive is False or (alive is None and nobodys)):
-            continue  # alive, or it cannot be told
-        for suffix in files:
-            removed += _remove(directory / (stem + suffix))
+        with probing_lock(directory / (stem + LOCK_SUFFIX), meta, trusted) as alive:
+            nobodys = meta is None and LOCK_SUFFIX not in files  # no lock and no header: no rank to ask
+            if not (alive is False or (alive is None and nobodys)):
+                continue  # alive, or it cannot be told
+            if _written_since(directory / (stem + DATA_SUFFIX), files.get(DATA_SUFFIX)):
+                continue  # a rank of the same name (a restart in the same run) wrote since the listing
+            for suffix in files:
+                removed += _remove(directory / (stem + suffix))
     return removed
+
+
+def _written_since(path: Path, listed_mtime: float | None) -> bool:
+    try:
+        return os.lstat(path).st_mtime != listed_mtime
+    except OSError:
+        return False  # gone, as listed or since
 
 
 def remove_stale_temp_files(spool_dir, now: float | None = None) -> int:

@@ -20,6 +20,7 @@ serves the last checked version of a file that changed, and the thread (``read_c
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
@@ -27,6 +28,7 @@ import os
 import stat
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -119,23 +121,38 @@ def lock_holder_alive(lock_path: Path, meta: RankMeta | None, trusted: frozenset
     """Whether a live process holds the rank lock ``lock_path``: True, False, or None if it cannot be told. A lock
     file that is missing or owned by none of ``trusted`` proves nothing: the process of ``meta`` is looked up
     instead, if it is known."""
+    with probing_lock(lock_path, meta, trusted) as alive:
+        return alive
+
+
+@contextlib.contextmanager
+def probing_lock(
+    lock_path: Path, meta: RankMeta | None, trusted: frozenset[int] | None = None
+) -> Iterator[bool | None]:
+    """``lock_holder_alive``, for the time of a ``with`` block: where it is False, this process holds the lock
+    (shared) until the block ends, so no rank of that name starts meanwhile (``spool_writer`` then retries)."""
     if meta is not None and meta.pid == os.getpid() and abs(meta.start_time - _own_start_time()) < 0.01:
-        return True  # never probe our own lock: closing the probe would release it
+        yield True  # never probe our own lock: closing the probe would release it
+        return
     try:
-        fd, _ = open_regular(lock_path, 0, trusted)
+        fd: int | None = open_regular(lock_path, 0, trusted)[0]
     except (OSError, RejectedFile):
-        return _pid_alive(meta) if meta is not None else None
+        fd = None
+    if fd is None:
+        yield _pid_alive(meta) if meta is not None else None
+        return
     try:
-        fcntl.lockf(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except OSError as exc:
-        if exc.errno in (errno.EACCES, errno.EAGAIN):
-            return True  # the writer holds its lock
-        return _pid_alive(meta) if meta is not None else None
-    else:
-        fcntl.lockf(fd, fcntl.LOCK_UN)
-        return False
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            alive: bool | None = False
+        except OSError as exc:
+            if exc.errno in (errno.EACCES, errno.EAGAIN):
+                alive = True  # the writer holds its lock
+            else:
+                alive = _pid_alive(meta) if meta is not None else None
+        yield alive
     finally:
-        os.close(fd)
+        os.close(fd)  # and with it the lock
 
 
 def read_header(path: Path, trusted: frozenset[int] | None = None) -> RankMeta | None:

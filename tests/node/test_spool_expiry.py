@@ -6,6 +6,7 @@ import os
 import time
 
 from neuron_exporter.config import resolve_options
+from neuron_exporter.node import spool_expiry
 from neuron_exporter.node.spool import RankMeta
 from neuron_exporter.node.spool_expiry import remove_expired, remove_expired_files
 from neuron_exporter.node.spool_writer import release_rank_lock, write_rank_file
@@ -52,6 +53,22 @@ def test_the_files_of_ended_ranks_past_the_expiry_are_removed_and_no_other(tmp_p
         )
         assert remove_expired_files(tmp_path, 3600) == 0
         live.stop()
+
+
+def test_a_rank_that_starts_again_as_its_old_files_expire_keeps_its_new_ones(tmp_path, monkeypatch):
+    with Writer(tmp_path, "0", "--finished"):  # the first process of rank 0 ended long ago
+        pass
+    age(rank_file(tmp_path, "0"), 7200)
+    read_header = spool_expiry.read_header
+
+    def restarted_meanwhile(path, trusted=None):  # between the listing and the removal
+        with Writer(tmp_path, "0", "--finished"):  # the same rank of the same run again (an elastic restart)
+            pass
+        return read_header(path, trusted)
+
+    monkeypatch.setattr(spool_expiry, "read_header", restarted_meanwhile)
+    assert remove_expired_files(tmp_path, 3600) == 0
+    assert names(tmp_path) == files_of("0", ".lock", ".prom")
 
 
 def test_an_expired_rank_without_a_lock_file_is_told_by_its_process(tmp_path):

@@ -27,7 +27,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import textwrap
 import threading
 import time
 import urllib.parse
@@ -35,33 +34,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 WRITER = ROOT / "tests" / "scripts" / "spool_writer.py"
-
-TRAINER = textwrap.dedent("""
-    import json, sys, time
-    import torch, torch_xla
-    import neuron_exporter
-
-    handle = neuron_exporter.attach(port=0, addr="127.0.0.1", spool_dir=sys.argv[1])
-    device = torch_xla.device()
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10)).to(device)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    x, y = torch.randn(32, 64).to(device), torch.randint(0, 10, (32,)).to(device)
-    times = []
-    announced = False
-    while True:
-        optimizer.zero_grad()
-        torch.nn.functional.cross_entropy(model(x), y).backward()
-        optimizer.step()
-        torch_xla.sync()
-        times.append(time.monotonic())
-        if len(times) == 200 and not announced:
-            print(json.dumps({"url": handle.url}), flush=True)
-            announced = True
-        if len(times) % 100 == 0 and open(sys.argv[2]).read() == "stop":
-            break
-    print(json.dumps({"times": times}), flush=True)
-""")
+SCRAPED_TRAINER = ROOT / "benchmarks" / "scraped_trainer.py"
 
 
 def scrape_loop(url: str, stop: threading.Event, period: float | None, counts: dict) -> None:
@@ -122,7 +95,11 @@ def main() -> None:
         )
         assert ranks.stdout.readline().strip() == "ready"
         trainer = subprocess.Popen(
-            [sys.executable, "-c", TRAINER, spool, str(stop_file)], env=env, cwd=ROOT, stdout=subprocess.PIPE, text=True
+            [sys.executable, str(SCRAPED_TRAINER), spool, str(stop_file)],
+            env=env,
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            text=True,
         )
         try:
             url = json.loads(trainer.stdout.readline())["url"]

@@ -33,7 +33,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import textwrap
 import threading
 import time
 import urllib.parse
@@ -42,33 +41,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 WRITER = ROOT / "tests" / "scripts" / "spool_writer.py"
+SCRAPED_TRAINER = ROOT / "benchmarks" / "scraped_trainer.py"
 LOAD = ROOT / "tests" / "scripts" / "http_load.py"
 PHASES = ("idle", "pipeline", "idle", "polite", "idle")
-
-TRAINER = textwrap.dedent("""
-    import json, sys, time
-    import torch, torch_xla
-    import neuron_exporter
-
-    handle = neuron_exporter.attach(port=0, addr="127.0.0.1", spool_dir=sys.argv[1], node_view=sys.argv[3] == "job")
-    device = torch_xla.device()
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10)).to(device)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    x, y = torch.randn(32, 64).to(device), torch.randint(0, 10, (32,)).to(device)
-    times = []
-    while True:
-        optimizer.zero_grad()
-        torch.nn.functional.cross_entropy(model(x), y).backward()
-        optimizer.step()
-        torch_xla.sync()
-        times.append(time.monotonic())
-        if len(times) == 200:
-            print(json.dumps({"url": handle.url}), flush=True)
-        if len(times) % 100 == 0 and open(sys.argv[2]).read() == "stop":
-            break
-    print(json.dumps({"times": times}), flush=True)
-""")
 
 
 def scrape_times(url: str, stop: threading.Event, interval: float, times: list[float]) -> None:
@@ -150,7 +125,7 @@ def trainer(spool: str, kind: str, step_times: list[float]) -> Iterator[tuple[st
     stop_file.write_text("")
     env = {**os.environ, "PJRT_DEVICE": "CPU", "NEURON_EXPORTER_RUN_ID": f"bench-{os.getpid()}-{kind}"}
     process = subprocess.Popen(
-        [sys.executable, "-c", TRAINER, spool, str(stop_file), kind],
+        [sys.executable, str(SCRAPED_TRAINER), spool, str(stop_file), kind],
         env=env,
         cwd=ROOT,
         stdout=subprocess.PIPE,

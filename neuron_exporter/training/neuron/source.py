@@ -15,6 +15,7 @@ log line says what, and ``neuron_exporter_torchneuron_readable{record}`` shows i
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import threading
 import time
@@ -41,6 +42,9 @@ class NeuronSource(Source):
         self.options = options
         self.stats = stats  # replaced in a forked child
         self.neuronx = sys.modules[LIBRARY]
+        # TorchNeuron's own Python code copies to the host when it runs an operator on the CPU (path b, the linalg
+        # fallbacks): those copies are its fallbacks, not the user's reads.
+        self._own_code = os.path.dirname(os.path.abspath(self.neuronx.__file__ or "")) + os.sep
         self.problems = probe()
         self.readable = readable_records(self.problems)
         self.sites = SiteFinder()
@@ -130,7 +134,10 @@ class NeuronSource(Source):
 
     def _host_read(self, original, cause: str, tensor, args, kwargs, frame):
         """A host read of a ``neuron`` tensor from ``frame``: its site, then the read (which waits for the device,
-        as it would without the exporter). Its exceptions are the original method's only."""
+        as it would without the exporter), unless TorchNeuron's own code made it. Its exceptions are the original
+        method's only."""
+        if frame.f_code.co_filename.startswith(self._own_code):
+            return original(tensor, *args, **kwargs)
         start = time.perf_counter()
         try:
             location = self.sites.site(frame)

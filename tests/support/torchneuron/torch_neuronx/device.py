@@ -8,8 +8,8 @@ What TorchNeuron does per operator, this does too (torch-neuronx's README and ``
 - path a, an operator with no kernel (``UNIMPLEMENTED``): the C++ boxed fallback runs it on the CPU and adds its name
   to the fallback set, with no Python call (a structured op arrives as its ``.out`` overload, as on the device);
 - path b, an operator TorchNeuron registers from Python whose implementation cannot take the call (``OFFLOADED``):
-  it syncs the stream, runs on the CPU and calls ``torch_neuronx._C._log_offloaded_op(name)``, looked up at each
-  call;
+  it syncs the stream, copies its tensors to the host from Python (``Tensor.to("cpu")``), runs on the CPU and calls
+  ``torch_neuronx._C._log_offloaded_op(name)``, looked up at each call;
 - a copy to the host (``.item()``, ``.cpu()``) waits for the stream (a synchronization), unless ``non_blocking``.
 
 The recipe (measured on torch 2.14.1): ``_setup_privateuseone_for_python_backend``; tensors made by
@@ -204,9 +204,10 @@ def kernel(op, *args, **kwargs):
         return _run_on_cpu(op, args, kwargs)
     if name in OFFLOADED:
         _C._synchronize()
-        result = _run_on_cpu(op, args, kwargs)
+        cpu_args, cpu_kwargs = _move_pytree_to_cpu((args, kwargs))
+        result = op(*cpu_args, **cpu_kwargs)
         _offload(name)
-        return result
+        return pytree.tree_map(lambda v: _track(neuron_tensor(v)) if isinstance(v, torch.Tensor) else v, result)
     if name in HOST_READS:
         _C._synchronize()
         return _run_on_cpu(op, args, kwargs)
@@ -228,6 +229,11 @@ _NO_KERNEL = {
     "aten::set_",
     "aten::resize_",
 }
+
+
+def _move_pytree_to_cpu(tree):
+    """What path b does first, from Python (``utils.move_pytree_to_cpu``): each device tensor copied with ``.to``."""
+    return pytree.tree_map(lambda value: value.to("cpu") if raw_of(value) is not None else value, tree)
 
 
 def _offload(name: str) -> None:

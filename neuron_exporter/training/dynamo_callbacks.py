@@ -3,8 +3,9 @@
 
 ``start(args)`` runs when dynamo starts compiling a frame, ``end(args)`` when it is done (before that compilation's
 record is added), on the compiling thread. ``torch._dynamo.reset()`` drops every callback
-(``callback_handler.clear()``), so removing one that is gone already is not an error, and ``restore()`` (at cheap
-moments: an optimizer created, a scrape) registers again those it dropped.
+(``callback_handler.clear()``): removing one that is gone already is not an error, and ``restore()`` registers again
+those it dropped, right after ``clear()`` (which is wrapped while any pair is registered: a compilation right after a
+reset is seen) and at cheap moments (an optimizer created, a scrape) where that wrapper could not go in.
 """
 
 from __future__ import annotations
@@ -15,10 +16,12 @@ import weakref
 from collections.abc import Callable
 
 from .dynamo_skip import never_compiled
+from .patching import Patch
 
 METHODS = ("register_start_callback", "register_end_callback", "remove_start_callback", "remove_end_callback")
 
 _registered: weakref.WeakSet[CompileCallbacks] = weakref.WeakSet()
+_clear: Patch | None = None  # callback_handler.clear, wrapped to restore() right after it
 
 
 def problem() -> str | None:
@@ -40,6 +43,22 @@ def restore() -> None:
             callbacks.register()
     except Exception:  # noqa: BLE001 (never into the caller; each register() reports its own errors)
         pass
+
+
+def _restore_after_clear(callback_handler, on_error: Callable[[BaseException], None]) -> None:
+    global _clear
+    if _clear is None:
+
+        def wrap(original):
+            def clear(*args, **kwargs):
+                result = original(*args, **kwargs)
+                restore()
+                return result
+
+            return clear
+
+        _clear = Patch(callback_handler, "clear", wrap, on_error)
+    _clear.install()
 
 
 class CompileCallbacks:
@@ -66,6 +85,7 @@ class CompileCallbacks:
             _registered.add(self)
             callback_handler.register_start_callback(self._start)
             callback_handler.register_end_callback(self._end)
+            _restore_after_clear(callback_handler, self._on_error)
         except Exception as error:  # noqa: BLE001 (never into the caller)
             self._on_error(error)
             self.remove()
@@ -93,6 +113,8 @@ class CompileCallbacks:
             return
         self.registered = False
         _registered.discard(self)
+        if not _registered and _clear is not None:
+            _clear.undo()
         try:
             from torch._dynamo.callback import callback_handler
 

@@ -141,14 +141,12 @@ def test_compile_callbacks_come_back_after_dynamo_reset():
     callbacks = dynamo_callbacks.CompileCallbacks(start, end, lambda error: None)
     assert callbacks.register()
     try:
-        torch._dynamo.reset()
-        assert start not in callback_handler.start_callbacks
-        dynamo_callbacks.restore()  # an optimizer created, a scrape
-        assert start in callback_handler.start_callbacks and end in callback_handler.end_callbacks
-        dynamo_callbacks.restore()
-        assert callback_handler.start_callbacks.count(start) == 1 and callback_handler.end_callbacks.count(end) == 1
+        torch._dynamo.reset()  # and at once a compilation, with no scrape or optimizer in between
         torch.compile(lambda x: x * 2 + 1, backend="eager")(torch.ones(2))
         assert started and ended
+        assert callback_handler.start_callbacks.count(start) == 1 and callback_handler.end_callbacks.count(end) == 1
+        dynamo_callbacks.restore()  # an optimizer created, a scrape: nothing more
+        assert callback_handler.start_callbacks.count(start) == 1 and callback_handler.end_callbacks.count(end) == 1
     finally:
         callbacks.remove()
         for registered, now in zip(

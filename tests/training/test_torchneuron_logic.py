@@ -86,6 +86,42 @@ def test_a_forked_child_starts_from_fresh_totals():
     assert _scrape(families)[("torchneuron_memory_ooms_total",)] == 2
 
 
+@pytest.mark.parametrize(
+    "broken",
+    [
+        {"memory_stats": RuntimeError("device lost")},  # raises
+        {"cache_stats": None},  # another shape than at the start-up probe
+        {"cache_stats": {"in_memory_hits": "many"}},
+    ],
+    ids=["memory raises", "cache none", "cache string"],
+)
+def test_a_record_that_fails_at_a_scrape_is_shown_unreadable_and_the_others_are_served(broken):
+    def reader(value):
+        def read():
+            if isinstance(value, Exception):
+                raise value
+            return value
+
+        return read
+
+    source = {"memory_stats": reader({"allocated_bytes": 10}), "cache_stats": reader({"in_memory_hits": 3})}
+    source.update({name: reader(value) for name, value in broken.items()})
+    errors: list[str] = []
+    stats = SimpleNamespace(record_error=lambda stage, error: errors.append(stage))
+    window = CacheWindow(source["cache_stats"], lambda error: None)
+    families = _families(("compile_cache", "memory"), window=window, stats=stats, **source)
+    families.source.attribution.host_read("item", "train.py:7", None, 0, 0)
+    scraped = _scrape(families)
+    record = {"memory_stats": "memory", "cache_stats": "compile_cache"}[next(iter(broken))]
+    assert scraped[("neuron_exporter_torchneuron_readable", record)] == 0
+    other = "memory" if record == "compile_cache" else "compile_cache"
+    assert scraped[("neuron_exporter_torchneuron_readable", other)] == 1
+    assert scraped[("torchneuron_host_reads_total", "item", "train.py:7")] == 1
+    assert ("torchneuron_memory_allocated_bytes",) in scraped or record == "memory"
+    assert ("torchneuron_compile_cache_hits_total", "memory") in scraped or record == "compile_cache"
+    assert errors == ["scrape"]
+
+
 def test_graph_fallbacks_are_counted_by_a_filter_that_lets_every_record_through(caplog):
     counter = GraphFallbacks()
     logger = logging.getLogger(BACKEND_LOGGER)

@@ -92,6 +92,15 @@ def test_counters_read_from_torchneuron_never_go_back_when_it_resets_them():
     assert totals.read(lambda: {"hits": 4}) == {"hits": 9}
 
 
+def test_a_derived_total_lower_by_a_rounding_error_is_not_a_reset():
+    totals = Totals()
+    compile_ms, graph_ms = 1733.7 * 3 + 48211.7, 48211.7  # three eager compilations and a graph's, in ms
+    before = totals.read(lambda: {"eager_op_seconds": 1733.7 * 3 / 1000})["eager_op_seconds"]
+    after = totals.read(lambda: {"eager_op_seconds": (compile_ms - graph_ms) / 1000})["eager_op_seconds"]
+    assert (compile_ms - graph_ms) / 1000 < 1733.7 * 3 / 1000  # the difference came out lower, by rounding
+    assert after == before  # not doubled
+
+
 @pytest.mark.parametrize(
     "stats",
     [

@@ -17,12 +17,15 @@ from ...untrusted import LabelBudget
 from .names import COUNTERS_KEY, RECORDS, memory_value
 
 READABLE_FAMILY = "neuron_exporter_torchneuron_readable"
+# Seconds of eager compilations are a difference of two float totals: it can come out lower by a rounding error.
+ROUNDING = 1e-9
 
 
 class Totals:
     """Counters read from TorchNeuron's own totals, kept from going backwards when they are reset (a reset is a value
-    lower than the last one: what was counted before it is kept as an offset). The values are read under the lock
-    they are applied under: a read of two overlapping scrapes applied after a newer one would look like a reset."""
+    lower than the last one, by more than a rounding error: what was counted before it is kept as an offset). The
+    values are read under the lock they are applied under: a read of two overlapping scrapes applied after a newer
+    one would look like a reset."""
 
     def __init__(self):
         self._lock = threading.Lock()
@@ -35,8 +38,12 @@ class Totals:
             values = reader()
             totals = {}
             for key, value in values.items():
-                if value < self._last.get(key, 0):
-                    self._offset[key] = self._offset.get(key, 0) + self._last[key]
+                last = self._last.get(key, 0)
+                if value < last:
+                    if last - value <= ROUNDING * max(1.0, last):  # a derived total's rounding, not a reset
+                        value = last
+                    else:
+                        self._offset[key] = self._offset.get(key, 0) + last
                 self._last[key] = value
                 totals[key] = self._offset.get(key, 0) + value
             return totals
@@ -62,30 +69,51 @@ class NeuronFamilies:
         return {"torchneuron": self.collect}
 
     def collect(self, labels: dict[str, str]) -> Iterator[Metric]:
+        """Each record read on its own: one that fails now (TorchNeuron changed under the exporter) is counted as a
+        scrape error, shown unreadable in this scrape, and the others are served."""
         source = self.source
+        readable = list(source.readable)
+        families: list[Metric] = []
+        parts: list[tuple[str | None, Callable[[dict[str, str]], Iterator[Metric]]]] = [
+            ("fallback_op_calls", self._fallback_calls),
+            ("fallback_ops_seen", self._fallbacks_seen),
+            ("compile_cache", self._cache),
+            ("compiled_graphs", self._graphs),
+            ("graph_fallbacks", self._graph_fallbacks),
+            (None, self._host_reads),  # the exporter's own count, always read
+            ("memory", self._memory),
+        ]
+        for record, part in parts:
+            if record is not None and record not in readable:
+                continue
+            try:
+                families.extend(part(labels))
+            except Exception as error:  # noqa: BLE001 (the other records are still served)
+                source.stats.record_error("scrape", error)
+                if record is not None:
+                    readable.remove(record)
         yield readable_family(
             READABLE_FAMILY,
             "1 if the exporter reads this record of TorchNeuron in this process, 0 if a name it comes from is "
             "missing or of another shape (the log says which), by record",
             labels,
             RECORDS,
-            source.readable,
+            readable,
         )
-        yield from self._fallbacks(labels)
-        if "compile_cache" in source.readable:
-            yield from self._cache(labels)
-        if "compiled_graphs" in source.readable:
-            yield from self._graphs(labels)
-        if "graph_fallbacks" in source.readable:
-            counts, _ = source.graph_fallbacks.snapshot()
-            yield self._labelled(
-                "torchneuron_graph_fallbacks",
-                "Compiled graphs (torch.compile, neuron backend) that failed to run and ran eagerly instead, by the "
-                "reason TorchNeuron logged",
-                labels,
-                ["reason"],
-                [((self._reasons.label_for(reason),), count) for reason, count in counts.items()],
-            )
+        yield from families
+
+    def _graph_fallbacks(self, labels: dict[str, str]) -> Iterator[Metric]:
+        counts, _ = self.source.graph_fallbacks.snapshot()
+        yield self._labelled(
+            "torchneuron_graph_fallbacks",
+            "Compiled graphs (torch.compile, neuron backend) that failed to run and ran eagerly instead, by the "
+            "reason TorchNeuron logged",
+            labels,
+            ["reason"],
+            [((self._reasons.label_for(reason),), count) for reason, count in counts.items()],
+        )
+
+    def _host_reads(self, labels: dict[str, str]) -> Iterator[Metric]:
         yield self._labelled(
             "torchneuron_host_reads",
             "Reads of neuron device data by the host (.item(), bool, print, .cpu(), ...; each waits for the device), "
@@ -94,54 +122,53 @@ class NeuronFamilies:
             ["cause", "location"],
             [
                 ((cause, self._sites["host_reads"].label_for(record.location)), count)
-                for record in source.attribution.records()
+                for record in self.source.attribution.records()
                 for cause, count in record.causes.items()
             ],
         )
-        if "memory" in source.readable:
-            yield from self._memory(labels)
 
-    def _fallbacks(self, labels: dict[str, str]) -> Iterator[Metric]:
+    def _fallback_calls(self, labels: dict[str, str]) -> Iterator[Metric]:
         source = self.source
-        if "fallback_op_calls" in source.readable:
-            calls, sites = source.fallbacks.snapshot()
-            yield self._labelled(
-                "torchneuron_cpu_fallback_op_calls",
-                "Calls of operators TorchNeuron registers from Python that ran on the CPU (each counted as it "
-                "happens), by operator",
-                labels,
-                ["op"],
-                [((self._ops["calls"].label_for(op),), count) for op, count in calls.items()],
-            )
-            yield self._labelled(
-                "torchneuron_cpu_fallback_site_info",
-                "Where a CPU-fallback operator counted per call was called (pass: forward, or backward for a call "
-                "from the backward pass, named by the line that called backward()); always 1",
-                labels,
-                ["op", "location", "pass"],
-                [
+        calls, sites = source.fallbacks.snapshot()
+        yield self._labelled(
+            "torchneuron_cpu_fallback_op_calls",
+            "Calls of operators TorchNeuron registers from Python that ran on the CPU (each counted as it "
+            "happens), by operator",
+            labels,
+            ["op"],
+            [((self._ops["calls"].label_for(op),), count) for op, count in calls.items()],
+        )
+        yield self._labelled(
+            "torchneuron_cpu_fallback_site_info",
+            "Where a CPU-fallback operator counted per call was called (pass: forward, or backward for a call "
+            "from the backward pass, named by the line that called backward()); always 1",
+            labels,
+            ["op", "location", "pass"],
+            [
+                (
                     (
-                        (
-                            self._ops["sites"].label_for(op),
-                            self._sites["sites"].label_for(location),
-                            "backward" if backward else "forward",
-                        ),
-                        1,
-                    )
-                    for op, location, _, backward in sites
-                ],
-                GaugeMetricFamily,
-            )
-        if "fallback_ops_seen" in source.readable:
-            yield self._labelled(
-                "torchneuron_cpu_fallback_ops_seen",
-                "Operators TorchNeuron ran on the CPU at least once (no Neuron kernel, a Python implementation that "
-                "could not take the call, or a failure in the device pipeline), from its set of their names; always 1",
-                labels,
-                ["op"],
-                [((self._ops["seen"].label_for(op),), 1) for op in source.fallback_ops_seen()],
-                GaugeMetricFamily,
-            )
+                        self._ops["sites"].label_for(op),
+                        self._sites["sites"].label_for(location),
+                        "backward" if backward else "forward",
+                    ),
+                    1,
+                )
+                for op, location, _, backward in sites
+            ],
+            GaugeMetricFamily,
+        )
+
+    def _fallbacks_seen(self, labels: dict[str, str]) -> Iterator[Metric]:
+        source = self.source
+        yield self._labelled(
+            "torchneuron_cpu_fallback_ops_seen",
+            "Operators TorchNeuron ran on the CPU at least once (no Neuron kernel, a Python implementation that "
+            "could not take the call, or a failure in the device pipeline), from its set of their names; always 1",
+            labels,
+            ["op"],
+            [((self._ops["seen"].label_for(op),), 1) for op in source.fallback_ops_seen()],
+            GaugeMetricFamily,
+        )
 
     def _cache(self, labels: dict[str, str]) -> Iterator[Metric]:
         totals = self._totals.read(self._cache_values)

@@ -160,6 +160,7 @@ def _tls_context(document: YamlFile, config: WebConfig, section_node, node) -> s
             f"{path}:{_line(values['cert_file'][0])}: {section}: cannot load the certificate "
             f"and key: {getattr(exc, 'reason', None) or exc}"
         ) from None
+    versions: dict[str, ssl.TLSVersion] = {}
     for bound in ("min_version", "max_version"):
         if bound in values:
             value_node, name = values[bound]
@@ -168,18 +169,19 @@ def _tls_context(document: YamlFile, config: WebConfig, section_node, node) -> s
                     f"{path}:{_line(value_node)}: {section}.{bound}: unknown version {_quote(name)} "
                     f"(known: {', '.join(TLS_VERSIONS)})"
                 )
-            try:
-                setattr(context, "minimum_version" if bound == "min_version" else "maximum_version", TLS_VERSIONS[name])
-            except (ValueError, ssl.SSLError) as exc:
-                raise WebConfigError(f"{path}:{_line(value_node)}: {section}.{bound}: {exc}") from None
-    low, high = context.minimum_version, context.maximum_version
-    if high != ssl.TLSVersion.MAXIMUM_SUPPORTED and high < low:
+            versions[bound] = TLS_VERSIONS[name]
+    if "max_version" in versions and versions["max_version"] < versions.get("min_version", context.minimum_version):
         value_node, name = values["max_version"]
         raise WebConfigError(
             f"{path}:{_line(value_node)}: {section}.max_version: {_quote(name)} is below the minimum version "
             f"({values['min_version'][1] if 'min_version' in values else 'TLS12, the default'}): no client could "
             "connect"
         )
+    for bound, version in versions.items():
+        try:
+            setattr(context, "minimum_version" if bound == "min_version" else "maximum_version", version)
+        except (ValueError, ssl.SSLError) as exc:
+            raise WebConfigError(f"{path}:{_line(values[bound][0])}: {section}.{bound}: {exc}") from None
     auth_type = values.get("client_auth_type", (None, "NoClientCert"))
     if auth_type[1] not in CLIENT_AUTH_TYPES:
         raise WebConfigError(

@@ -116,13 +116,15 @@ class NodeView:
             options.spool_max_files,
             run_id,
             self._file_trust,
+            self._trusted,
         )
         self._split: dict[Path, tuple[bytes, list[Family]]] = {}  # rank file -> (exposition, its families)
         self._host = HostCollector()
         self._process = ProcessCollector(registry=None)
         self._logged: set[tuple[str, str]] = set()
         self._budget_logged = False
-        self.rejected: list[tuple[str, RejectedFile]] = []  # of the last refresh: files left out, and why
+        self.rejected: list[tuple[str, RejectedFile]] = []  # of the last refresh: files left out, and why (the first)
+        self.rejected_counts: dict[str, int] = {}  # of the last refresh: files left out, by reason
         self.spool_dir_ok = True
         self._reading: threading.Thread | None = None
         self._last_scrape = float("-inf")  # monotonic
@@ -185,11 +187,12 @@ class NodeView:
     def _spool_reports(self) -> list[RankReport]:
         directory = self.options.spool_dir
         if not self.check_directory():
-            self.rejected = []
+            self.rejected, self.rejected_counts = [], {}
             return []
         scraped, self._last_scrape = self._last_scrape, time.monotonic()
         background = self._reading is not None and self._last_scrape - scraped < IDLE_SECONDS
         reports, self.rejected = self._reader.refresh(read_changed=not background)
+        self.rejected_counts = self._reader.rejected_counts
         for name, rejection in self.rejected:
             if rejection.reason != "over_budget":
                 self._log_once(name, rejection.reason, f"{printable(name, 300)}: {rejection}")  # any name
@@ -295,7 +298,7 @@ class NodeView:
         # Without a rank of its own, the serving process is a daemon (serve, run): it shows its own version and
         # process_* metrics (a rank's are xla_process_*, and a rank file may hold no process_* family).
         daemon = self._process if own is None else None
-        node = generate_latest(_NodeMetrics(statuses, self._host, self.rejected, self.spool_dir_ok, daemon))
+        node = generate_latest(_NodeMetrics(statuses, self._host, self.rejected_counts, self.spool_dir_ok, daemon))
         return merge_families([*(self._families(s) for s in statuses), rank_families(statuses), split_families(node)])
 
     def _families(self, status: RankStatus) -> list[Family]:
@@ -353,7 +356,7 @@ class _NodeMetrics:
         self,
         statuses: list[RankStatus],
         host: HostCollector,
-        rejected: list[tuple[str, RejectedFile]],
+        rejected: dict[str, int],
         spool_dir_ok: bool,
         daemon: ProcessCollector | None = None,
     ):
@@ -373,7 +376,7 @@ class _NodeMetrics:
             labels=["reason"],
         )
         for reason in REJECT_REASONS:
-            bad.add_metric([reason], sum(1 for _, error in self.rejected if error.reason == reason))
+            bad.add_metric([reason], self.rejected.get(reason, 0))
         yield bad
         yield GaugeMetricFamily(
             "neuron_exporter_spool_directory_ok",

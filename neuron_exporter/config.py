@@ -101,7 +101,9 @@ class Options:
     )
     spool_interval_seconds: float = _option(2.0, "How often a rank rewrites its spool file.")
     hung_after_seconds: float = _option(
-        60.0, "A live rank that has ended no step for this long (before its first step: sent no report) is hung."
+        60.0,
+        "A live rank that has ended no step for this long is hung; before its first step (a rank claimed by a "
+        "compilation), counted from when the node endpoint first saw it, or from its last report if older.",
     )
     expire_after_seconds: float = _option(
         3600.0,

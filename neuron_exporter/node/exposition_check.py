@@ -135,7 +135,11 @@ def check_exposition(exposition: bytes, rank: str, local_rank: str, run_id: str)
             body = match.group(2) or ""
             if body and not LABELS.fullmatch(body):
                 raise ExpositionError(f"{where}: malformed labels: {printable(line, SHOWN)}")
-            labels = dict(LABEL.findall(body))
+            pairs = LABEL.findall(body)
+            labels = dict(pairs)
+            if len(labels) != len(pairs) or any(name.startswith("__") for name in labels):
+                # Prometheus refuses the whole scrape for one such sample: every rank of the node would go.
+                raise ExpositionError(f"{where}: a label name repeated or reserved (__): {printable(line, SHOWN)}")
             if labels.get("rank") != rank or labels.get("local_rank") != local_rank or labels.get("run_id") != run:
                 raise ExpositionError(
                     f"{where}: a series of another rank in the file of rank {rank} of run {run_id}: "

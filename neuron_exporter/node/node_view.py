@@ -307,17 +307,19 @@ class NodeView:
         # process_* metrics (a rank's are xla_process_*, and a rank file may hold no process_* family).
         daemon = self._process if own is None else None
         node = generate_latest(_NodeMetrics(statuses, self._host, self.rejected_counts, self.spool_dir_ok, daemon))
-        return merge_families([*(self._families(s) for s in statuses), rank_families(statuses), split_families(node)])
+        split: dict[Path, tuple[bytes, list[Family]]] = {}
+        ranks = [self._families(status, split) for status in statuses]
+        self._split = split  # the files served now: one that is gone is forgotten with its exposition
+        return merge_families([*ranks, rank_families(statuses), split_families(node)])
 
-    def _families(self, status: RankStatus) -> list[Family]:
-        """A rank's families, split once per version of its file."""
+    def _families(self, status: RankStatus, split: dict[Path, tuple[bytes, list[Family]]]) -> list[Family]:
+        """A rank's families, split once per version of its file (kept in ``split``)."""
         if status.path is None:
             return split_families(status.exposition)
         cached = self._split.get(status.path)
         if cached is None or cached[0] is not status.exposition:
-            if len(self._split) > 2 * self.options.spool_max_files:
-                self._split.clear()
-            cached = self._split[status.path] = (status.exposition, split_families(status.exposition))
+            cached = (status.exposition, split_families(status.exposition))
+        split[status.path] = cached
         return cached[1]
 
 

@@ -7,6 +7,8 @@ import watcher: a process that never imports torch loads nothing else of the exp
 ``attach()`` runs as if the script had called it, except that the process takes the HTTP port only once it trains
 (the node endpoint is usually served by someone else); torch_xla's and torch.compile's sources start when those are
 imported in turn. Every process that imports torch is attached, but only one that trains or compiles claims a rank.
+A script that imports ``neuron_exporter.attach`` before torch attaches itself, with its own options: zero code then
+steps aside.
 """
 
 import sys
@@ -14,9 +16,15 @@ import sys
 from .import_watch import after_import
 
 WATCHED = "torch"
+ATTACH_MODULE = __name__.rpartition(".")[0] + ".attach"
 
 
 def _attach() -> None:
+    module = sys.modules.get(ATTACH_MODULE)
+    if module is not None and getattr(getattr(module, "__spec__", None), "_initializing", False):
+        # torch is imported by the exporter's attach module on its way in: the script imports neuron_exporter.attach
+        # to attach itself, with its own options, which an attachment made here would take the place of.
+        return
     try:
         from .attach import attach
 

@@ -1,12 +1,14 @@
 """Basic auth that costs a password-guessing client more than it costs the training job it runs in.
 
 - bcrypt runs only for credentials not verified before, and for at most ``BCRYPT_AT_ONCE`` requests at a time in
-  the process (requests with the same credentials that wait meanwhile find them verified);
-- failures are rate limited per client (its address; an IPv6 /64) only: past its limit a client gets 429 at once,
-  without bcrypt, and a client that has not failed is never refused, however many others guess. It also goes
-  first to bcrypt and waits for its turn as long as that takes (the server's workers bound the queue), where a
-  client that failed gives up after ``BCRYPT_WAIT_SECONDS``. Credentials verified before are still accepted, so a
-  scraper that logged in keeps scraping while someone else guesses from its address;
+  the process (requests with the same credentials that wait meanwhile find them verified). Credentials verified
+  before are accepted without waiting for bcrypt: the server answers them in the lane of their path, and a request
+  that needs bcrypt in a login lane of its own (``waits_for_bcrypt``), so a scraper that logged in keeps scraping
+  however many guess, from its address or any other;
+- a request waits for bcrypt at most ``BCRYPT_WAIT_SECONDS`` from its arrival, then gets 429 (``BUSY``, retry
+  later); a client that has not failed goes to bcrypt before any that has;
+- failures are rate limited per client (its address; an IPv6 /64) only: past its limit a client gets 429 at once
+  (``LIMITED``), without bcrypt;
 - a user that does not exist costs a bcrypt check at the configured users' own cost, like a wrong password;
 - a password over 72 bytes (bcrypt's limit: it can match no hash) is refused at once.
 """
@@ -20,16 +22,17 @@ import hmac
 import logging
 import os
 import threading
+import time
 
 from .rate_limit import TokenBuckets, client_key
 from .web_config import WebConfig
 
 log = logging.getLogger(__name__)
 
-OK, DENIED, LIMITED = "ok", "denied", "limited"
+OK, DENIED, LIMITED, BUSY = "ok", "denied", "limited", "busy"
 MAX_PASSWORD_BYTES = 72
 BCRYPT_AT_ONCE = 1
-BCRYPT_WAIT_SECONDS = 5.0
+BCRYPT_WAIT_SECONDS = 2.0  # then 429: a scraper's first login is retried at its next scrape
 CLIENT_BURST, CLIENT_REFILL_SECONDS = 10, 6.0  # then one more check every 6 s
 
 # Verified passwords are remembered as an HMAC under a key that lives only in this process, never in clear.
@@ -44,19 +47,23 @@ class BcryptSlots:
         self._running = 0
         self._first_waiting = 0  # clients that have not failed, waiting
 
-    def acquire(self, failed_before: bool) -> bool:
+    def acquire(self, failed_before: bool, timeout: float) -> bool:
+        """Take a slot within ``timeout`` seconds; False if none came by then."""
         with self._changed:
             if failed_before:
                 if not self._changed.wait_for(
-                    lambda: self._running < BCRYPT_AT_ONCE and not self._first_waiting, BCRYPT_WAIT_SECONDS
+                    lambda: self._running < BCRYPT_AT_ONCE and not self._first_waiting, max(0.0, timeout)
                 ):
                     return False
             else:
                 self._first_waiting += 1
                 try:
-                    self._changed.wait_for(lambda: self._running < BCRYPT_AT_ONCE)
+                    took = self._changed.wait_for(lambda: self._running < BCRYPT_AT_ONCE, max(0.0, timeout))
                 finally:
                     self._first_waiting -= 1
+                if not took:
+                    self._changed.notify_all()  # the clients that failed no longer wait for this one
+                    return False
             self._running += 1
             return True
 
@@ -77,22 +84,35 @@ class BasicAuth:
         self.failures = TokenBuckets(CLIENT_BURST, CLIENT_REFILL_SECONDS)
         self._warned_bad_hash = False
 
-    def check(self, config: WebConfig, header: str | None, client_address: str) -> str:
-        """OK, DENIED (answer 401) or LIMITED (answer 429: too many failures, retry later)."""
-        credentials = _credentials(header)
-        if credentials is None:
+    def waits_for_bcrypt(self, config: WebConfig, header: str | None, client_address: str) -> bool:
+        """Whether ``check`` would run bcrypt for this request, and so may wait: credentials well formed and not
+        verified before, of a client not past its failure limit."""
+        checked = _checked(header)
+        return (
+            checked is not None
+            and not self._verified(config, checked[0], checked[2])
+            and self.failures.has_token(client_key(client_address))
+        )
+
+    def failed_before(self, client_address: str) -> bool:
+        return not self.failures.is_full(client_key(client_address))
+
+    def check(self, config: WebConfig, header: str | None, client_address: str, arrived: float) -> str:
+        """OK, DENIED (answer 401), LIMITED (answer 429: too many failures, retry later) or BUSY (answer 429: no
+        bcrypt check could be made within ``BCRYPT_WAIT_SECONDS`` of ``arrived``, the monotonic time the request
+        came)."""
+        checked = _checked(header)
+        if checked is None:
             return DENIED
-        user, password = credentials
-        if len(password) > MAX_PASSWORD_BYTES:
-            return DENIED
-        digest = hmac.new(_CACHE_KEY, user.encode() + b"\0" + password, hashlib.sha256).digest()
+        user, password, digest = checked
         if self._verified(config, user, digest):
             return OK
         client = client_key(client_address)
         if not self.failures.has_token(client):
             return LIMITED
-        if not _bcrypt_slots.acquire(failed_before=not self.failures.is_full(client)):
-            return LIMITED
+        wait = arrived + BCRYPT_WAIT_SECONDS - time.monotonic()  # past it, its client has waited long enough
+        if wait <= 0 or not _bcrypt_slots.acquire(self.failed_before(client), wait):
+            return BUSY
         try:
             if self._verified(config, user, digest):  # by a request with the same credentials that went first
                 return OK
@@ -124,6 +144,16 @@ class BasicAuth:
                 self._warned_bad_hash = True
                 log.warning("basic auth: bcrypt refused a configured hash: %s", error)
             return False
+
+
+def _checked(header: str | None) -> tuple[str, bytes, bytes] | None:
+    """(user, password, its keyed digest) of a ``Basic`` Authorization header that bcrypt could accept; None if
+    there is none, it is malformed or its password is too long."""
+    credentials = _credentials(header)
+    if credentials is None or len(credentials[1]) > MAX_PASSWORD_BYTES:
+        return None
+    user, password = credentials
+    return user, password, hmac.new(_CACHE_KEY, user.encode() + b"\0" + password, hashlib.sha256).digest()
 
 
 def _credentials(header: str | None) -> tuple[str, bytes] | None:

@@ -5,8 +5,8 @@ The endpoint runs inside training processes too, so no client may make it cost t
 
 - One thread waits on every open connection (a selector): it reads request heads and writes responses without ever
   blocking. A client that connects and stalls, trickles bytes or does not read what it asked for costs a socket
-  until its deadline, never a thread. Past ``MAX_CONNECTIONS``, a connection that waits is closed, one of the client
-  address that has the most (see ``_connection_to_close``).
+  until its deadline, never a thread. An address holds at most ``MAX_PER_CLIENT`` connections and all together at
+  most ``MAX_CONNECTIONS``: past either, the address with the most loses one of its own (``admission``).
 - A connection has one request at a time in the server: its next one, pipelined or not, is taken only once the
   response to this one is written (a client that does not read gets nothing more done), and it then queues behind
   the requests of every other connection waiting in its lane. Bytes past the request being answered wait in the
@@ -29,10 +29,11 @@ import ssl
 import struct
 import threading
 import time
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 
+from .admission import BUSY, PAUSED, WAITING, WAITING_SERVED, WRITING, Admission
 from .http_messages import HEAD_END, MAX_HEAD_BYTES, TOO_LARGE, Request, Response, keeps_alive, parse_request, serialize
 from .lanes import Lanes
 from .rate_limit import TokenBuckets, client_key
@@ -41,7 +42,6 @@ log = logging.getLogger(__name__)
 
 LISTEN_BACKLOG = 128
 WORKERS = 8  # threads answering requests, all lanes together; each is one more thread in a training process
-MAX_CONNECTIONS = 256  # open sockets, waiting or being answered; in a training process they share its file limit
 HEAD_TIMEOUT_SECONDS = 5.0  # TLS handshake, request line and headers, all together; not per read
 IDLE_TIMEOUT_SECONDS = 90.0  # a kept-alive connection between requests (above the usual 60 s scrape interval)
 WRITE_TIMEOUT_SECONDS = 10.0  # the whole response (Prometheus' default scrape timeout)
@@ -83,7 +83,7 @@ class Connections:
         self._writing: dict[_Connection, None] = {}  # writing a response, in the selector
         self._paused: dict[_Connection, None] = {}  # of clients refused too often: out of the selector for now
         self._busy: set[_Connection] = set()  # a request in its lane, being answered or answered later
-        self._per_client: Counter[str] = Counter()  # open connections
+        self._admission: Admission[_Connection] = Admission()  # open connections, by client address
         self._answered: queue.SimpleQueue[tuple[_Connection, list[bytes] | None, bool]] = queue.SimpleQueue()
         self._lanes: Lanes[_Connection] = Lanes(self._work, lanes, "neuron-exporter-http-worker")
         self._next_sweep = 0.0
@@ -166,15 +166,16 @@ class Connections:
                 self._log_once(f"cannot accept connections: {error.strerror or error}")
                 time.sleep(0.05)
                 return
-            if sum(self._per_client.values()) >= MAX_CONNECTIONS:
-                victim = self._connection_to_close()
+            client = client_key(address[0])
+            if self._admission.full_for(client):
+                victim = self._admission.to_close(client, self._state)
                 if victim is None:
                     sock.close()
                     continue
                 self._close(victim, reset=victim in self._writing)
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            connection = _Connection(sock, client_key(address[0]), time.monotonic() + HEAD_TIMEOUT_SECONDS)
+            connection = _Connection(sock, client, time.monotonic() + HEAD_TIMEOUT_SECONDS)
             if tls is not None:
                 try:
                     connection.sock = sock = tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
@@ -182,7 +183,7 @@ class Connections:
                     sock.close()
                     continue
                 connection.handshaking = True
-            self._per_client[connection.client] += 1
+            self._admission.add(client, connection)
             wait = self._refusals.seconds_until_token(connection.client)
             if wait:  # costs this accept and a socket; nothing is read (nor a TLS handshake made) until then
                 connection.paused_until = time.monotonic() + wait
@@ -191,16 +192,13 @@ class Connections:
             self._waiting[connection] = None
             self._watch(connection, selectors.EVENT_READ)
 
-    def _connection_to_close(self) -> _Connection | None:
-        """To make room: a paused one (its client refused too often), else, of the client address with the most
-        connections, one waiting for a request or else for its response to be read, the oldest, sparing a served
-        kept-alive one (a scraper that proved itself) if one of the next is not."""
-        if self._paused:
-            return next(iter(self._paused))
-        crowded = self._per_client.most_common(1)[0][0] if self._per_client else None
-        own = [c for c in self._waiting if c.client == crowded] or [c for c in self._writing if c.client == crowded]
-        candidates = own or list(self._waiting)
-        return next((c for c in candidates[:16] if not c.served), candidates[0] if candidates else None)
+    def _state(self, connection: _Connection) -> int:
+        """What the connection is doing, for ``admission``."""
+        if connection in self._paused:
+            return PAUSED
+        if connection in self._waiting:
+            return WAITING_SERVED if connection.served else WAITING
+        return WRITING if connection in self._writing else BUSY
 
     def _read(self, connection: _Connection) -> None:
         sock = connection.sock
@@ -349,9 +347,7 @@ class Connections:
             connection.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         connection.sock.close()
         connection.sock = None
-        self._per_client[connection.client] -= 1
-        if self._per_client[connection.client] <= 0:
-            del self._per_client[connection.client]
+        self._admission.remove(connection.client, connection)
 
     def _wake(self) -> None:
         try:
@@ -362,7 +358,8 @@ class Connections:
     # -- workers, and whoever completes a Future: answer a request, hand the response to the loop -----------------
     def _work(self, connection: _Connection) -> None:
         request = connection.request
-        assert request is not None
+        if connection.sock is None or request is None:  # closed while it waited for a worker, to make room
+            return
         try:
             answer = self._app(request)
         except Exception as error:  # noqa: BLE001 - a failing request closes its connection, not the server

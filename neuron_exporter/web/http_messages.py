@@ -11,6 +11,7 @@ closes, so no proxy in front and this server can disagree on where the next requ
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Mapping
 from email.utils import formatdate
 from http import HTTPStatus
@@ -31,6 +32,7 @@ class Request(NamedTuple):
     version: str
     headers: dict[str, str]  # names in lower case; a repeated header's values joined with ", "
     client: str  # its key for rate limits: the address, or its /64 for IPv6
+    arrived: float  # monotonic time the server took it up: whatever it waits for counts from then
 
 
 class Response(NamedTuple):
@@ -63,7 +65,7 @@ def parse_request(head: bytes, client: str) -> Request | Response:
         headers[name] = f"{headers[name]}, {value}" if name in headers else value
     if not _framing_is_clear(headers, seen, parts[2]):
         return BAD_REQUEST
-    return Request(parts[0], parts[1], parts[2], headers, client)
+    return Request(parts[0], parts[1], parts[2], headers, client, time.monotonic())
 
 
 def _framing_is_clear(headers: dict[str, str], seen: dict[str, int], version: str) -> bool:

@@ -1,11 +1,12 @@
 """The HTTP endpoint: ``/metrics``, ``/diagnosis``, the probes' ``/-/healthy`` and ``/-/ready`` and a small landing
 page, optionally behind TLS and basic auth. ``GET`` and ``HEAD``; any other method is 405.
 
-Used both by ``attach()`` inside a training process and by the node daemon. ``connections`` carries the requests
-and bounds what clients cost; this module answers them. ``/metrics`` and the probes have workers of their own
-(a lane), so they never wait behind a page. Renders of ``/metrics`` are shared by the requests that wait for them
-and paced for all clients together (``shared_render``: ``RENDERS_PER_SECOND`` past ``RENDERS_BURST``); a page is
-rendered at most once per ``PAGE_INTERVAL_SECONDS`` (or ``PAGE_COST_FACTOR`` times what its render took, if
+Used both by ``attach()`` inside a training process and by the node daemon. ``connections`` carries the requests and
+bounds what clients cost; this module answers them. ``/metrics`` and the probes have workers of their own (a lane), so
+they never wait behind a page; a request whose credentials need bcrypt (``basic_auth``) waits in a login lane, so a
+scraper already logged in never waits behind password guesses. Renders of ``/metrics`` are shared by the requests that
+wait for them and paced for all clients together (``shared_render``: ``RENDERS_PER_SECOND`` past ``RENDERS_BURST``); a
+page is rendered at most once per ``PAGE_INTERVAL_SECONDS`` (or ``PAGE_COST_FACTOR`` times what its render took, if
 longer) whatever its query string says. It serves nothing else: no file paths, no environment.
 """
 
@@ -24,7 +25,7 @@ from urllib.parse import parse_qs, urlsplit
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, choose_encoder, gzip_accepted
 
 from .. import __version__, diagnosis
-from .basic_auth import CLIENT_REFILL_SECONDS, LIMITED, OK, BasicAuth
+from .basic_auth import BCRYPT_AT_ONCE, BUSY, CLIENT_REFILL_SECONDS, LIMITED, OK, BasicAuth
 from .connections import Connections, bind_listener
 from .http_messages import TEXT, Request, Response
 from .rate_limit import Pacer
@@ -40,7 +41,10 @@ RENDERS_PER_SECOND, RENDERS_BURST = 2.0, 10
 PAGE_INTERVAL_SECONDS, PAGE_COST_FACTOR = 5.0, 4.0
 # Workers of the lane of /metrics and the probes, and of the lane of everything else: pages, the landing page.
 METRICS_WORKERS, PAGE_WORKERS = 6, 2
-METRICS_LANE, PAGE_LANE = 0, 1
+# Requests whose credentials need bcrypt, of clients that have not failed and of clients that have; their workers
+# wait for bcrypt's process-wide slots, so there are as many as slots (a lane's threads start only when needed).
+LOGIN_WORKERS = BCRYPT_AT_ONCE
+METRICS_LANE, PAGE_LANE, LOGIN_LANE, FAILED_LOGIN_LANE = 0, 1, 2, 3
 HEALTH = {"/-/healthy": b"neuron-exporter is Healthy.\n", "/-/ready": b"neuron-exporter is Ready.\n"}
 UNAUTHORIZED = Response(
     401, b"Unauthorized\n", TEXT, {"WWW-Authenticate": 'Basic realm="neuron-exporter", charset="UTF-8"'}
@@ -50,6 +54,9 @@ TOO_MANY_LOGINS = Response(
     b"Too Many Requests: too many failed logins from your address, retry later\n",
     TEXT,
     {"Retry-After": str(round(CLIENT_REFILL_SECONDS))},
+)
+TOO_MANY_LOGINS_AT_ONCE = Response(
+    429, b"Too Many Requests: too many logins at once, retry later\n", TEXT, {"Retry-After": "1"}
 )
 NOT_ALLOWED = Response(405, b"Method Not Allowed: use GET or HEAD\n", TEXT, {"Allow": "GET, HEAD"})
 NOT_FOUND = Response(404, b"Not Found: see /metrics\n", TEXT)
@@ -100,9 +107,8 @@ class MetricsServer:
         self.addr = addr
         self.port: int = listener.getsockname()[1]
         self.url = url_of(listener, addr, web_config)
-        self._connections = Connections(
-            self._respond, listener, self._tls_for_new_connections, (METRICS_WORKERS, PAGE_WORKERS), _lane_of
-        )
+        workers = (METRICS_WORKERS, PAGE_WORKERS, LOGIN_WORKERS, LOGIN_WORKERS)
+        self._connections = Connections(self._respond, listener, self._tls_for_new_connections, workers, self._lane_of)
 
     @property
     def web_config(self) -> WebConfig | None:
@@ -136,9 +142,11 @@ class MetricsServer:
     def _respond(self, request: Request) -> Response | Future:
         config = self._config
         if config is not None and config.users:
-            verdict = self._auth.check(config, request.headers.get("authorization"), request.client)
+            verdict = self._auth.check(config, request.headers.get("authorization"), request.client, request.arrived)
             if verdict == LIMITED:
                 return TOO_MANY_LOGINS
+            if verdict == BUSY:
+                return TOO_MANY_LOGINS_AT_ONCE
             if verdict != OK:
                 return UNAUTHORIZED
         # Everything, health paths included, is behind basic auth when it is configured, as in Prometheus'
@@ -157,6 +165,14 @@ class MetricsServer:
                 200, LANDING_PAGE.format(version=html.escape(__version__)).encode(), "text/html; charset=utf-8"
             )
         return NOT_FOUND
+
+    def _lane_of(self, request: Request) -> int:
+        config = self._config
+        if config is not None and config.users:
+            if self._auth.waits_for_bcrypt(config, request.headers.get("authorization"), request.client):
+                return FAILED_LOGIN_LANE if self._auth.failed_before(request.client) else LOGIN_LANE
+        path = _path_and_query(request.target)[0]
+        return METRICS_LANE if path == "/metrics" or path in HEALTH else PAGE_LANE
 
     def _page(self, path: str, query: dict[str, list[str]]) -> Future:
         # Only the format picks a variant: any other parameter (?x=N) would only make a render nobody shares.
@@ -206,11 +222,6 @@ def _path_and_query(target: str) -> tuple[str, dict[str, list[str]]]:
         return parts.path, parse_qs(parts.query, max_num_fields=10)
     except ValueError:
         return "", {}
-
-
-def _lane_of(request: Request) -> int:
-    path = _path_and_query(request.target)[0]
-    return METRICS_LANE if path == "/metrics" or path in HEALTH else PAGE_LANE
 
 
 def _then(render: Future[Render], respond: Callable[[Future[Render]], Response]) -> Future:

@@ -172,6 +172,14 @@ def _tls_context(document: YamlFile, config: WebConfig, section_node, node) -> s
                 setattr(context, "minimum_version" if bound == "min_version" else "maximum_version", TLS_VERSIONS[name])
             except (ValueError, ssl.SSLError) as exc:
                 raise WebConfigError(f"{path}:{_line(value_node)}: {section}.{bound}: {exc}") from None
+    low, high = context.minimum_version, context.maximum_version
+    if high != ssl.TLSVersion.MAXIMUM_SUPPORTED and high < low:
+        value_node, name = values["max_version"]
+        raise WebConfigError(
+            f"{path}:{_line(value_node)}: {section}.max_version: {_quote(name)} is below the minimum version "
+            f"({values['min_version'][1] if 'min_version' in values else 'TLS12, the default'}): no client could "
+            "connect"
+        )
     auth_type = values.get("client_auth_type", (None, "NoClientCert"))
     if auth_type[1] not in CLIENT_AUTH_TYPES:
         raise WebConfigError(

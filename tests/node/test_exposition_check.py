@@ -32,3 +32,18 @@ def test_an_offending_line_is_quoted_on_one_line_and_cut_short():
         check_exposition(bad, "0", "0", "r")
     message = str(raised.value)
     assert message.isprintable() and "\\x1b[2J\\r" in message and message.endswith("...")
+
+
+@pytest.mark.parametrize(
+    "labels",
+    [
+        b'rank="0",rank="0",local_rank="0",run_id="r"',  # Prometheus: "label name rank is not unique"
+        b'__name__="up",local_rank="0",rank="0",run_id="r"',  # a reserved name, which it refuses as well
+    ],
+    ids=["repeated", "reserved"],
+)
+def test_a_sample_prometheus_would_refuse_is_one_rejected_file(labels):
+    # Prometheus drops the whole scrape for one such sample: every rank of the node would go with it.
+    bad = b"# HELP xla_steps_total Steps\n# TYPE xla_steps_total counter\nxla_steps_total{" + labels + b"} 7.0\n"
+    with pytest.raises(ExpositionError, match="repeated or reserved"):
+        check_exposition(bad, "0", "0", "r")

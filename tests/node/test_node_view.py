@@ -189,3 +189,16 @@ def test_a_broken_file_is_skipped(tmp_path, bad):
     with Writer(tmp_path, "0"):
         text = view(tmp_path).render().decode()
     assert value(text, "neuron_exporter_ranks") == 1
+
+
+def test_the_files_of_runs_that_are_gone_are_not_held(tmp_path):
+    """Runs come and go (or a local user lays files and removes them): what a render keeps of a file's split
+    families lasts only while the file is served, or the endpoint's memory grows with every file it ever saw."""
+    node = view(tmp_path)
+    for round_ in range(3):
+        with Writer(tmp_path, "0,1"):
+            assert value(node.render().decode(), "xla_steps_total", rank="1") is not None
+        for path in tmp_path.glob("rank-*"):
+            path.unlink()
+        node.render()
+        assert node._split == {}, round_  # nothing left of the files removed

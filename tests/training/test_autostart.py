@@ -15,6 +15,8 @@ import sys
 import pytest
 
 from neuron_exporter.config import AUTO_ENV, auto_enabled
+from neuron_exporter.node.spool_reader import read_rank_file
+from tests.support.exposition import total
 from tests.support.paths import ROOT
 
 AUTOSTART_DIR = ROOT / "neuron_exporter" / "training" / "autostart_path"
@@ -97,3 +99,28 @@ def test_the_plain_finder_attaches_after_the_watched_import(tmp_path):
         [sys.executable, "-c", code], env={"PATH": os.environ["PATH"]}, capture_output=True, text=True, timeout=60
     )
     assert result.stdout.split("\n") == ["torch imported", "attached", "0", ""], result.stderr
+
+
+@pytest.mark.training
+def test_a_script_that_attaches_itself_under_auto_is_attached_once_and_quietly(tmp_path):
+    """``neuron_exporter.attach()`` imports the attach module, which imports torch, which fires the watcher inside
+    that import: it must wait for the module, not report the half-imported module as a failure."""
+    code = (
+        "import neuron_exporter\n"
+        f"handle = neuron_exporter.attach(port=0, addr='127.0.0.1', spool_dir={str(tmp_path / 'spool')!r})\n"
+        "import torch\n"
+        "model = torch.nn.Linear(4, 2); optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for _ in range(3):\n"
+        "    optimizer.zero_grad(); model(torch.ones(1, 4)).sum().backward(); optimizer.step()\n"
+        "print(handle is neuron_exporter.attach(), flush=True)\n"
+        "handle.detach()\n"
+    )
+    environment = {"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT), AUTO_ENV: "1", "PJRT_DEVICE": "CPU"}
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=environment, capture_output=True, text=True, timeout=300, cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "not attached" not in result.stderr, result.stderr[-3000:]
+    assert result.stdout.split() == ["True"]
+    (spooled,) = (tmp_path / "spool").glob("rank-*.prom")
+    assert total(read_rank_file(spooled).exposition.decode(), "training_steps_total") == 3

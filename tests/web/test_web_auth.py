@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import collections
 import http.client
+import itertools
 import threading
 import types
 from pathlib import Path
@@ -15,6 +16,7 @@ import pytest
 from neuron_exporter.web import basic_auth, connections
 from neuron_exporter.web.web_config import load_web_config
 from tests.support.http import BODY, get
+from tests.support.processes import wait_until
 
 bcrypt = pytest.importorskip("bcrypt", reason="basic auth needs the 'auth' extra (bcrypt)")
 
@@ -176,11 +178,11 @@ def test_guesses_from_many_addresses_never_refuse_a_client_that_has_not_failed(
 
 def test_a_client_that_has_not_failed_goes_first_to_bcrypt():
     slots = basic_auth.BcryptSlots()
-    assert slots.acquire(failed_before=False)
+    assert slots.acquire(failed_before=False, timeout=60)
     order: list[str] = []
 
     def take(name: str, failed_before: bool):
-        if slots.acquire(failed_before):
+        if slots.acquire(failed_before, timeout=60):
             order.append(name)
             slots.release()
 
@@ -198,6 +200,67 @@ def test_a_client_that_has_not_failed_goes_first_to_bcrypt():
     failed.join()
     new.join()
     assert order == ["new", "failed"]
+
+
+def test_a_logged_in_scraper_keeps_scraping_while_48_addresses_guess(server, tmp_path, count_checks):
+    """Guesses at a bcrypt cost of 12 (a quarter of a second each), ten from each address, the next address as one
+    is refused: none of it keeps a scraper that logged in before from its answer, kept alive or not."""
+    s = server(web_config=web_config(tmp_path, cost=12))
+    checks = count_checks()
+    scraper = http.client.HTTPConnection("127.0.0.1", s.port, timeout=5, source_address=("127.0.0.2", 0))
+    assert request(scraper, (USER, PASSWORD))[0] == 200  # logs in first
+    addresses = itertools.count()
+    stop = threading.Event()
+
+    def guess():
+        while not stop.is_set():
+            n = next(addresses)
+            address = f"127.1.{n >> 8 & 255}.{n & 255}"
+            connection = http.client.HTTPConnection("127.0.0.1", s.port, timeout=60, source_address=(address, 0))
+            try:
+                for attempt in range(basic_auth.CLIENT_BURST):
+                    if stop.is_set():
+                        break
+                    request(connection, (USER, f"guess-{n}-{attempt}"))
+            except OSError:
+                pass
+            finally:
+                connection.close()
+
+    guessers = [threading.Thread(target=guess) for _ in range(48)]
+    for guesser in guessers:
+        guesser.start()
+    try:
+        wait_until(lambda: len(checks.costs) >= 4, what="bcrypt to check guesses")
+        for _ in range(5):  # each within the connection's 5 s timeout
+            assert request(scraper, (USER, PASSWORD))[:2] == (200, BODY)
+            fresh = http.client.HTTPConnection("127.0.0.1", s.port, timeout=5, source_address=("127.0.0.2", 0))
+            assert request(fresh, (USER, PASSWORD))[:2] == (200, BODY)
+            fresh.close()
+    finally:
+        stop.set()
+        for guesser in guessers:
+            guesser.join()
+        scraper.close()
+    assert checks.most_at_once == basic_auth.BCRYPT_AT_ONCE
+
+
+def test_a_login_that_cannot_have_bcrypt_in_time_is_a_429(server, tmp_path, monkeypatch):
+    monkeypatch.setattr(basic_auth, "BCRYPT_WAIT_SECONDS", 0.2)
+    s = server(web_config=web_config(tmp_path))
+    slots = basic_auth._bcrypt_slots  # the process's: taken as by checks that run long
+    for _ in range(basic_auth.BCRYPT_AT_ONCE):
+        assert slots.acquire(failed_before=False, timeout=60)
+    try:
+        connection = http.client.HTTPConnection("127.0.0.1", s.port, timeout=10)
+        status, body, response = request(connection, (USER, PASSWORD))
+        connection.close()
+    finally:
+        for _ in range(basic_auth.BCRYPT_AT_ONCE):
+            slots.release()
+    assert (status, body) == (429, b"Too Many Requests: too many logins at once, retry later\n")
+    assert response.getheader("Retry-After") == "1"
+    assert get(s.url, auth=(USER, PASSWORD))[0] == 200  # once bcrypt is free, the same login succeeds
 
 
 @pytest.mark.parametrize("cost", [4, 8, 12])

@@ -65,6 +65,15 @@ def certificate(tmp_path_factory) -> Path:
             ':3: tls_server_config.key_file: cannot read ".": not a regular file',
         ),
         (b"basic_auth_users: *nothing\n", ":1: invalid YAML: found undefined alias 'nothing'"),
+        (  # below the default minimum: every handshake would fail
+            b"tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n  max_version: TLS11\n",
+            ':4: tls_server_config.max_version: "TLS11" is below the minimum version (TLS12, the default)',
+        ),
+        (
+            b"tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n  min_version: TLS13\n"
+            b"  max_version: TLS12\n",
+            ':5: tls_server_config.max_version: "TLS12" is below the minimum version (TLS13)',
+        ),
     ],
 )
 def test_a_bad_file_is_one_line(certificate, data, expected):

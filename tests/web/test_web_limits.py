@@ -5,27 +5,31 @@ from __future__ import annotations
 
 import http.client
 import re
+import selectors
 import socket
 import threading
 
 import pytest
 
-from neuron_exporter.web import connections
-from neuron_exporter.web.connections import MAX_CONNECTIONS, WORKERS
+from neuron_exporter.web import admission, connections
+from neuron_exporter.web.admission import MAX_CONNECTIONS, MAX_PER_CLIENT
+from neuron_exporter.web.http_server import LOGIN_WORKERS, METRICS_WORKERS, PAGE_WORKERS
 from tests.support.http import BODY, client_context, raw_exchange
 from tests.support.processes import wait_until
 
 AUTH = {"Authorization": "Basic cHJvbWV0aGV1czpzM2NyZXQ="}  # prometheus:s3cret, as in tls_files
 
 
-def connection_to(s, tls_files=None, timeout: float = 10.0) -> http.client.HTTPConnection:
+def connection_to(s, tls_files=None, timeout: float = 10.0, source: str = "127.0.0.1") -> http.client.HTTPConnection:
     if tls_files is None:
-        return http.client.HTTPConnection("127.0.0.1", s.port, timeout=timeout)
-    return http.client.HTTPSConnection("127.0.0.1", s.port, timeout=timeout, context=client_context(tls_files))
+        return http.client.HTTPConnection("127.0.0.1", s.port, timeout=timeout, source_address=(source, 0))
+    return http.client.HTTPSConnection(
+        "127.0.0.1", s.port, timeout=timeout, context=client_context(tls_files), source_address=(source, 0)
+    )
 
 
-def scrape(s, tls_files=None, timeout: float = 10.0) -> tuple[int, bytes]:
-    connection = connection_to(s, tls_files, timeout)
+def scrape(s, tls_files=None, timeout: float = 10.0, source: str = "127.0.0.1") -> tuple[int, bytes]:
+    connection = connection_to(s, tls_files, timeout, source)
     try:
         connection.request("GET", "/metrics", headers=AUTH if tls_files else {})
         response = connection.getresponse()
@@ -65,10 +69,11 @@ def test_500_stalled_connections_leave_threads_bounded_and_a_scrape_answered(ser
         scraper.request("GET", "/metrics", headers=AUTH if tls else {})  # its connection was spared
         assert scraper.getresponse().read() == BODY
         most_threads = max(most_threads, threading.active_count())
-        assert most_threads - before <= 1 + WORKERS  # the loop thread and the workers, whatever the clients do
-        # The server closed the connections that waited longest, to keep at most MAX_CONNECTIONS open.
+        workers = METRICS_WORKERS + PAGE_WORKERS + 2 * LOGIN_WORKERS
+        assert most_threads - before <= 1 + workers  # the loop thread and the workers, whatever the clients do
+        # The server closed the connections that waited longest, to keep at most MAX_PER_CLIENT of the address open.
         wait_until(
-            lambda: sum(map(closed_by_server, stalled)) >= len(stalled) - MAX_CONNECTIONS,
+            lambda: sum(map(closed_by_server, stalled)) >= len(stalled) - MAX_PER_CLIENT,
             what="the oldest stalled connections to be closed",
         )
     finally:
@@ -133,14 +138,15 @@ def test_200_concurrent_scrapers_are_all_answered(server, tls_files, tls):
     start = threading.Barrier(scrapers)
     results = []
 
-    def one():
+    def one(source: str):
         start.wait()
         try:
-            results.append(scrape(s, tls_files if tls else None, timeout=60))
+            results.append(scrape(s, tls_files if tls else None, timeout=60, source=source))
         except Exception as error:  # noqa: BLE001 - reported below
             results.append(repr(error))
 
-    threads = [threading.Thread(target=one) for _ in range(scrapers)]
+    # From four addresses, 50 each: within an address's share of the connections.
+    threads = [threading.Thread(target=one, args=(f"127.0.0.{2 + n % 4}",)) for n in range(scrapers)]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -202,7 +208,7 @@ def test_a_paused_client_is_answered_when_its_rate_allows(server, monkeypatch):
 
 
 def test_past_the_limit_the_crowded_address_loses_its_own_connections(server, monkeypatch):
-    monkeypatch.setattr(connections, "MAX_CONNECTIONS", 8)
+    monkeypatch.setattr(admission, "MAX_CONNECTIONS", 8)
     s = server()
     other = socket.create_connection(("127.0.0.1", s.port), timeout=10, source_address=("127.0.0.2", 0))
     other.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")  # the oldest connection, still waiting for its head
@@ -240,7 +246,7 @@ def test_a_large_response_arrives_whole_on_a_kept_alive_connection(server, tls_f
 
 def test_past_the_limit_connections_whose_responses_are_not_read_make_room(server, monkeypatch):
     # Every slot holds a response its client does not read: a new client still gets in, at their expense.
-    monkeypatch.setattr(connections, "MAX_CONNECTIONS", 8)
+    monkeypatch.setattr(admission, "MAX_CONNECTIONS", 8)
     big = BODY * 300_000  # 20 MB: more than the kernel's buffers on both sides take
     s = server(lambda: big)
     crowd = []
@@ -259,3 +265,109 @@ def test_past_the_limit_connections_whose_responses_are_not_read_make_room(serve
     finally:
         for sock in crowd:
             sock.close()
+
+
+class PipeliningCrowd:
+    """``size`` connections from ``address``, each keeping about 50 ``GET /metrics`` pipelined and reading their
+    answers, from a thread of its own until ``stop()``: every connection busy all the time."""
+
+    REQUEST = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"
+
+    def __init__(self, port: int, size: int, address: str = "127.0.0.1"):
+        self.answering: set[socket.socket] = set()  # connections that got an answer
+        self._selector = selectors.DefaultSelector()
+        self._stopping = threading.Event()
+        for _ in range(size):
+            sock = socket.socket()
+            sock.bind((address, 0))
+            sock.connect(("127.0.0.1", port))
+            sock.setblocking(False)
+            sock.send(self.REQUEST * 50)  # 1.6 kB: the socket buffer takes it whole
+            self._selector.register(sock, selectors.EVENT_READ, [50, b""])  # [requests not answered, last bytes]
+        self._thread = threading.Thread(target=self._pump)
+        self._thread.start()
+
+    def _pump(self) -> None:
+        marker = b"HTTP/1.1 200"
+        while not self._stopping.is_set():
+            for key, _ in self._selector.select(0.1):
+                sock, state = key.fileobj, key.data
+                try:
+                    data = sock.recv(1 << 20)
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    data = b""
+                if not data:  # closed by the server
+                    self._selector.unregister(sock)
+                    sock.close()
+                    continue
+                self.answering.add(sock)
+                seen = state[1] + data  # an answer's first line may come in two reads
+                state[0] -= seen.count(marker)
+                state[1] = seen[-(len(marker) - 1) :]
+                if state[0] < 10:
+                    try:
+                        state[0] += sock.send(self.REQUEST * 40) // len(self.REQUEST)
+                    except OSError:
+                        pass
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._thread.join()
+        for key in list(self._selector.get_map().values()):
+            key.fileobj.close()
+        self._selector.close()
+
+
+def test_an_address_pipelining_on_300_connections_costs_no_other_address_a_connection(server):
+    s = server()
+    kept = http.client.HTTPConnection("127.0.0.1", s.port, timeout=10, source_address=("127.0.0.2", 0))
+    kept.request("GET", "/metrics")  # a scraper that keeps its connection alive, connected before the crowd
+    assert kept.getresponse().read() == BODY
+    crowd = PipeliningCrowd(s.port, MAX_CONNECTIONS + 44)
+    results = []
+    try:
+        wait_until(lambda: len(crowd.answering) >= MAX_PER_CLIENT, what="the crowd to be answered")
+        for _ in range(10):  # new connections of the scraper's address while every connection of the crowd is busy
+            connection = http.client.HTTPConnection("127.0.0.1", s.port, timeout=10, source_address=("127.0.0.2", 0))
+            try:
+                connection.request("GET", "/metrics", headers={"Connection": "close"})
+                response = connection.getresponse()
+                results.append((response.status, response.read()))
+            except OSError as error:  # reset, or closed before an answer
+                results.append(repr(error))
+            finally:
+                connection.close()
+        kept.request("GET", "/metrics")
+        assert kept.getresponse().read() == BODY
+        assert s._connections._admission.count("127.0.0.1") <= MAX_PER_CLIENT
+    finally:
+        crowd.stop()
+        kept.close()
+    assert results == [(200, BODY)] * 10
+
+
+def test_when_every_address_has_as_many_a_newcomer_is_refused_and_no_kept_alive_connection_closed(server, monkeypatch):
+    monkeypatch.setattr(admission, "MAX_CONNECTIONS", 4)
+    s = server()
+    kept = [
+        http.client.HTTPConnection("127.0.0.1", s.port, timeout=10, source_address=(f"127.0.0.{n}", 0))
+        for n in range(2, 6)
+    ]
+    try:
+        for connection in kept:  # four addresses, one served connection each: the endpoint is full
+            connection.request("GET", "/metrics")
+            assert connection.getresponse().read() == BODY
+        with socket.create_connection(("127.0.0.1", s.port), timeout=10, source_address=("127.0.0.6", 0)) as new:
+            new.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            try:
+                assert new.recv(65536) == b""  # refused: closed unanswered
+            except ConnectionResetError:
+                pass
+        for connection in kept:
+            connection.request("GET", "/metrics")
+            assert connection.getresponse().read() == BODY
+    finally:
+        for connection in kept:
+            connection.close()

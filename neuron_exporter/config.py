@@ -89,17 +89,21 @@ class Options:
     spool_max_total_bytes: int = _option(
         12 * 1024 * 1024,
         "The node endpoint reads at most this much of the spool directory in all (rank files, then their "
-        "diagnoses), live runs first, then by run and rank; the rest is not served (and counted). 12 MiB: 128 "
-        "ranks of 96 KiB, and what Prometheus ingests in a scrape of a few seconds.",
+        "diagnoses): trusted users' files first, then other users' live ranks, live runs first, then by run and "
+        "rank; the rest is not served (and counted). 12 MiB: 128 ranks of 96 KiB, and what Prometheus ingests in "
+        "a scrape of a few seconds.",
     )
     spool_max_files: int = _option(
         1024,
-        "The node endpoint reads at most this many rank files, live runs first, then by run and rank; the rest "
-        "are not served (and counted).",
+        "The node endpoint serves at most this many rank files (trusted users' first, live runs first, then by "
+        "run and rank) and looks at no more than four times as many; the rest are not served (and counted). "
+        "Files refused unread (another user's, a bad header) do not count.",
     )
     spool_interval_seconds: float = _option(2.0, "How often a rank rewrites its spool file.")
     hung_after_seconds: float = _option(
-        60.0, "A live rank that has ended no step for this long (before its first step: sent no report) is hung."
+        60.0,
+        "A live rank that has ended no step for this long is hung; before its first step (a rank claimed by a "
+        "compilation), counted from when the node endpoint first saw it, or from its last report if older.",
     )
     expire_after_seconds: float = _option(
         3600.0,

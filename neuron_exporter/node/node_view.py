@@ -1,7 +1,8 @@
 """The node endpoint: every rank of the machine on one ``/metrics``, with each rank's liveness and host metrics.
 
-A rank is *running* while its process lives and steps, *hung* when the process lives but has made no step
-(or, before its first step, written no report) for ``hung_after_seconds``, *dead* when its process is gone.
+A process is a rank from its first step (or compilation: it claims its rank then). A rank is *running* while its
+process lives and steps, *hung* when the process lives but has made no step for ``hung_after_seconds`` (before its
+first step: since the endpoint first saw it, or since its last report), *dead* when its process is gone.
 Hung and dead ranks keep their last values (counters never drop to 0) until their file is
 ``expire_after_seconds`` old. A rank that finished cleanly keeps its values too, without liveness series.
 """
@@ -56,7 +57,7 @@ NOTE_BYTES = 400  # room on the /diagnosis page for the note of a rank left out
 class RankStatus:
     meta: RankMeta
     state: str | None  # one of STATES; None for a rank that finished cleanly (no liveness series)
-    last_report: float  # unix time of the rank's last step, or of its last report before its first step
+    last_report: float  # unix time of the rank's last step; before its first step, of when the endpoint first saw it
     exposition: bytes
     path: Path | None = None  # the rank file it was read from; None for the serving process's own
 
@@ -116,13 +117,16 @@ class NodeView:
             options.spool_max_files,
             run_id,
             self._file_trust,
+            self._trusted,
         )
         self._split: dict[Path, tuple[bytes, list[Family]]] = {}  # rank file -> (exposition, its families)
         self._host = HostCollector()
         self._process = ProcessCollector(registry=None)
         self._logged: set[tuple[str, str]] = set()
         self._budget_logged = False
-        self.rejected: list[tuple[str, RejectedFile]] = []  # of the last refresh: files left out, and why
+        self.rejected: list[tuple[str, RejectedFile]] = []  # of the last refresh: files left out, and why (the first)
+        self.rejected_counts: dict[str, int] = {}  # of the last refresh: files left out, by reason
+        self._first_seen: dict[tuple, float] = {}  # ranks that have made no step yet: when they were first seen
         self.spool_dir_ok = True
         self._reading: threading.Thread | None = None
         self._last_scrape = float("-inf")  # monotonic
@@ -150,24 +154,24 @@ class NodeView:
         self, own: tuple[RankMeta | Mapping, bytes] | None = None, now: float | None = None, own_idle: bool = False
     ) -> list[RankStatus]:
         """Every rank the endpoint serves, with its state (a rank past the expiry is left out).
-        ``own_idle``: the serving process has not trained, so another process that reports its rank (the worker a
-        launcher started) is shown instead of it."""
+        ``own_idle``: the serving process has not claimed its rank (no step, no compilation), so it is not one: a
+        launcher that only starts the workers, or a rank stuck before its first step, which shows once it steps."""
         now = time.time() if now is None else now
         statuses = []
-        own_meta, own_exposition = (RankMeta.of(own[0]), own[1]) if own is not None else (None, b"")
+        own_meta = RankMeta.of(own[0]) if own is not None and not own_idle else None
         for report in self._spool_reports():
             alive = writer_alive(report, self._file_trust)
             if self.run_id is not None and report.meta.run_id != self.run_id:
                 continue
             if own_meta is not None and (report.meta.run_id, report.meta.rank) == (own_meta.run_id, own_meta.rank):
-                if not (own_idle and report.meta.pid != own_meta.pid):
-                    continue  # the live process's own exposition is newer than its file
-                own_meta = None
+                continue  # the live process's own exposition is newer than its file
             if is_expired(report, self.options.expire_after_seconds, now):
                 continue  # its files are removed by spool_expiry
             statuses.append(self._status(report.meta, report.exposition, alive, report.mtime, now, report.path))
-        if own_meta is not None:
-            statuses.append(self._status(own_meta, own_exposition, alive=True, written=now, now=now))
+        if own_meta is not None and own is not None:
+            statuses.append(self._status(own_meta, own[1], alive=True, written=now, now=now))
+        waiting = {_identity(s.meta) for s in statuses if s.meta.last_step_time is None}
+        self._first_seen = {rank: seen for rank, seen in self._first_seen.items() if rank in waiting}
         return sorted(statuses, key=lambda s: (s.meta.run_id, diagnosis.rank_order(s.meta.rank)))
 
     def check_directory(self) -> bool:
@@ -185,11 +189,12 @@ class NodeView:
     def _spool_reports(self) -> list[RankReport]:
         directory = self.options.spool_dir
         if not self.check_directory():
-            self.rejected = []
+            self.rejected, self.rejected_counts = [], {}
             return []
         scraped, self._last_scrape = self._last_scrape, time.monotonic()
         background = self._reading is not None and self._last_scrape - scraped < IDLE_SECONDS
         reports, self.rejected = self._reader.refresh(read_changed=not background)
+        self.rejected_counts = self._reader.rejected_counts
         for name, rejection in self.rejected:
             if rejection.reason != "over_budget":
                 self._log_once(name, rejection.reason, f"{printable(name, 300)}: {rejection}")  # any name
@@ -220,7 +225,13 @@ class NodeView:
         now: float,
         path: Path | None = None,
     ) -> RankStatus:
-        progress = meta.last_step_time if meta.last_step_time is not None else written
+        """A rank's state. Before its first step, a rank is judged from when the endpoint first saw it, or from its
+        last report if that is older: a new report alone says nothing (the rank's spool thread writes one every
+        couple of seconds, whatever its training does)."""
+        if meta.last_step_time is not None:
+            progress = meta.last_step_time
+        else:
+            progress = min(written, self._first_seen.setdefault(_identity(meta), now))
         if meta.finished:
             state = None
         elif alive is False:
@@ -295,7 +306,7 @@ class NodeView:
         # Without a rank of its own, the serving process is a daemon (serve, run): it shows its own version and
         # process_* metrics (a rank's are xla_process_*, and a rank file may hold no process_* family).
         daemon = self._process if own is None else None
-        node = generate_latest(_NodeMetrics(statuses, self._host, self.rejected, self.spool_dir_ok, daemon))
+        node = generate_latest(_NodeMetrics(statuses, self._host, self.rejected_counts, self.spool_dir_ok, daemon))
         split: dict[Path, tuple[bytes, list[Family]]] = {}
         ranks = [self._families(status, split) for status in statuses]
         self._split = split  # the files served now: one that is gone is forgotten with its exposition
@@ -310,6 +321,11 @@ class NodeView:
             cached = (status.exposition, split_families(status.exposition))
         split[status.path] = cached
         return cached[1]
+
+
+def _identity(meta: RankMeta) -> tuple:
+    """A rank's process: a rank restarted in the same run is another."""
+    return meta.run_id, meta.rank, meta.pid, meta.start_time
 
 
 RANK_FAMILIES = (
@@ -355,7 +371,7 @@ class _NodeMetrics:
         self,
         statuses: list[RankStatus],
         host: HostCollector,
-        rejected: list[tuple[str, RejectedFile]],
+        rejected: dict[str, int],
         spool_dir_ok: bool,
         daemon: ProcessCollector | None = None,
     ):
@@ -375,7 +391,7 @@ class _NodeMetrics:
             labels=["reason"],
         )
         for reason in REJECT_REASONS:
-            bad.add_metric([reason], sum(1 for _, error in self.rejected if error.reason == reason))
+            bad.add_metric([reason], self.rejected.get(reason, 0))
         yield bad
         yield GaugeMetricFamily(
             "neuron_exporter_spool_directory_ok",

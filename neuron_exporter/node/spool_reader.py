@@ -6,13 +6,15 @@ the last report of every file with the file's identity (inode, size, modificatio
 change is not read again, and a rewrite that changed only values is checked by its values (``exposition_check``).
 Rejections are remembered the same way, so a bad file costs one read per change, not one per scrape.
 
-What one refresh may read is bounded: at most ``max_files`` rank files and ``max_total_bytes`` in all, the ranks'
-diagnosis files included. Files are taken live runs first: those written in the last ``FRESH_SECONDS`` (a live rank
-rewrites its file every couple of seconds) in the order of their runs and ranks, then the others, the most recent
-first, so a live run is never hidden behind finished ones. The rank files come first, then, with what is left, their
+What one refresh may read is bounded: at most ``max_files`` rank files are served, and ``max_total_bytes`` in all,
+the ranks' diagnosis files included. ``spool_listing`` says which files are looked at, and in what order: the
+trusted users' first, then other users' live ranks, then the rest, live runs before finished ones, at most
+``LOOKED_AT_PER_FILE`` times ``max_files`` of them. A file rejected without being read in full (not a regular file,
+too large, another user's where not trusted, a bad header, named for another rank) takes nothing from the budget:
+what others lay in a shared spool cannot use it up. The rank files come first, then, with what is left, their
 diagnosis files in the same order; the rest are rejected as ``over_budget`` without being opened. With ``run_id``,
 only that run's files are looked at (a training job's own endpoint): other runs' files are never opened. A file
-name is only ever parsed, never trusted: a name the reader cannot order is rejected like a bad file.
+name is only ever parsed, never trusted.
 
 An endpoint with a background thread keeps the checking off the scrape path: a scrape (``refresh(read_changed=False)``)
 serves the last checked version of a file that changed, and the thread (``read_changed_files``) reads the new one.
@@ -27,7 +29,6 @@ import json
 import os
 import stat
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,17 +42,18 @@ from .spool import (
     DATA_SUFFIX,
     DIAGNOSIS_SUFFIX,
     FORMAT_VERSION,
+    LOCK_SUFFIX,
     MAX_HEADER_BYTES,
-    PREFIX,
     RankMeta,
     RankReport,
     RejectedFile,
     file_stem,
 )
-from .spool_dir import file_identity, open_regular
+from .spool_dir import file_identity, open_regular, trusted_owners
+from .spool_listing import Rejections, list_rank_files
 
 DEFAULT_MAX_BYTES = 4 * 1024 * 1024  # of one rank file
-FRESH_SECONDS = 60.0
+LOOKED_AT_PER_FILE = 4  # files looked at in a refresh, for each one it may serve (max_files)
 
 
 def read_rank_file(
@@ -66,23 +68,16 @@ def read_rank_file(
     except FileNotFoundError:
         return None
     with os.fdopen(fd, "rb") as f:
-        data = f.read(max_bytes + 1)
-    if len(data) > max_bytes:
+        head = f.read(MAX_HEADER_BYTES + 1)  # a bad header or name costs no more than this
+        if len(head) > max_bytes:
+            raise RejectedFile("too_large", f"more than the {max_bytes} bytes allowed")
+        meta = _header(head, path)
+        if meta is None:
+            return None
+        rest = f.read(max_bytes + 1 - len(head))
+    if len(head) + len(rest) > max_bytes:
         raise RejectedFile("too_large", f"more than the {max_bytes} bytes allowed")
-    header, newline, exposition = data.partition(b"\n")
-    if not newline or len(header) > MAX_HEADER_BYTES:
-        raise RejectedFile("bad_header", "no header line of at most 4096 bytes")
-    try:
-        fields = json.loads(header)
-        if isinstance(fields, dict) and fields.get("format") == 1:
-            return None  # written by an exporter from before run_id: not served, not an attack
-        if not isinstance(fields, dict) or fields.get("format") != FORMAT_VERSION or "run_id" not in fields:
-            raise ValueError(f"not a rank file of format {FORMAT_VERSION}")
-        meta = RankMeta.of(fields)
-    except (ValueError, RecursionError) as error:
-        raise RejectedFile("bad_header", f"header: {str(error)[:100]}") from None
-    if file_stem(meta.rank, meta.run_id) + DATA_SUFFIX != path.name:
-        raise RejectedFile("wrong_rank", f"the header says rank {meta.rank} of run {meta.run_id}")
+    exposition = head.partition(b"\n")[2] + rest
     same_rank = previous is not None and (previous.meta.rank, previous.meta.local_rank, previous.meta.run_id) == (
         meta.rank,
         meta.local_rank,
@@ -99,6 +94,26 @@ def read_rank_file(
     except ExpositionError as error:
         raise RejectedFile("bad_exposition", str(error)) from None
     return RankReport(meta, exposition, info.st_mtime, path, checked)
+
+
+def _header(head: bytes, path: Path) -> RankMeta | None:
+    """The header at the start of the rank file ``path``: None for a file of format 1 (written by an exporter from
+    before run_id: not served, not an attack), ``RejectedFile`` if it is not a header or names another file."""
+    header, newline, _ = head.partition(b"\n")
+    if not newline:
+        raise RejectedFile("bad_header", f"no header line of at most {MAX_HEADER_BYTES} bytes")
+    try:
+        fields = json.loads(header)
+        if isinstance(fields, dict) and fields.get("format") == 1:
+            return None
+        if not isinstance(fields, dict) or fields.get("format") != FORMAT_VERSION or "run_id" not in fields:
+            raise ValueError(f"not a rank file of format {FORMAT_VERSION}")
+        meta = RankMeta.of(fields)
+    except (ValueError, RecursionError) as error:
+        raise RejectedFile("bad_header", f"header: {str(error)[:100]}") from None
+    if file_stem(meta.rank, meta.run_id) + DATA_SUFFIX != path.name:
+        raise RejectedFile("wrong_rank", f"the header says rank {meta.rank} of run {meta.run_id}")
+    return meta
 
 
 def read_diagnosis(report: RankReport, max_bytes: int, trusted: frozenset[int] | None = None) -> bytes | None:
@@ -206,10 +221,13 @@ class SpoolReader:
         max_files: int,
         run_id: str | None = None,
         trusted: frozenset[int] | None = None,
+        first: frozenset[int] | None = None,
     ):
-        """``trusted``: the uids whose files are served (``spool.file_trust``); None: anyone's."""
+        """``trusted``: the uids whose files are served (``spool_dir.file_trust``); None: anyone's. ``first``: the
+        uids whose files are read first (``spool_dir.trusted_owners``; by default root's and this user's)."""
         self.directory = Path(directory)
         self.trusted = trusted
+        self.first = first if first is not None else trusted_owners(None)
         self.max_file_bytes = max_file_bytes
         self.max_total_bytes = max_total_bytes
         self.max_files = max_files
@@ -218,50 +236,54 @@ class SpoolReader:
         self._entries: dict[str, _Entry] = {}
         self._lock = threading.Lock()
         self.over_budget = 0  # files left out by the last refresh for the budget
+        self.rejected_counts: dict[str, int] = {}  # files left out by the last refresh, by reason
         self.diagnoses: dict[Path, int] = {}  # the diagnosis files within the budget at the last refresh: their sizes
+        self._over_budget = RejectedFile(
+            "over_budget",
+            f"the spool directory holds more than the {max_files} rank files or {max_total_bytes} bytes "
+            "the endpoint reads",
+        )
 
     def refresh(self, read_changed: bool = True) -> tuple[list[RankReport], list[tuple[str, RejectedFile]]]:
-        """The reports of every good rank file, ordered by run and rank, and the files rejected (name, reason).
+        """The reports of every good rank file, ordered by run and rank, and the files rejected (name, reason: the
+        first ``spool_listing.MAX_NAMED_REJECTIONS``; ``rejected_counts`` counts them all).
         ``read_changed=False``: a file that changed since it was served is served as it was (``read_changed_files``
         reads it); new files, and files that were rejected, are read now."""
         with self._lock:
             return self._refresh(read_changed)
 
     def _refresh(self, read_changed: bool) -> tuple[list[RankReport], list[tuple[str, RejectedFile]]]:
-        try:
-            names = [
-                name for name in os.listdir(self.directory) if name.startswith(PREFIX) and name.endswith(self._suffix)
-            ]
-        except OSError:
-            names = []
-        now = time.time()
-        listed = []
-        for name in names:
-            try:
-                listed.append((name, os.lstat(self.directory / name)))
-            except OSError:
-                continue  # gone since the listing
-        listed.sort(key=lambda item: _order(item[0], item[1].st_mtime, now))
+        rejections = Rejections(self._over_budget)
+        listed = list_rank_files(
+            self.directory,
+            self._suffix,
+            LOOKED_AT_PER_FILE * self.max_files,
+            self.max_total_bytes // self.max_files,
+            self.max_file_bytes,
+            self.trusted,
+            self.first,
+            self._holds_lock,
+            rejections,
+        )
         reports: list[RankReport] = []
-        rejected: list[tuple[str, RejectedFile]] = []
         entries: dict[str, _Entry] = {}
         budget = self.max_total_bytes
-        self.over_budget = 0
-        for index, (name, info) in enumerate(listed):
-            if index >= self.max_files or (stat.S_ISREG(info.st_mode) and info.st_size > budget):
-                rejected.append((name, self._over_budget()))
+        for name, info in listed:
+            if len(reports) >= self.max_files or info.st_size > budget:
+                rejections.add(name, self._over_budget)
                 continue
             entry = self._entries.get(name)
             identity = file_identity(info)
             if entry is None or (entry.identity != identity and (read_changed or entry.report is None)):
                 entry = self._read(self.directory / name, identity, entry)
-            if stat.S_ISREG(info.st_mode) and info.st_size <= self.max_file_bytes:
-                budget -= info.st_size  # what was read
             entries[name] = entry
             if entry.report is not None:
                 reports.append(entry.report)
+                budget -= info.st_size
             elif entry.rejection is not None:
-                rejected.append((name, entry.rejection))
+                rejections.add(name, entry.rejection)
+                if entry.rejection.reason == "bad_exposition":
+                    budget -= info.st_size  # read and checked in full
         self._entries = entries
         self.diagnoses = {}
         for report in reports:  # what the rank files left of the budget, in the same order
@@ -272,29 +294,28 @@ class SpoolReader:
                 continue
             size = min(info.st_size, MAX_DIAGNOSIS_BYTES + 1)  # no more is read of a larger one
             if size > budget:
-                rejected.append((path.name, self._over_budget()))
+                rejections.add(path.name, self._over_budget)
                 continue
             budget -= size
             self.diagnoses[path] = size
+        self.rejected_counts = dict(rejections.counts)
+        self.over_budget = rejections.counts[self._over_budget.reason]
         reports.sort(key=lambda r: (r.meta.run_id, rank_order(r.meta.rank)))
-        return reports, rejected
+        return reports, rejections.named
 
-    def _over_budget(self) -> RejectedFile:
-        self.over_budget += 1
-        return RejectedFile(
-            "over_budget",
-            f"the spool directory holds more than the {self.max_files} rank files or {self.max_total_bytes} bytes "
-            "the endpoint reads",
-        )
+    def _holds_lock(self, name: str, uid: int) -> bool:
+        """Whether a live process of ``uid`` holds the lock of the rank file ``name``."""
+        lock = self.directory / (name[: -len(DATA_SUFFIX)] + LOCK_SUFFIX)
+        return lock_holder_alive(lock, None, frozenset({uid})) is True
 
     def read_changed_files(self) -> None:
-        """Read and check the files that changed since they were last read, without holding up a scrape, within the
-        same budget: files that grew past it are left to the next refresh, which rejects them."""
+        """Read and check the files served that changed since they were last read, without holding up a scrape,
+        within the same budget: files that grew past it are left to the next refresh, which rejects them."""
         with self._lock:
-            known = list(self._entries.items())  # in the refresh's order
+            known = [(name, entry) for name, entry in self._entries.items() if entry.report is not None]
         updates = []
         budget = self.max_total_bytes
-        for name, entry in known:
+        for name, entry in known:  # in the refresh's order
             try:
                 info = os.lstat(self.directory / name)
             except OSError:
@@ -321,12 +342,3 @@ class SpoolReader:
         except OSError as error:
             return _Entry(identity, None, RejectedFile("unreadable", error.strerror or str(error)))
         return _Entry(identity, report, None)
-
-
-def _order(name: str, mtime: float, now: float):
-    """Live runs' files first, in the order of their runs, then ranks (numerically where ranks are numbers), then the
-    others, the most recent first; from their names and modification times."""
-    rank, _, run = name[len(PREFIX) : -len(DATA_SUFFIX)].partition(".")
-    if now - mtime < FRESH_SECONDS:
-        return 0, 0.0, run, rank_order(rank)
-    return 1, -mtime, run, rank_order(rank)

@@ -88,6 +88,31 @@ def test_detach_stops_the_endpoint_process(tmp_path):
     assert port_is_free(seen["port"])
 
 
+STUCK_BEFORE_ITS_FIRST_STEP = (
+    "import json, sys, torch, neuron_exporter\n"
+    "handle = neuron_exporter.attach(port=0, addr='127.0.0.1', spool_dir=sys.argv[1])\n"
+    "optimizer = torch.optim.SGD(torch.nn.Linear(4, 2).parameters(), lr=0.1)\n"
+    "print(json.dumps({'url': handle.url}), flush=True)\n"
+    "sys.stdin.read()  # a first collective, a first compilation that never ends\n"
+)
+
+
+def test_a_process_that_holds_the_port_is_no_rank_before_its_first_step(tmp_path):
+    spool = tmp_path / "spool"
+    command = [sys.executable, "-c", STUCK_BEFORE_ITS_FIRST_STEP, str(spool)]
+    env = xla_env(NEURON_EXPORTER_RUN_ID=RUN)
+    pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
+    with Writer(spool, "1"), subprocess.Popen(command, env=env, text=True, **pipes) as job:
+        line = job.stdout.readline()
+        assert line, job.stderr.read()
+        text = scrape(json.loads(line)["url"])
+        job.stdin.close()
+        assert job.wait(60) == 0
+    assert value(text, "neuron_exporter_rank_up", rank="0") is None  # not "running" for ever: no rank yet
+    assert value(text, "neuron_exporter_rank_up", rank="1") == 1  # the ranks of the spool are served
+    assert value(text, "neuron_exporter_ranks") == 1
+
+
 def test_a_spool_over_its_budget_is_served_in_part_and_counted_in_one_line(tmp_path, caplog):
     with Writer(tmp_path, "0-5", "--steps", "4", "--ops", "20"):
         sizes = sorted(path.stat().st_size for path in tmp_path.glob("rank-*.prom"))

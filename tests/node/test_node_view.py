@@ -14,6 +14,7 @@ from neuron_exporter.node.node_view import NodeView, merge_families, split_famil
 from neuron_exporter.node.spool import RankMeta
 from tests.scripts.spool_writer import rank_exposition
 from tests.support.exposition import samples, value
+from tests.support.processes import wait_until
 from tests.support.rank_files import rank_file
 from tests.support.spool_writer import Writer
 
@@ -115,6 +116,14 @@ def test_a_rank_that_reports_but_makes_no_step_is_hung(tmp_path):
         assert 80 < time.time() - last < 400
 
 
+def test_a_rank_stuck_before_its_first_step_is_hung_however_often_it_reports(tmp_path):
+    # Stuck in a first collective or compilation: its spool thread rewrites its file all the same.
+    with Writer(tmp_path, "0", "--rewrite", "0.05"):
+        node = view(tmp_path, hung_after_seconds=2)
+        wait_until(lambda: state_of(node.render().decode(), "0") == "hung", what="rank 0 to be hung")
+        assert time.time() - rank_file(tmp_path, "0").stat().st_mtime < 60  # it still reports
+
+
 def test_dead_ranks_are_not_served_after_the_expiry(tmp_path):
     with Writer(tmp_path, "0"), Writer(tmp_path, "1,2") as gone:
         gone.kill()
@@ -150,6 +159,22 @@ def test_the_serving_process_is_hung_when_its_loop_makes_no_step(tmp_path):
     own = (RankMeta.current("0", "0", last_step_time=time.time() - 300), rank_exposition("0", 8, 1))
     text = view(tmp_path, hung_after_seconds=60).render(own=own).decode()
     assert state_of(text, "0") == "hung"
+
+
+def test_the_serving_process_is_hung_when_it_compiled_but_never_steps(tmp_path):
+    own = (RankMeta.current("0", "0"), rank_exposition("0", 0, 1))  # a claimed rank (it compiled), no step yet
+    node = view(tmp_path, hung_after_seconds=1)
+    wait_until(lambda: state_of(node.render(own=own).decode(), "0") == "hung", what="rank 0 to be hung")
+
+
+def test_a_serving_process_that_has_not_claimed_its_rank_is_no_rank(tmp_path):
+    own = (RankMeta.current("0", "0"), rank_exposition("0", 0, 1))  # attached, no step, no compilation
+    text = view(tmp_path).render(own=own, own_idle=True).decode()
+    assert value(text, "neuron_exporter_ranks") == 0 and state_of(text, "0") is None
+    with Writer(tmp_path, "0", "--steps", "4"):  # the worker a launcher started, as rank 0
+        text = view(tmp_path).render(own=own, own_idle=True).decode()
+    assert value(text, "xla_steps_total", rank="0") == 4 and state_of(text, "0") == "running"
+    assert value(text, "neuron_exporter_ranks") == 1
 
 
 def test_an_empty_or_missing_spool_still_renders(tmp_path):

@@ -1,7 +1,9 @@
-"""The spool trusts nothing it finds: links, FIFOs, huge or forged files, other users' directories, deletion."""
+"""The spool trusts nothing it finds: links, FIFOs, huge or forged files, other users' directories and files,
+deletion."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -14,11 +16,12 @@ from pathlib import Path
 import psutil
 import pytest
 
-from neuron_exporter.config import ConfigError, resolve_options
+from neuron_exporter.config import ConfigError, Options, resolve_options
 from neuron_exporter.node import spool_dir, spool_expiry
 from neuron_exporter.node.node_view import NodeView
 from neuron_exporter.node.spool import RankMeta, RejectedFile
-from neuron_exporter.node.spool_dir import SpoolDirError
+from neuron_exporter.node.spool_dir import SpoolDirError, prepare_spool_dir
+from neuron_exporter.node.spool_listing import MAX_NAMED_REJECTIONS
 from neuron_exporter.node.spool_reader import read_rank_file, writer_alive
 from neuron_exporter.node.spool_writer import SpoolBusyError, release_rank_lock, write_rank_file
 from tests.support.daemon import Daemon, serve_command
@@ -26,10 +29,11 @@ from tests.support.exposition import samples, scrape, total, value
 from tests.support.fuzz import cases
 from tests.support.paths import RUN, SCRIPTS
 from tests.support.processes import TrainingRun, wait_until, xla_env
-from tests.support.rank_files import rank_file, rank_file_bytes, steps_exposition
+from tests.support.rank_files import hostile_rank_file, rank_file, rank_file_bytes, steps_exposition
 from tests.support.spool_writer import Writer
 
 NOBODY = 65534
+OTHER = 65533  # a second local user
 
 
 def test_the_spool_modes_are_the_options_modes():
@@ -294,17 +298,18 @@ def test_fuzz_the_spool_reader(tmp_path):
 # -- another user's directory or files, on the reading side ----------------------------------------------------
 
 
-def _as_nobody_in_a_child(work) -> tuple[int, int]:
-    """Fork a child that becomes uid/gid 65534, runs ``work()``, then holds on (its locks too) until released.
-    Returns (pid, the fd that releases it) once ``work`` is done."""
+@contextlib.contextmanager
+def another_user(work, uid: int = NOBODY):
+    """A child process that becomes ``uid`` (and its group), runs ``work()``, then holds on (its locks too) until the
+    block ends."""
     ready_r, ready_w = os.pipe()
     release_r, release_w = os.pipe()
     pid = os.fork()
     if pid == 0:
         code = 1
         try:
-            os.setgid(NOBODY)
-            os.setuid(NOBODY)
+            os.setgid(uid)
+            os.setuid(uid)
             work()
             os.write(ready_w, b"1")
             os.read(release_r, 1)
@@ -313,9 +318,15 @@ def _as_nobody_in_a_child(work) -> tuple[int, int]:
             os._exit(code)
     os.close(ready_w)
     os.close(release_r)
-    assert os.read(ready_r, 1) == b"1", "the child could not do its work as uid 65534"
-    os.close(ready_r)
-    return pid, release_w
+    try:
+        assert os.read(ready_r, 1) == b"1", f"the child could not do its work as uid {uid}"
+        yield pid
+    finally:
+        os.close(ready_r)
+        with contextlib.suppress(BrokenPipeError):  # the child failed, and is gone
+            os.write(release_w, b"x")
+        os.close(release_w)
+        os.waitpid(pid, 0)
 
 
 def test_a_spool_directory_squatted_by_another_user_is_not_served(tmp_path, daemons):
@@ -323,27 +334,25 @@ def test_a_spool_directory_squatted_by_another_user_is_not_served(tmp_path, daem
     base.chmod(0o1777)  # like /dev/shm: anyone may create the default directory before the job does
     spool = base / "neuron-exporter"
     forged = steps_exposition("0").replace(b" 7.0\n", b" 1e+15\n")
-    pid, release = _as_nobody_in_a_child(lambda: write_rank_file(spool, RankMeta.current("0", "0"), forged))
     try:
-        assert spool.stat().st_uid == NOBODY and rank_file(spool, "0").stat().st_uid == NOBODY
-        # The daemon started after the squat stays up, serves no rank from it and says why, once.
-        daemon = Daemon(tmp_path, *serve_command(spool)[4:])
-        daemons(daemon)
-        for _ in range(2):
-            text = scrape(daemon.url)
-            assert value(text, "neuron_exporter_spool_directory_ok") == 0 and value(text, "xla_steps_total") is None
-        refused = [line for line in daemon.log.read_text().splitlines() if "belongs to uid" in line]
-        assert len(refused) == 1 and f"belongs to uid {NOBODY}, whom this reader" in refused[0]
-        assert daemon.stop() == 0
-        trusting = NodeView(
-            resolve_options(env={}, overrides={"spool_dir": str(spool), "spool_trusted_users": str(NOBODY)})
-        )
-        text = trusting.render().decode()  # configured to trust that user: its rank is served
-        assert value(text, "xla_steps_total", rank="0") == 1e15
-        assert value(text, "neuron_exporter_rank_up", rank="0") == 1
+        with another_user(lambda: write_rank_file(spool, RankMeta.current("0", "0"), forged)):
+            assert spool.stat().st_uid == NOBODY and rank_file(spool, "0").stat().st_uid == NOBODY
+            # The daemon started after the squat stays up, serves no rank from it and says why, once.
+            daemon = Daemon(tmp_path, *serve_command(spool)[4:])
+            daemons(daemon)
+            for _ in range(2):
+                text = scrape(daemon.url)
+                assert value(text, "neuron_exporter_spool_directory_ok") == 0 and value(text, "xla_steps_total") is None
+            refused = [line for line in daemon.log.read_text().splitlines() if "belongs to uid" in line]
+            assert len(refused) == 1 and f"belongs to uid {NOBODY}, whom this reader" in refused[0]
+            assert daemon.stop() == 0
+            trusting = NodeView(
+                resolve_options(env={}, overrides={"spool_dir": str(spool), "spool_trusted_users": str(NOBODY)})
+            )
+            text = trusting.render().decode()  # configured to trust that user: its rank is served
+            assert value(text, "xla_steps_total", rank="0") == 1e15
+            assert value(text, "neuron_exporter_rank_up", rank="0") == 1
     finally:
-        os.write(release, b"x")
-        os.waitpid(pid, 0)
         shutil.rmtree(base)
 
 
@@ -385,3 +394,105 @@ def test_an_unknown_trusted_user_is_one_line_and_exit_2(tmp_path):
     )
     assert served.returncode == 2 and served.stderr.count("\n") == 1
     assert "--spool-trusted-users" in served.stderr and "no user called" in served.stderr
+
+
+# -- what other local users lay in a shared spool --------------------------------------------------------------
+
+
+@pytest.fixture
+def shared_spool():
+    """A spool directory in the ``shared`` mode (root's, sticky, anyone writes) where other users can reach it."""
+    base = Path(tempfile.mkdtemp(dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
+    base.chmod(0o755)  # tmp_path's parents are root's alone
+    spool = base / "spool"
+    prepare_spool_dir(spool, "shared")
+    yield spool
+    shutil.rmtree(base)
+
+
+def shared_view(spool, **options) -> NodeView:
+    return NodeView(resolve_options(env={}, overrides={"spool_dir": str(spool), "spool_mode": "shared", **options}))
+
+
+def steps_of(rank: str, run: str) -> bytes:
+    return steps_exposition(rank, labels=f'local_rank="{rank}",rank="{rank}",run_id="{run}"')
+
+
+def lay_rank_files(spool, runs, **header) -> None:
+    """Valid rank files of rank 0 of ``runs``, fresh, without a lock: what any local user can lay."""
+    for run in runs:
+        (spool / f"rank-0.{run}.prom").write_bytes(rank_file_bytes("0", steps_of("0", run), run_id=run, **header))
+
+
+def test_empty_files_another_user_lays_hide_no_rank(shared_spool):
+    write_rank_file(shared_spool, RankMeta.current("0", "0"), steps_exposition("0"), "shared")
+
+    def lay():  # 1024 empty files, as many as spool_max_files
+        for i in range(1024):
+            os.close(os.open(shared_spool / f"rank-{i}.%25.prom", os.O_CREAT | os.O_WRONLY, 0o644))
+
+    try:
+        with another_user(lay):
+            view = shared_view(shared_spool)
+            text = view.render().decode()
+    finally:
+        release_rank_lock(shared_spool, "0")
+    assert value(text, "xla_steps_total", rank="0") == 7 and value(text, "neuron_exporter_ranks") == 1
+    assert value(text, "neuron_exporter_spool_rejected_files", reason="bad_header") == 1024
+    assert value(text, "neuron_exporter_spool_rejected_files", reason="over_budget") == 0
+    assert len(view.rejected) == MAX_NAMED_REJECTIONS  # every file counted, a bounded number of them named
+
+
+def test_the_largest_files_another_user_lays_hide_no_rank(shared_spool):
+    write_rank_file(shared_spool, RankMeta.current("0", "0"), steps_exposition("0"), "shared")
+    size = Options().spool_max_file_bytes
+
+    def lay():  # three valid files as large as a file may be, fresh, of runs whose ids sort before the real one's
+        for k in range(3):
+            run = f"0attack{k}"  # as long as RUN
+            data = hostile_rank_file("0", size).replace(RUN.encode(), run.encode())
+            (shared_spool / f"rank-0.{run}.prom").write_bytes(data.replace(b" Every", b" " * (size - len(data)), 1))
+
+    try:
+        with another_user(lay):
+            text = shared_view(shared_spool).render().decode()
+    finally:
+        release_rank_lock(shared_spool, "0")
+    assert value(text, "xla_steps_total", run_id=RUN, rank="0") == 7
+    assert value(text, "neuron_exporter_spool_rejected_files", reason="over_budget") == 1  # one of the three
+
+
+def test_another_users_live_rank_is_read_before_the_files_a_third_user_lays(shared_spool):
+    ranked = RankMeta.current("0", "0", run_id="their-run")
+    with another_user(lambda: write_rank_file(shared_spool, ranked, steps_of("0", "their-run"), "shared"), OTHER):
+        with another_user(lambda: lay_rank_files(shared_spool, [f"0laid{k}" for k in range(20)])):
+            text = shared_view(shared_spool, spool_max_files=2).render().decode()
+    assert value(text, "xla_steps_total", run_id="their-run", rank="0") == 7
+    assert value(text, "neuron_exporter_rank_up", run_id="their-run", rank="0") == 1
+    assert value(text, "neuron_exporter_spool_rejected_files", reason="over_budget") == 19
+
+
+def test_other_users_take_turns_in_the_budget(shared_spool):
+    with another_user(lambda: lay_rank_files(shared_spool, ["their-run", "their-other-run"], finished=True), OTHER):
+        with another_user(lambda: lay_rank_files(shared_spool, [f"0laid{k}" for k in range(20)], finished=True)):
+            text = shared_view(shared_spool, spool_max_files=4).render().decode()
+    assert value(text, "xla_steps_total", run_id="their-run", rank="0") == 7
+    assert value(text, "xla_steps_total", run_id="their-other-run", rank="0") == 7
+    assert value(text, "neuron_exporter_ranks") == 4
+
+
+def test_at_most_four_files_a_served_one_are_looked_at(shared_spool):
+    write_rank_file(shared_spool, RankMeta.current("0", "0"), steps_exposition("0"), "shared")
+
+    def lay():
+        for i in range(200):
+            os.close(os.open(shared_spool / f"rank-{i}.%25.prom", os.O_CREAT | os.O_WRONLY, 0o644))
+
+    try:
+        with another_user(lay):
+            text = shared_view(shared_spool, spool_max_files=4).render().decode()
+    finally:
+        release_rank_lock(shared_spool, "0")
+    assert value(text, "xla_steps_total", rank="0") == 7
+    assert value(text, "neuron_exporter_spool_rejected_files", reason="bad_header") == 15  # opened, with rank 0
+    assert value(text, "neuron_exporter_spool_rejected_files", reason="over_budget") == 185  # never opened

@@ -1,8 +1,9 @@
 """The node endpoint: every rank of the machine on one ``/metrics``, with each rank's liveness and host metrics.
 
-A process is a rank from its first step (or compilation: it claims its rank then). A rank is *running* while its
-process lives and steps, *hung* when the process lives but has made no step for ``hung_after_seconds`` (before its
-first step: since the endpoint first saw it, or since its last report), *dead* when its process is gone.
+A rank is *running* while its process lives and steps, *hung* when the process lives but has made no step for
+``hung_after_seconds`` (before its first step: since the endpoint first saw it, or since its last report), *dead*
+when its process is gone. A process writes the spool from its first step (or compilation); the endpoint it serves
+shows it before that too, unless another process reports its rank (the worker a launcher started).
 Hung and dead ranks keep their last values (counters never drop to 0) until their file is
 ``expire_after_seconds`` old. A rank that finished cleanly keeps its values too, without liveness series.
 """
@@ -154,22 +155,26 @@ class NodeView:
         self, own: tuple[RankMeta | Mapping, bytes] | None = None, now: float | None = None, own_idle: bool = False
     ) -> list[RankStatus]:
         """Every rank the endpoint serves, with its state (a rank past the expiry is left out).
-        ``own_idle``: the serving process has not claimed its rank (no step, no compilation), so it is not one: a
-        launcher that only starts the workers, or a rank stuck before its first step, which shows once it steps."""
+        ``own_idle``: the serving process has not claimed its rank (no step, no compilation): another process that
+        reports its rank (the worker a launcher started) is shown instead of it. Shown, it is hung once
+        ``hung_after_seconds`` have passed since it was first seen without a step (stuck in a first collective or
+        compilation), and its exporter's own series (errors, process) are served meanwhile."""
         now = time.time() if now is None else now
         statuses = []
-        own_meta = RankMeta.of(own[0]) if own is not None and not own_idle else None
+        own_meta, own_exposition = (RankMeta.of(own[0]), own[1]) if own is not None else (None, b"")
         for report in self._spool_reports():
             alive = writer_alive(report, self._file_trust)
             if self.run_id is not None and report.meta.run_id != self.run_id:
                 continue
             if own_meta is not None and (report.meta.run_id, report.meta.rank) == (own_meta.run_id, own_meta.rank):
-                continue  # the live process's own exposition is newer than its file
+                if not (own_idle and report.meta.pid != own_meta.pid):
+                    continue  # the live process's own exposition is newer than its file
+                own_meta = None
             if is_expired(report, self.options.expire_after_seconds, now):
                 continue  # its files are removed by spool_expiry
             statuses.append(self._status(report.meta, report.exposition, alive, report.mtime, now, report.path))
-        if own_meta is not None and own is not None:
-            statuses.append(self._status(own_meta, own[1], alive=True, written=now, now=now))
+        if own_meta is not None:
+            statuses.append(self._status(own_meta, own_exposition, alive=True, written=now, now=now))
         waiting = {_identity(s.meta) for s in statuses if s.meta.last_step_time is None}
         self._first_seen = {rank: seen for rank, seen in self._first_seen.items() if rank in waiting}
         return sorted(statuses, key=lambda s: (s.meta.run_id, diagnosis.rank_order(s.meta.rank)))

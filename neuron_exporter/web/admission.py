@@ -21,7 +21,7 @@ from collections.abc import Callable, Hashable
 from typing import Generic, TypeVar
 
 MAX_CONNECTIONS = 256  # open sockets, waiting or being answered; in a training process they share its file limit
-MAX_PER_CLIENT = MAX_CONNECTIONS // 4  # one address's share: pipelining or stalling, it cannot fill the endpoint
+MAX_PER_CLIENT = MAX_CONNECTIONS // 2  # one address's share: pipelining or stalling, it cannot fill the endpoint
 
 # What a connection is doing, in the order connections are closed to make room.
 PAUSED = 0  # its client was refused too often: nothing it sends is read for now

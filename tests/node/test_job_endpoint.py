@@ -97,20 +97,21 @@ STUCK_BEFORE_ITS_FIRST_STEP = (
 )
 
 
-def test_a_process_that_holds_the_port_is_no_rank_before_its_first_step(tmp_path):
+def test_a_process_that_holds_the_port_and_never_steps_is_hung_not_running_for_ever(tmp_path):
     spool = tmp_path / "spool"
     command = [sys.executable, "-c", STUCK_BEFORE_ITS_FIRST_STEP, str(spool)]
-    env = xla_env(NEURON_EXPORTER_RUN_ID=RUN)
+    env = xla_env(NEURON_EXPORTER_RUN_ID=RUN, NEURON_EXPORTER_HUNG_AFTER_SECONDS="1")
     pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
     with Writer(spool, "1"), subprocess.Popen(command, env=env, text=True, **pipes) as job:
         line = job.stdout.readline()
         assert line, job.stderr.read()
-        text = scrape(json.loads(line)["url"])
+        url = json.loads(line)["url"]
+        wait_until(lambda: value(scrape(url), "neuron_exporter_rank_up", rank="0") == 0, what="rank 0 to be hung")
+        text = scrape(url)
         job.stdin.close()
         assert job.wait(60) == 0
-    assert value(text, "neuron_exporter_rank_up", rank="0") is None  # not "running" for ever: no rank yet
-    assert value(text, "neuron_exporter_rank_up", rank="1") == 1  # the ranks of the spool are served
-    assert value(text, "neuron_exporter_ranks") == 1
+    assert value(text, "neuron_exporter_rank_state", rank="0", state="hung") == 1
+    assert value(text, "xla_steps_total", rank="1") is not None  # the ranks of the spool are served
 
 
 def test_a_spool_over_its_budget_is_served_in_part_and_counted_in_one_line(tmp_path, caplog):

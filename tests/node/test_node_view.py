@@ -167,10 +167,10 @@ def test_the_serving_process_is_hung_when_it_compiled_but_never_steps(tmp_path):
     wait_until(lambda: state_of(node.render(own=own).decode(), "0") == "hung", what="rank 0 to be hung")
 
 
-def test_a_serving_process_that_has_not_claimed_its_rank_is_no_rank(tmp_path):
+def test_a_serving_process_that_has_not_claimed_its_rank_gives_way_to_the_worker_that_does(tmp_path):
     own = (RankMeta.current("0", "0"), rank_exposition("0", 0, 1))  # attached, no step, no compilation
-    text = view(tmp_path).render(own=own, own_idle=True).decode()
-    assert value(text, "neuron_exporter_ranks") == 0 and state_of(text, "0") is None
+    node = view(tmp_path, hung_after_seconds=1)
+    wait_until(lambda: state_of(node.render(own=own, own_idle=True).decode(), "0") == "hung", what="rank 0 hung")
     with Writer(tmp_path, "0", "--steps", "4"):  # the worker a launcher started, as rank 0
         text = view(tmp_path).render(own=own, own_idle=True).decode()
     assert value(text, "xla_steps_total", rank="0") == 4 and state_of(text, "0") == "running"

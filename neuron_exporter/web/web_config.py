@@ -289,5 +289,9 @@ class WebConfigReloader:
             return
         self._last_error = None
         self._stamps = dict(new.file_stamps)
+        # Logins verified before stay verified for users whose hash is the same: a reload during a flood of guesses
+        # would otherwise send every scraper back to the bcrypt queue.
+        unchanged = {user for user, hashed in new.users.items() if config.users.get(user) == hashed}
+        new.verified.update((user, digest) for user, digest in config.verified.copy().items() if user in unchanged)
         self.config = new
         log.info("web config reloaded from %s", config.path)

@@ -342,3 +342,16 @@ def test_head_and_health_paths_are_behind_auth(server, tmp_path):
         assert request(connection, None, "GET", path)[0] == 401
         assert request(connection, (USER, PASSWORD), "GET", path)[0] == 200
     connection.close()
+
+
+def test_a_reload_keeps_the_logins_of_users_whose_hash_did_not_change(server, tmp_path, count_checks):
+    path = web_config(tmp_path)
+    s = server(web_config=path)
+    checks = count_checks()
+    assert get(s.url, auth=(USER, PASSWORD))[0] == 200
+    other = bcrypt.hashpw(b"other", bcrypt.gensalt(rounds=4)).decode()
+    path.write_text(path.read_text() + f"  grafana: {other}\n")  # a user added; the scraper's hash as it was
+    wait_until(lambda: get(s.url, auth=("grafana", "other"))[0] == 200, timeout=30, what="the reload")
+    before = len(checks.costs)
+    assert get(s.url, auth=(USER, PASSWORD))[0] == 200
+    assert len(checks.costs) == before  # still verified: no bcrypt, no place in the login queue

@@ -254,11 +254,13 @@ for line in sys.stdin:
 """
 
 
-def test_ctrl_z_stops_the_runner_with_the_command_and_fg_gives_the_command_the_terminal_again(tmp_path):
-    """The test is the shell: the runner leads a session on a terminal of its own."""
+def run_on_a_terminal(tmp_path, command: list[str], typed_ahead: bytes = b"") -> tuple[subprocess.Popen, int]:
+    """The runner of ``command`` leading a session on a new terminal (as a shell starts it), and that terminal's
+    other end, on which ``typed_ahead`` was typed before the runner started."""
     terminal, runner_side = pty.openpty()
+    os.write(terminal, typed_ahead)
     process = subprocess.Popen(
-        runner_command(tmp_path, [sys.executable, "-c", ECHO]),
+        runner_command(tmp_path, command),
         env=environment(),
         stdin=runner_side,
         stdout=runner_side,
@@ -267,6 +269,12 @@ def test_ctrl_z_stops_the_runner_with_the_command_and_fg_gives_the_command_the_t
         preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0),
     )
     os.close(runner_side)
+    return process, terminal
+
+
+def test_ctrl_z_stops_the_runner_with_the_command_and_fg_gives_the_command_the_terminal_again(tmp_path):
+    """The test is the shell: the runner leads a session on a terminal of its own."""
+    process, terminal = run_on_a_terminal(tmp_path, [sys.executable, "-c", ECHO])
     try:
         output = Output(terminal)
         output.wait_for(b"up")
@@ -286,18 +294,7 @@ def test_ctrl_z_stops_the_runner_with_the_command_and_fg_gives_the_command_the_t
 
 def test_a_command_that_reads_the_terminal_at_once_has_it(tmp_path):
     """cat reads its terminal as soon as it runs: its group must have the terminal by then, or it stops (SIGTTIN)."""
-    terminal, runner_side = pty.openpty()
-    os.write(terminal, b"early\n")  # waiting for cat before it starts
-    process = subprocess.Popen(
-        runner_command(tmp_path, ["cat"]),
-        env=environment(),
-        stdin=runner_side,
-        stdout=runner_side,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-        preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0),
-    )
-    os.close(runner_side)
+    process, terminal = run_on_a_terminal(tmp_path, ["cat"], typed_ahead=b"early\n")  # waiting before cat starts
     try:
         output = Output(terminal)
         output.wait_for(b"early\r\nearly")  # the terminal's echo, then cat's copy

@@ -8,10 +8,12 @@ Three endpoints, each in turn:
 - rank endpoint: the same loop with ``attach(node_view=False)``: served in the training process itself.
 
 For each, in phases of --phase seconds: idle, 8 connections pipelining 2,000 ``HEAD /metrics`` each and never
-reading, idle, 64 clients scraping back to back, idle (the loads: tests/scripts/http_load.py, a process of their
-own). Through every phase a scraper takes one scrape every --interval seconds on a kept-alive connection with gzip,
-as Prometheus does, and times it. Prints, per phase kind, the scrape time's median, p99 and maximum, and for the
-trainers the step rate divided by the mean of the idle phases around it.
+reading, idle, 64 clients scraping back to back, idle, 300 addresses holding one idle connection each and opening
+it again when it is closed, idle (the loads: tests/scripts/http_load.py, a process of their own). Through every
+phase a scraper takes one scrape every --interval seconds on a kept-alive connection with gzip, as Prometheus does
+(in the crowd phase on a new connection each time, as a Prometheus that reconnects), and times it. Prints, per
+phase kind, the scrape time's median, p99 and maximum, and for the trainers the step rate divided by the mean of
+the idle phases around it.
 
 Scrapes come every --interval seconds (0.6), under the two renders a second an endpoint makes past its burst, so
 the idle times are those of serving a scrape, not of waiting for a turn; under load every render is shared by
@@ -43,15 +45,17 @@ ROOT = Path(__file__).resolve().parent.parent
 WRITER = ROOT / "tests" / "scripts" / "spool_writer.py"
 SCRAPED_TRAINER = ROOT / "benchmarks" / "scraped_trainer.py"
 LOAD = ROOT / "tests" / "scripts" / "http_load.py"
-PHASES = ("idle", "pipeline", "idle", "polite", "idle")
+PHASES = ("idle", "pipeline", "idle", "polite", "idle", "crowd", "idle")
 
 
-def scrape_times(url: str, stop: threading.Event, interval: float, times: list[float]) -> None:
+def scrape_times(url: str, stop: threading.Event, interval: float, times: list[float], reconnect: bool) -> None:
     parts = urllib.parse.urlsplit(url)
     connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
     next_time = time.monotonic()
     while not stop.is_set():
         start = time.perf_counter()
+        if reconnect:
+            connection.close()
         connection.request("GET", parts.path, headers={"Accept-Encoding": "gzip"})
         response = connection.getresponse()
         response.read()
@@ -159,7 +163,7 @@ def measure(endpoint: str, args: argparse.Namespace, spool: str) -> None:
             times: list[float] = []
             with load(kind, port):
                 stop = threading.Event()
-                scraper = threading.Thread(target=scrape_times, args=(url, stop, args.interval, times))
+                scraper = threading.Thread(target=scrape_times, args=(url, stop, args.interval, times, kind == "crowd"))
                 start = time.monotonic()
                 scraper.start()
                 time.sleep(args.phase)

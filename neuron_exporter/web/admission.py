@@ -5,12 +5,16 @@ One client address (an IPv6 /64) holds at most ``MAX_PER_CLIENT`` connections, a
 ``MAX_CONNECTIONS``. Past either limit, the address that holds the most connections, the newcomer counted, loses
 one of its own:
 
-- if that is the newcomer's address (past its own limit, or holding as many as any other), its oldest idle
-  connection (``PAUSED``, then ``WAITING``, then ``WAITING_SERVED``) is closed, else the newcomer itself: an address
-  whose connections are all at work gets no more of them;
 - if it is another address, its oldest connection in the order of ``STATES``, whatever it is doing (a response
   being written or a request being answered too): a flood of busy connections never costs someone else's
-  connection, new or kept alive.
+  connection, new or kept alive;
+- if it is the newcomer's own (past its own limit, or holding as many as any other), its oldest idle connection
+  (``PAUSED``, then ``WAITING``, then ``WAITING_SERVED``);
+- if that address has none idle but is within its own limit (many addresses holding as many each, the endpoint
+  full), a paused connection of the addresses that hold as many, else the one of theirs idle the longest (since it
+  opened or since its last answer): a crowd of addresses with one connection each cannot lock a new scraper out
+  while any of them sits idle, and a scraper's new connection, idle the shortest, is the last to go;
+- else the newcomer itself: an address whose connections are all at work gets no more of them.
 
 Nothing here knows a socket: the connections are whatever the caller keeps, and the caller says what each is doing.
 """
@@ -39,6 +43,7 @@ class Admission(Generic[Connection]):
 
     def __init__(self) -> None:
         self._by_client: dict[str, dict[Connection, None]] = {}
+        self._opened: dict[Connection, str] = {}  # every connection and its client, idle the longest first
         self._total = 0
 
     def __len__(self) -> int:
@@ -49,14 +54,20 @@ class Admission(Generic[Connection]):
 
     def add(self, client: str, connection: Connection) -> None:
         self._by_client.setdefault(client, {})[connection] = None
+        self._opened[connection] = client
         self._total += 1
 
     def remove(self, client: str, connection: Connection) -> None:
         own = self._by_client[client]
         del own[connection]
+        del self._opened[connection]
         self._total -= 1
         if not own:
             del self._by_client[client]
+
+    def touch(self, connection: Connection) -> None:
+        """``connection`` was answered and waits again: its idle time starts now."""
+        self._opened[connection] = self._opened.pop(connection)
 
     def full_for(self, client: str) -> bool:
         """Whether a new connection of ``client`` needs room made for it."""
@@ -66,15 +77,18 @@ class Admission(Generic[Connection]):
         """The connection to close so that a new one of ``client`` may open (``state(connection)`` says what a
         connection is doing); None: refuse the new one."""
         mine = self.count(client) + 1
-        crowded = client
         if mine <= MAX_PER_CLIENT and self._by_client:
             most = max(self._by_client, key=self.count)
             if self.count(most) > mine:
-                crowded = most
-        own = self._by_client.get(crowded, {})
-        if not own:
-            return None
-        victim = min(own, key=state)  # the oldest of the first state in the order of STATES
-        if crowded == client and state(victim) > WAITING_SERVED:
+                return min(self._by_client[most], key=state)  # the oldest of the first state in STATES
+        own = self._by_client.get(client, {})
+        if own:
+            victim = min(own, key=state)
+            if state(victim) <= WAITING_SERVED:
+                return victim
+        if mine > MAX_PER_CLIENT:
             return None  # the newcomer's address has no idle connection: the newcomer is the one it loses
-        return victim
+        # No address holds more than the newcomer's will: one of those holding as many, paused or idle the longest.
+        peers = (c for c, of in self._opened.items() if of != client and self.count(of) >= mine)
+        idle = (c for c in peers if state(c) <= WAITING_SERVED)
+        return min(idle, key=lambda c: state(c) != PAUSED, default=None)

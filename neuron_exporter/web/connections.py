@@ -245,6 +245,7 @@ class Connections:
                 HEAD_TIMEOUT_SECONDS if connection.buffer else idle or IDLE_TIMEOUT_SECONDS
             )
             self._waiting[connection] = None
+            self._admission.touch(connection)
             self._watch(connection, selectors.EVENT_READ)
             return
         if end is None or end.start() > MAX_HEAD_BYTES:

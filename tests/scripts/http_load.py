@@ -5,11 +5,14 @@ benchmarks of fair service. On loopback only; it stops when its standard input c
         Each connection sends REQUESTS pipelined ``HEAD /metrics`` and never reads a byte.
     python http_load.py polite PORT [--clients 64]
         Each client scrapes ``GET /metrics`` back to back on a kept-alive connection, reading every answer.
+    python http_load.py crowd PORT [--addresses 300] [--silent]
+        Each of ADDRESSES loopback addresses (127.0.1.1 on) holds one connection, idle after one answered
+        ``GET /-/healthy``, or with --silent connected and saying nothing; one the server closes is opened again.
 
 Prints ``ready`` once the load is on (every pipelining connection has sent requests, and one of them has an answer
 waiting, unread; every polite client has been answered once), and at the end one line:
 ``answered N of M`` (pipeline: answers waiting in the connections' buffers, of the requests sent; polite: answers
-read, of the requests sent).
+read, of the requests sent; crowd: connections answered, of those opened).
 """
 
 from __future__ import annotations
@@ -75,6 +78,49 @@ def polite(port: int, clients: int, stop: threading.Event) -> tuple[int, int]:
     return sum(answered), sum(asked)
 
 
+def crowd(port: int, addresses: int, silent: bool, stop: threading.Event) -> tuple[int, int]:
+    """Once ready, every address has held a connection (answered once unless silent); the server may have closed
+    some to make room, and those are opened again, each in its turn, until the end."""
+    counts = {"answered": 0, "opened": 0}
+
+    def hold(address: str) -> socket.socket | None:
+        try:
+            sock = socket.create_connection(("127.0.0.1", port), timeout=10, source_address=(address, 0))
+            counts["opened"] += 1
+            if not silent:
+                sock.sendall(b"GET /-/healthy HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+                if sock.recv(65536).startswith(b"HTTP/1.1 200"):  # a short answer: one read takes it
+                    counts["answered"] += 1
+            sock.setblocking(False)
+            return sock
+        except OSError:
+            return None
+
+    held = {f"127.0.{1 + n // 250}.{1 + n % 250}": None for n in range(addresses)}
+    for address in held:
+        held[address] = hold(address)
+    print("ready", flush=True)
+    while not stop.wait(0.05):
+        for address, sock in held.items():
+            if sock is None or closed(sock):
+                if sock is not None:
+                    sock.close()
+                held[address] = hold(address)
+    for sock in held.values():
+        if sock is not None:
+            sock.close()
+    return counts["answered"], counts["opened"]
+
+
+def closed(sock: socket.socket) -> bool:
+    try:
+        return sock.recv(1) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+
+
 def _send_all(sock: socket.socket, data: bytes, stop: threading.Event, sent: list[bool], index: int) -> None:
     view = memoryview(data)
     while view and not stop.is_set():
@@ -103,11 +149,13 @@ def _drain(sock: socket.socket) -> bytes:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("load", choices=("pipeline", "polite"))
+    parser.add_argument("load", choices=("pipeline", "polite", "crowd"))
     parser.add_argument("port", type=int)
     parser.add_argument("--connections", type=int, default=8)
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--clients", type=int, default=64)
+    parser.add_argument("--addresses", type=int, default=300)
+    parser.add_argument("--silent", action="store_true")
     parser.add_argument("--seconds", type=float, default=600.0)
     args = parser.parse_args()
     stop = threading.Event()
@@ -122,8 +170,10 @@ def main() -> None:
     timer.start()
     if args.load == "pipeline":
         answered, sent = pipeline(args.port, args.connections, args.requests, stop)
-    else:
+    elif args.load == "polite":
         answered, sent = polite(args.port, args.clients, stop)
+    else:
+        answered, sent = crowd(args.port, args.addresses, args.silent, stop)
     print(f"answered {answered} of {sent}", flush=True)
     sys.exit(0)
 

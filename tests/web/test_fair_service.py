@@ -35,9 +35,9 @@ MOST_RENDERS_TO_WAIT = 3
 class Load:
     """tests/scripts/http_load.py against ``port``, on while in the ``with`` block; then ``answered``, ``sent``."""
 
-    def __init__(self, kind: str, port: int):
+    def __init__(self, kind: str, port: int, *options: str):
         self.process = subprocess.Popen(
-            [sys.executable, str(LOAD), kind, str(port), "--seconds", "300"],
+            [sys.executable, str(LOAD), kind, str(port), "--seconds", "300", *options],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -103,6 +103,33 @@ def test_the_daemon_answers_a_scrape_while_8_connections_pipeline(tmp_path):
     assert load.answered < load.sent
 
 
+CROWDS = {"idle": (), "silent": ("--silent",)}
+
+
+def scrapes_on_new_connections(url: str, count: int = 30) -> list[int]:
+    return [get(url)[0] for _ in range(count)]
+
+
+@pytest.mark.parametrize("crowd", list(CROWDS))
+def test_300_addresses_holding_a_connection_each_never_lock_a_new_scraper_out(server, crowd):
+    """One connection for each of 300 addresses (idle after an answer, or silent), more than the endpoint holds,
+    opened again whenever the endpoint closes one: every scrape on a new connection is answered."""
+    s = server()
+    with Load("crowd", s.port, *CROWDS[crowd]) as load:
+        assert scrapes_on_new_connections(s.url) == [200] * 30
+    assert load.sent > 300  # the endpoint closed some to make room, and they came back
+
+
+@pytest.mark.parametrize("crowd", list(CROWDS))
+def test_the_daemon_answers_new_scrapers_while_300_addresses_hold_a_connection_each(tmp_path, crowd):
+    daemon = Daemon(tmp_path, "--addr", "127.0.0.1", "--port", "0", "--spool-dir", str(tmp_path / "spool"))
+    try:
+        with Load("crowd", daemon.port, *CROWDS[crowd]):
+            assert scrapes_on_new_connections(daemon.url) == [200] * 30
+    finally:
+        assert daemon.stop() == 0
+
+
 def test_two_clients_on_a_slow_page_never_delay_metrics_and_share_one_render(server, monkeypatch):
     monkeypatch.setattr(http_server, "PAGE_INTERVAL_SECONDS", 3600.0)  # so the render is shared whenever they come
     entered, release = threading.Event(), threading.Event()
@@ -150,10 +177,15 @@ def test_a_fair_queue_takes_each_client_in_turn():
 
 
 @pytest.mark.training
-@pytest.mark.parametrize("node_view", ["true", "false"], ids=["job endpoint", "rank endpoint"])
-def test_a_training_job_answers_a_scrape_while_8_connections_pipeline(tmp_path, node_view):
+@pytest.mark.parametrize(
+    "node_view, load_kind",
+    [("true", "pipeline"), ("false", "pipeline"), ("true", "crowd")],
+    ids=["job endpoint", "rank endpoint", "job endpoint, 300 addresses"],
+)
+def test_a_training_job_answers_a_scrape_while_8_connections_pipeline(tmp_path, node_view, load_kind):
     """A job's node endpoint (a process of its own, asking the training process for its exposition) and a rank's
-    own endpoint (in the training process)."""
+    own endpoint (in the training process); the job's endpoint again with 300 addresses holding a connection
+    each, every scrape on a new connection."""
     job = subprocess.Popen(
         [sys.executable, str(ROOT / "tests" / "scripts" / "endpoint_job.py"), "0", str(tmp_path / "spool")],
         env=xla_env(NEURON_EXPORTER_RUN_ID="fair-service", NEURON_EXPORTER_NODE_VIEW=node_view),
@@ -163,8 +195,8 @@ def test_a_training_job_answers_a_scrape_while_8_connections_pipeline(tmp_path, 
     )
     try:
         url = json.loads(job.stdout.readline())["url"]
-        with Load("pipeline", urllib.parse.urlsplit(url).port) as load:
-            for _ in range(3):
+        with Load(load_kind, urllib.parse.urlsplit(url).port) as load:
+            for _ in range(30 if load_kind == "crowd" else 3):
                 status, _, body = get(url)
                 assert status == 200 and b"training_steps_total" in body
         job.communicate(input="", timeout=120)
@@ -173,4 +205,7 @@ def test_a_training_job_answers_a_scrape_while_8_connections_pipeline(tmp_path, 
         if job.poll() is None:
             job.kill()
             job.wait()
-    assert load.answered < load.sent
+    if load_kind == "crowd":
+        assert load.sent > 300  # the endpoint closed some to make room, and they came back
+    else:
+        assert load.answered < load.sent

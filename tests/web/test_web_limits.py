@@ -348,26 +348,49 @@ def test_an_address_pipelining_on_300_connections_costs_no_other_address_a_conne
     assert results == [(200, BODY)] * 10
 
 
-def test_when_every_address_has_as_many_a_newcomer_is_refused_and_no_kept_alive_connection_closed(server, monkeypatch):
+def test_when_every_address_has_as_many_the_oldest_idle_connection_makes_room(server, monkeypatch):
+    # One connection for each of four addresses fills the endpoint: a fifth address is answered all the same, at
+    # the cost of the oldest idle connection (the first address's), whose client opens a new one when it needs it.
     monkeypatch.setattr(admission, "MAX_CONNECTIONS", 4)
     s = server()
-    kept = [
-        http.client.HTTPConnection("127.0.0.1", s.port, timeout=10, source_address=(f"127.0.0.{n}", 0))
-        for n in range(2, 6)
-    ]
+    kept = [connection_to(s, source=f"127.0.0.{n}") for n in range(2, 6)]
     try:
-        for connection in kept:  # four addresses, one served connection each: the endpoint is full
+        for connection in kept:
             connection.request("GET", "/metrics")
             assert connection.getresponse().read() == BODY
+        assert scrape(s, source="127.0.0.6") == (200, BODY)
+        wait_until(lambda: closed_by_server(kept[0].sock), what="the oldest idle connection to be closed")
+        for connection in kept[1:]:
+            assert not closed_by_server(connection.sock)
+            connection.sock.setblocking(True)
+            connection.request("GET", "/metrics")
+            assert connection.getresponse().read() == BODY
+    finally:
+        for connection in kept:
+            connection.close()
+
+
+def test_when_every_address_has_as_many_at_work_a_newcomer_is_refused(server, monkeypatch):
+    monkeypatch.setattr(admission, "MAX_CONNECTIONS", 4)
+    big = BODY * 300_000  # 20 MB: more than the kernel's buffers on both sides take, so each stays at work
+    s = server(lambda: big)
+    crowd = []
+    try:
+        for n in range(2, 6):
+            sock = socket.socket()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.bind((f"127.0.0.{n}", 0))
+            sock.connect(("127.0.0.1", s.port))
+            sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            crowd.append(sock)
+        wait_until(lambda: len(s._connections._writing) == 4, what="four responses waiting to be read")
         with socket.create_connection(("127.0.0.1", s.port), timeout=10, source_address=("127.0.0.6", 0)) as new:
             new.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
             try:
                 assert new.recv(65536) == b""  # refused: closed unanswered
             except ConnectionResetError:
                 pass
-        for connection in kept:
-            connection.request("GET", "/metrics")
-            assert connection.getresponse().read() == BODY
+        assert len(s._connections._writing) == 4  # none of theirs was closed for it
     finally:
-        for connection in kept:
-            connection.close()
+        for sock in crowd:
+            sock.close()

@@ -4,6 +4,7 @@ a PyTorch process into Prometheus metrics.
 The handle keeps the list of sources (``SOURCES``) and runs their life cycle (``source``); each starts with the
 library it reads, so a process without torch_xla never loads it:
 - ``training_steps`` (``steps/``): every ``torch.optim`` optimizer step (``OptimizerHook``), whatever runs the model;
+- ``time_phases`` (``phases/``): where the training thread's time goes, with the ledger the other sources feed;
 - ``torch_compile`` (``torch_compile/``): dynamo's records, once ``torch._dynamo`` is imported;
 - ``xla`` (``xla/``): torch_xla's step markers, host reads and fallbacks, once torch_xla is imported;
 - ``neuron`` (``neuron/``): TorchNeuron's CPU fallbacks, compile cache, host reads and memory, once torch_neuronx is
@@ -49,17 +50,19 @@ from .attribution import Attribution
 from .endpoint_keeper import EndpointKeeper
 from .neuron import SOURCE as NEURON
 from .patching import Patch
+from .phases import SOURCE as TIME_PHASES
 from .rank import rank_labels
 from .rank_collector import RankCollector
 from .self_metrics import SelfStats
 from .source import Sources
 from .steps import SOURCE as TRAINING_STEPS
 from .steps.optimizer_hook import OptimizerHook
+from .time_phases import TimePhases
 from .torch_compile import SOURCE as TORCH_COMPILE
 from .xla import SOURCE as XLA
 
 log = logging.getLogger("neuron_exporter")
-SOURCES = (TRAINING_STEPS, TORCH_COMPILE, XLA, NEURON)  # each starts when its library is imported (``source``)
+SOURCES = (TRAINING_STEPS, TIME_PHASES, TORCH_COMPILE, XLA, NEURON)  # each starts with its library (``source``)
 
 _lock = threading.RLock()
 _current: ExporterHandle | None = None
@@ -75,14 +78,14 @@ class ExporterHandle:
         self.auto = auto  # started by the import of torch in a child process, not by a call in the script
         self.stats = SelfStats()
         self.collector = RankCollector(self.stats)
-        self.sources = Sources(SOURCES, options, self.stats, self.collector)
+        self._process_start = psutil.Process().create_time()
+        self.sources = Sources(SOURCES, options, self.stats, self.collector, _time_phases(self._process_start))
         self._rank_registry = CollectorRegistry(auto_describe=False)
         self._rank_registry.register(self.collector)
         self._user_registry = registry
         if registry is not None:  # e.g. the registry the application already serves
             registry.register(self.collector)
         self._optimizer_hook = OptimizerHook(self._on_optimizer_created, self._on_optimizer_step, self._step_error)
-        self._process_start = psutil.Process().create_time()
         web_config = load_web_config(options.web_config_file) if options.web_config_file else None
         self._endpoint = EndpointKeeper(self, self._rank_registry, web_config)
         self._detached = False
@@ -197,8 +200,8 @@ class ExporterHandle:
         self.stats = SelfStats()
         self.stats.sources = dict(sources)
         self.collector.stats = self.stats
-        self.sources.after_fork(self.stats)
         self._process_start = psutil.Process().create_time()
+        self.sources.after_fork(self.stats, _time_phases(self._process_start))
         self.auto = True  # like a child started afresh: bind the port only once it trains, and quietly
         self._endpoint.start_spool_thread()
 
@@ -247,6 +250,11 @@ def attach(
         _crash_watch_patch.install()
         _attach_children(overrides)
         return handle
+
+
+def _time_phases(process_start: float) -> TimePhases:
+    """A ledger from the process's start (``process_start``: time.time() scale)."""
+    return TimePhases(time.perf_counter() - max(0.0, time.time() - process_start))
 
 
 def _detach_at_the_end_of_multiprocessing_children(handle: ExporterHandle) -> None:

@@ -32,6 +32,7 @@ from .attribution import SYNC_TENSORS
 from .dynamo_callbacks import CompileCallbacks
 from .dynamo_skip import never_compiled
 from .patching import Patch
+from .time_phases import HOST_SYNC, TimePhases
 
 # Tensor method -> cause, the label value of xla_host_reads_total{cause}
 READS = {
@@ -51,14 +52,20 @@ MAX_BATCH_TENSORS = 64  # tensors of a loader's batch whose shapes are recorded
 
 class HostReadHook:
     def __init__(
-        self, read: Callable, on_upload: Callable, on_error: Callable[[BaseException], None], device: str = "xla"
+        self,
+        read: Callable,
+        on_upload: Callable,
+        on_error: Callable[[BaseException], None],
+        device: str = "xla",
+        phases: Callable[[], TimePhases] | None = None,
     ):
         """``read(original, cause, tensor, args, kwargs, frame)`` makes a read of device data from ``frame``: it calls
         ``original(tensor, *args, **kwargs)`` once and returns its result (its exceptions reach the caller unchanged),
         and records the read around it. ``on_upload(frame, shapes)`` records an upload. Both run on the thread of the
         read or upload and raise nothing of their own. ``on_error`` is told why a wrapper could not go in or come
-        out."""
+        out. ``phases()``: the ledger whose ``host_sync`` phase a read is timed in."""
         self._owner_read = read
+        self._phases = phases
         self._on_upload = on_upload
         self._on_error = on_error
         self._local = threading.local()
@@ -79,9 +86,13 @@ class HostReadHook:
         if getattr(local, "depth", 0) or not self.active:
             return original(tensor, *args, **kwargs)
         local.depth = 1
+        phases = self._phases() if self._phases is not None else None
+        timed = phases is not None and phases.enter(HOST_SYNC)
         try:
             return self._owner_read(original, cause, tensor, args, kwargs, sys._getframe(2))
         finally:
+            if timed:
+                phases.leave()  # type: ignore[union-attr]
             local.depth = 0
 
     def _wrap_read(self, name: str, cause: str, original):

@@ -31,6 +31,7 @@ from .histogram import Histogram
 from .import_watch import after_import, forget, poll
 from .rank_collector import RankCollector
 from .self_metrics import START_TRIES, SelfStats
+from .time_phases import TimePhases
 
 Collect = Callable[[dict[str, str]], Iterator[Metric]]
 
@@ -93,8 +94,16 @@ class SourceKind:
 
 
 class Sources:
-    def __init__(self, kinds: tuple[SourceKind, ...], options: Options, stats: SelfStats, collector: RankCollector):
+    def __init__(
+        self,
+        kinds: tuple[SourceKind, ...],
+        options: Options,
+        stats: SelfStats,
+        collector: RankCollector,
+        phases: TimePhases,
+    ):
         self.kinds = kinds
+        self.phases = phases  # the training thread's time, which every source may feed (replaced in a forked child)
         self.options = options
         self.stats = stats  # replaced in a forked child
         self.collector = collector
@@ -170,6 +179,7 @@ class Sources:
         self.retry()
         for source in self.started:
             source.on_optimizer_created()
+        self.phases.optimizer_created()  # after the sources, which may have told it of compilations till now
 
     def on_optimizer_step(self, optimizer) -> None:
         if self.retrying:
@@ -178,6 +188,7 @@ class Sources:
             poll()
         for source in self.started:
             source.on_optimizer_step(optimizer)
+        self.phases.optimizer_stepped()
 
     @property
     def last_active(self) -> float | None:
@@ -192,9 +203,10 @@ class Sources:
         for source in self.started:
             source.diagnosis(rank)
 
-    def after_fork(self, stats: SelfStats) -> None:
+    def after_fork(self, stats: SelfStats, phases: TimePhases) -> None:
         self._lock = threading.RLock()  # another thread of the parent may have held it at the fork
         self.stats = stats
+        self.phases = phases
         for source in self.started:
             source.after_fork(stats)
 
@@ -205,6 +217,7 @@ class Sources:
                 forget(starter)
             for source in self.started:
                 source.uninstall()
+            self.phases.finish()
 
     def _take_out(self, source: Source) -> None:
         try:

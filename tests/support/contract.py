@@ -6,6 +6,7 @@ import re
 
 CONTRACT_COUNTERS_AND_GAUGES = {
     "training_steps_total",
+    "training_time_seconds_total",
     "xla_steps_total",
     "xla_fragmented_steps_total",
     "xla_compilations_total",

@@ -10,6 +10,7 @@ from neuron_exporter.training.patching import Patch
 from neuron_exporter.training.rank_collector import RankCollector
 from neuron_exporter.training.self_metrics import SelfStats
 from neuron_exporter.training.source import Source, SourceKind, Sources
+from neuron_exporter.training.time_phases import TimePhases
 
 
 def original() -> str:
@@ -43,7 +44,7 @@ def sources_of(library) -> tuple[Sources, list[HookingSource]]:
         return built[-1]
 
     kind = SourceKind("hooking", "json", start)  # json is imported: it starts at once
-    return Sources((kind,), resolve_options(env={}), stats, RankCollector(stats)), built
+    return Sources((kind,), resolve_options(env={}), stats, RankCollector(stats), TimePhases(0.0)), built
 
 
 def test_a_source_that_fails_half_way_is_taken_out_and_its_next_try_hooks_once():

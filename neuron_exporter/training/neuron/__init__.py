@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 def _start(sources: Sources) -> Source:
     from .source import NeuronSource
 
-    return NeuronSource(sources.options, sources.stats)
+    return NeuronSource(sources.options, sources.stats, lambda: sources.phases)
 
 
 SOURCE = SourceKind("neuron", LIBRARY, _start)

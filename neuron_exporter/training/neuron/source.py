@@ -19,6 +19,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ...config import Options
@@ -27,6 +28,7 @@ from ..host_reads import HostReadHook
 from ..self_metrics import SelfStats
 from ..sites import SiteFinder
 from ..source import Source
+from ..time_phases import TimePhases
 from .compiles import CacheWindow, GraphFallbacks
 from .fallbacks import FallbackCalls
 from .families import NeuronFamilies
@@ -38,9 +40,13 @@ DEVICE = "neuron"
 
 
 class NeuronSource(Source):
-    def __init__(self, options: Options, stats: SelfStats):
+    def __init__(self, options: Options, stats: SelfStats, phases: Callable[[], TimePhases]):
+        """``phases()``: the process's time ledger, told of the seconds TorchNeuron compiled kernels eagerly."""
         self.options = options
         self.stats = stats  # replaced in a forked child
+        self.phases = phases
+        self._eager_compile_ms: float | None = None  # the eager kernels' compile time, when last told
+        self._told_at = 0.0  # time.perf_counter() then
         self.neuronx = sys.modules[LIBRARY]
         # TorchNeuron's own Python code copies to the host when it runs an operator on the CPU (path b, the linalg
         # fallbacks): those copies are its fallbacks, not the user's reads.
@@ -52,7 +58,7 @@ class NeuronSource(Source):
         self.fallbacks = FallbackCalls(self.sites, self._step_error)
         self.window = CacheWindow(self.cache_stats, self._step_error)
         self.graph_fallbacks = GraphFallbacks()
-        self._host_reads = HostReadHook(self._host_read, _no_upload, self._step_error, device=DEVICE)
+        self._host_reads = HostReadHook(self._host_read, _no_upload, self._step_error, device=DEVICE, phases=phases)
         self.families = NeuronFamilies(self, options.max_op_series, options.max_site_series)
 
     # -- life cycle ---------------------------------------------------------------------------------------
@@ -66,6 +72,7 @@ class NeuronSource(Source):
             self.graph_fallbacks.install()
         self._host_reads.install()
         self.readable = readable_records(unread)
+        self._tell_eager_compilations()  # from here on
         if "compile_cache" in self.readable and metrics_off():
             log.warning(
                 "neuron-exporter: TorchNeuron's metrics are off: its compile-cache counters may stay at 0 "
@@ -89,6 +96,7 @@ class NeuronSource(Source):
 
     def after_fork(self, stats: SelfStats) -> None:
         self.stats = stats
+        self._eager_compile_ms = None
         self.attribution = Attribution()
         self.fallbacks.clear()
         self.window.clear()
@@ -100,6 +108,27 @@ class NeuronSource(Source):
 
     def on_optimizer_created(self) -> None:
         self.fallbacks.training_thread = threading.get_ident()  # the thread that waits in backward()
+        self._tell_eager_compilations()
+
+    def on_optimizer_step(self, optimizer) -> None:
+        self._tell_eager_compilations()
+
+    def _tell_eager_compilations(self) -> None:
+        """The eager kernels' compile time since the last optimizer event, to the ledger: TorchNeuron compiles a
+        kernel inside the operator's call, on the thread that called it (the graphs' time is dynamo's, timed there).
+        One read of the cache's statistics (no device work)."""
+        if "compile_cache" not in self.readable:
+            return
+        now = time.perf_counter()
+        try:
+            stats, graph = self.window.read()
+            eager_ms = float(stats.get("total_compilation_time_ms") or 0) - graph["compile_ms"]
+            told, self._eager_compile_ms = self._eager_compile_ms, eager_ms
+            if told is not None and eager_ms > told:
+                self.phases().compiled((eager_ms - told) / 1000, self._told_at)
+        except Exception as error:  # noqa: BLE001 (never into the training loop)
+            self._step_error(error)
+        self._told_at = now
 
     # -- what a scrape reads (no device work) --------------------------------------------------------------
     def cache_stats(self) -> dict:

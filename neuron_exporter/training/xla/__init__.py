@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 def _start(sources: Sources) -> Source:
     from .source import XlaSource
 
-    return XlaSource(sources.options, sources.stats)
+    return XlaSource(sources.options, sources.stats, lambda: sources.phases)
 
 
 SOURCE = SourceKind("xla", "torch_xla", _start)

@@ -16,6 +16,7 @@ from ...snapshot_metrics import HOST_SCALAR_READ_OP
 
 NANOSECONDS_PER_SECOND = 1e9
 CACHED_COMPILE, UNCACHED_COMPILE = "CachedCompile", "UncachedCompile"  # every graph that runs passes one of them
+COMPILE_TIME = "CompileTime"  # one sample per compilation: its time, in nanoseconds
 GRAPH_SIZE = "TensorsGraphSize"  # one sample per graph that runs: its IR node count
 ALIASES = "InputOutputAliasCount"  # one sample per compilation: inputs whose buffers its outputs reuse
 MAX_TRAITS = 16
@@ -57,6 +58,14 @@ class XlaReader:
         if aliases:
             self._aliases_read = aliases[-1][0]
         return tuple(int(value) for _, value in sizes), tuple(int(value) for _, value in aliases)
+
+    def compile_seconds(self, compilations: int) -> float:
+        """The time of the last ``compilations`` compilations (those retained). It reads every retained sample: call it
+        only after a compilation."""
+        data = self._metric_data(COMPILE_TIME) if compilations > 0 else None
+        if not data:
+            return 0.0
+        return sum(value for _, value in data[2][-compilations:]) / NANOSECONDS_PER_SECOND
 
     def _last_samples(self, name: str, count: int, after: float = 0.0) -> list[tuple[float, float]]:
         data = self._metric_data(name) if count > 0 else None

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ...config import Options
@@ -22,6 +23,7 @@ from ..rank import rank_labels
 from ..self_metrics import SelfStats
 from ..sites import UNKNOWN, SiteFinder
 from ..source import Source
+from ..time_phases import TimePhases
 from .families import XlaFamilies
 from .reader import CACHED_COMPILE, UNCACHED_COMPILE, XlaReader
 from .step_hook import StepHook
@@ -32,9 +34,11 @@ if TYPE_CHECKING:
 
 
 class XlaSource(Source):
-    def __init__(self, options: Options, stats: SelfStats):
+    def __init__(self, options: Options, stats: SelfStats, phases: Callable[[], TimePhases]):
+        """``phases()``: the process's time ledger, told of the seconds torch_xla compiled on the training thread."""
         self.options = options
         self.stats = stats  # replaced in a forked child
+        self.phases = phases
         self.reader = XlaReader()
         self.sites = SiteFinder()
         self.attribution = Attribution()
@@ -42,7 +46,7 @@ class XlaSource(Source):
         self.tracker = StepTracker(options.warmup_steps, *counters, self.attribution)
         self.families = XlaFamilies(self, options.max_op_series, options.max_site_series)
         self._hook = StepHook(self._step_marker, self._step_error)
-        self._host_reads = HostReadHook(self._host_read, self._on_upload, self._step_error)
+        self._host_reads = HostReadHook(self._host_read, self._on_upload, self._step_error, phases=phases)
         self._probe: FallbackProbe | None = None
         if options.fallback_sites:
             from .fallback_probe import FallbackProbe
@@ -137,6 +141,8 @@ class XlaSource(Source):
                 compiled = compiles != compiles_seen  # at the marker or at a cut no host read explains
                 source._graphs_seen, source._compiles_seen = graphs, compiles
                 probe = source._probe
+                if compiles != compiles_before:
+                    source._compiled(compiles - compiles_before, start)
                 if compiled or unexplained or probe is not None:
                     extra, fallbacks = source._unusual_sync(
                         compiles_before,
@@ -160,6 +166,10 @@ class XlaSource(Source):
             return result
 
         return step_marker
+
+    def _compiled(self, compilations: int, since: float) -> None:
+        """torch_xla compiled on this thread in a call that began at ``since``: its seconds to the ledger."""
+        self.phases().compiled(self.reader.compile_seconds(compilations), since)
 
     def _unusual_sync(
         self, compiles_before: int, compiles: int, unexplained: bool, compiled: tuple[int, int] | None
@@ -217,6 +227,8 @@ class XlaSource(Source):
                     compiles = value(UNCACHED_COMPILE) or 0
                     graphs = (value(CACHED_COMPILE) or 0) + compiles - graphs_before
                     compiled = compiles - compiles_before
+                    if compiled:
+                        self._compiled(compiled, start)
                     self._graphs_seen += graphs
                     self._compiles_seen += compiled
                     traits = self.reader.graph_traits(graphs, compiled) if compiled else ((), ())

@@ -1,0 +1,59 @@
+"""``training_time_seconds_total{phase}`` against a training loop's own clocks, on torch_xla, inductor and the emulated
+TorchNeuron device: a Dataset that sleeps, a checkpoint saved and loaded before training and saved after, timed host
+reads, recompilations; the phases sum to the wall time."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from tests.support.paths import SCRIPTS
+from tests.support.processes import run_python, xla_env
+from tests.support.torchneuron import emulation_problem
+
+try:
+    import torch_xla  # noqa: F401
+
+    HAS_XLA = True
+except ImportError:
+    HAS_XLA = False
+
+TOLERANCE, FLOOR = 0.15, 0.1  # a phase matches the script's clock within 15% or 0.1 s
+
+
+def run(backend: str) -> dict:
+    done = run_python(SCRIPTS / "time_phases_train.py", backend, env=xla_env(), timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.training
+@pytest.mark.parametrize(
+    "backend",
+    [
+        pytest.param("xla", marks=pytest.mark.skipif(not HAS_XLA, reason="torch_xla is not installed")),
+        pytest.param("inductor", marks=pytest.mark.compile),
+        pytest.param(
+            "neuron",
+            marks=[
+                pytest.mark.neuron,
+                pytest.mark.skipif(emulation_problem() is not None, reason=str(emulation_problem())),
+            ],
+        ),
+    ],
+)
+def test_each_phase_matches_the_scripts_own_clock_and_they_sum_to_the_wall_time(backend):
+    if backend == "inductor" and sys.platform != "linux":
+        pytest.skip("inductor needs a C compiler")
+    result = run(backend)
+    exported, clocks = result["exported"], result["clocks"]
+    for phase, clock in clocks.items():
+        assert abs(exported[phase] - clock) <= max(TOLERANCE * clock, FLOOR), (phase, exported, clocks)
+    assert clocks["data"] > 1.0 and clocks["checkpoint"] > 0  # the script's sleeps and saves were there to see
+    startup = result["startup_until_optimizer"] - result["checkpoint_before_training"]
+    assert abs(exported["startup"] - startup) <= max(TOLERANCE * startup, FLOOR), (exported, result)
+    assert exported["step"] > 0 and exported["other"] <= result["after_last_step"] + clocks["checkpoint"]
+    total = sum(exported.values())  # counted to the end of detach(), which began at wall_to_detach_start
+    assert result["wall_to_detach_start"] <= total <= result["wall_to_detach_end"] * 1.01, (total, result)

@@ -26,6 +26,9 @@ from .untrusted import SHOWN_CHARACTERS, printable, quoted
 
 ENV_PREFIX = "NEURON_EXPORTER_"
 CONFIG_FILE_ENV = ENV_PREFIX + "CONFIG"
+PASSWORD_ENV = ENV_PREFIX + "PASSWORD"  # the basic-auth password of `neuron-exporter diagnose --user`
+# Variables of the prefix that are not options: the options reader leaves them alone.
+NOT_OPTIONS = (CONFIG_FILE_ENV, AUTO_ENV, PASSWORD_ENV)
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 # spool_mode -> (the directory's mode, its files' mode): files are never writable by anyone but their writer.
 SPOOL_MODES = {
@@ -326,7 +329,7 @@ def _from_file(path) -> dict:
 def _from_env(env: Mapping[str, str]) -> dict:
     values = {}
     for name, text in env.items():
-        if not name.startswith(ENV_PREFIX) or name in (CONFIG_FILE_ENV, AUTO_ENV):
+        if not name.startswith(ENV_PREFIX) or name in NOT_OPTIONS:
             continue
         key = name[len(ENV_PREFIX) :].lower()
         values[key] = _checked(key, text, name)

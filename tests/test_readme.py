@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from neuron_exporter.config import options_table
+from neuron_exporter.config import NOT_OPTIONS, options_table
 from tests.support.contract import CONTRACT_METRICS
 from tests.support.paths import DASHBOARDS, ROOT
 
@@ -113,6 +113,12 @@ def test_the_options_table_matches_the_code():
     start = text.index("<!-- options table")
     table = text[text.index("\n", start) + 1 : text.index("<!-- end of options table -->")]
     assert table.strip() == options_table().strip()
+
+
+def test_the_variables_that_are_no_options_are_documented_beside_the_options():
+    text = OPTIONS_TABLE_PAGE.read_text()
+    section = text[text.index("## Configuration") : text.index("<!-- options table")]
+    assert [name for name in NOT_OPTIONS if f"`{name}`" not in section] == []
 
 
 def runnable(module: str) -> bool:

@@ -1,7 +1,9 @@
 """The documentation agrees with the code: the configuration table is the one the code generates; the files and
 headings it links to, the modules it runs, the make targets it names, the metrics and the alerts it lists exist."""
 
+import argparse
 import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -281,3 +283,49 @@ def test_run_says_what_it_attaches_as_the_user_guide_does(capsys):
     with pytest.raises(SystemExit):
         main(["--help"])
     assert "attached to every torch process it starts" in " ".join(capsys.readouterr().out.split())
+
+
+COMMAND_PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "deploy" / "README.md"]
+COMMAND_PAGES += [DASHBOARDS / "README.md", ROOT / "deploy" / "prometheus" / "runbook.md"]
+
+
+def command_lines(page: Path) -> tuple[list[str], list[str]]:
+    """The arguments of the ``neuron-exporter`` commands a page shows: whole lines of its code blocks, and the
+    inline spans of its prose (which may leave arguments out)."""
+    text = page.read_text()
+    lines, spans, fenced = [], [], False
+    for line in text.splitlines():
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        elif fenced:
+            line = re.split(r"\s#|\||&&", line.strip().removeprefix("$ "))[0]
+            line = re.sub(r"^(?:[A-Z_]+=\S+\s+)*(?:sudo\s+)?", "", line)
+            if line.startswith("neuron-exporter "):
+                lines.append(line.removeprefix("neuron-exporter ").strip())
+    prose, _ = prose_and_code(text)
+    for span in re.findall(r"`([^`]+)`", " ".join(prose.split())):
+        if span.startswith("neuron-exporter "):
+            spans.append(span.removeprefix("neuron-exporter "))
+    return lines, spans
+
+
+@pytest.mark.parametrize("page", COMMAND_PAGES, ids=page_id)
+def test_the_commands_the_docs_show_are_the_command_lines(page):
+    """Every command a page shows parses with the real command line: its command, its flags and their values'
+    count; a span in the prose names flags of its command."""
+    from neuron_exporter.cli import build_parser
+
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    lines, spans = command_lines(page)
+    refused = []
+    for line in lines:
+        try:
+            parser.parse_args(shlex.split(line))
+        except SystemExit:
+            refused.append(line)
+    assert refused == []
+    for span in spans:
+        name, *words = span.split()
+        assert name in commands, span
+        assert [w for w in words if w.startswith("--") and w not in commands[name]._option_string_actions] == []

@@ -42,7 +42,8 @@ class CommandParser(argparse.ArgumentParser):
         return ""
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The ``neuron-exporter`` command line, every command registered."""
     parser = argparse.ArgumentParser(
         prog="neuron-exporter",
         description="Prometheus metrics for PyTorch/XLA training: fragmentation, recompiles, CPU-fallback operators.",
@@ -54,7 +55,11 @@ def main(argv: list[str] | None = None) -> int:
     run_command.register(commands)
     diagnose_command.register(commands)
     assets_command.register(commands)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     try:
         code = args.run(args)
         sys.stdout.flush()  # here, where a closed pipe is handled below, not at exit

@@ -26,6 +26,9 @@ from .untrusted import SHOWN_CHARACTERS, printable, quoted
 
 ENV_PREFIX = "NEURON_EXPORTER_"
 CONFIG_FILE_ENV = ENV_PREFIX + "CONFIG"
+PASSWORD_ENV = ENV_PREFIX + "PASSWORD"  # the basic-auth password of `neuron-exporter diagnose --user`
+# Variables of the prefix that are not options: the options reader leaves them alone.
+NOT_OPTIONS = (CONFIG_FILE_ENV, AUTO_ENV, PASSWORD_ENV)
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 # spool_mode -> (the directory's mode, its files' mode): files are never writable by anyone but their writer.
 SPOOL_MODES = {
@@ -145,7 +148,35 @@ class Options:
 
 
 OPTION_NAMES = tuple(f.name for f in fields(Options))
-_TYPES = typing.get_type_hints(Options)
+OPTION_TYPES = typing.get_type_hints(Options)
+# The options the node endpoint reads, which `neuron-exporter serve` takes as flags; `run`, which passes the options
+# on to the ranks it starts, takes every option.
+NODE_OPTIONS = (
+    "addr",
+    "port",
+    "spool_dir",
+    "spool_mode",
+    "spool_trusted_users",
+    "spool_max_file_bytes",
+    "spool_max_total_bytes",
+    "spool_max_files",
+    "hung_after_seconds",
+    "expire_after_seconds",
+    "web_config_file",
+    "log_level",
+)
+
+
+def flag(key: str) -> str:
+    """The command-line flag of option ``key``: ``--spool-dir``; the web config's is the one Prometheus exporters
+    have, ``--web.config.file``."""
+    return "--web.config.file" if key == "web_config_file" else "--" + key.replace("_", "-")
+
+
+def option_help(key: str) -> str:
+    """The option's description up to its first full stop or semicolon, as a flag's help."""
+    doc = next(f.metadata["doc"] for f in fields(Options) if f.name == key)
+    return doc.split(". ")[0].split("; ")[0].rstrip(".").replace("`", "")
 
 
 def _check_port(value):
@@ -249,7 +280,7 @@ def child_environment(
 
 def _convert(key: str, value, from_text: bool):
     """``value`` as the option's type, or raise ValueError with the reason (without the option's name)."""
-    kind = _TYPES[key]
+    kind = OPTION_TYPES[key]
     shown = _shown(value)
     if from_text and isinstance(value, str):
         text = value.strip()
@@ -326,7 +357,7 @@ def _from_file(path) -> dict:
 def _from_env(env: Mapping[str, str]) -> dict:
     values = {}
     for name, text in env.items():
-        if not name.startswith(ENV_PREFIX) or name in (CONFIG_FILE_ENV, AUTO_ENV):
+        if not name.startswith(ENV_PREFIX) or name in NOT_OPTIONS:
             continue
         key = name[len(ENV_PREFIX) :].lower()
         values[key] = _checked(key, text, name)
@@ -368,7 +399,7 @@ def resolve_options(
 
 def options_table() -> str:
     """The Markdown table of options, defaults and environment variables shown in the docs."""
-    rows = ["| option | default | environment variable | meaning |", "| --- | --- | --- | --- |"]
+    rows = ["| option | default | environment variable | flag | meaning |", "| --- | --- | --- | --- | --- |"]
     for f in fields(Options):
         shown = f.metadata["shown"]
         if shown is None:
@@ -376,5 +407,6 @@ def options_table() -> str:
             shown = (
                 "none" if default is None else (str(default).lower() if isinstance(default, bool) else f"`{default}`")
             )
-        rows.append(f"| `{f.name}` | {shown} | `{ENV_PREFIX}{f.name.upper()}` | {f.metadata['doc']} |")
+        flags = f"`{flag(f.name)}` ({'`serve`, `run`' if f.name in NODE_OPTIONS else '`run`'})"
+        rows.append(f"| `{f.name}` | {shown} | `{ENV_PREFIX}{f.name.upper()}` | {flags} | {f.metadata['doc']} |")
     return "\n".join(rows) + "\n"

@@ -1,7 +1,7 @@
 """Host metrics for the node endpoint (psutil): CPU time by mode and memory.
 
 They carry no rank label: they describe the machine, and join with the per-rank series on the target's
-``instance`` label. Each rank's own process memory and CPU time come with its series (``xla_process_*``).
+``instance`` label. Each rank's own process memory and CPU time come with its series (``training_process_*``).
 """
 
 from __future__ import annotations

@@ -309,7 +309,7 @@ class NodeView:
         """The node endpoint's exposition. ``own`` is ``(meta, exposition)`` of the process serving it."""
         statuses = self.statuses(own, own_idle=own_idle)
         # Without a rank of its own, the serving process is a daemon (serve, run): it shows its own version and
-        # process_* metrics (a rank's are xla_process_*, and a rank file may hold no process_* family).
+        # process_* metrics (a rank's are training_process_*, and a rank file may hold no process_* family).
         daemon = self._process if own is None else None
         node = generate_latest(_NodeMetrics(statuses, self._host, self.rejected_counts, self.spool_dir_ok, daemon))
         split: dict[Path, tuple[bytes, list[Family]]] = {}
@@ -388,7 +388,9 @@ class _NodeMetrics:
 
     def collect(self) -> Iterator[Metric]:
         yield GaugeMetricFamily(
-            "neuron_exporter_ranks", "Ranks the node endpoint knows (running, hung or dead)", value=len(self.statuses)
+            "neuron_exporter_ranks",
+            "Ranks the node endpoint serves (running, hung, dead or finished)",
+            value=len(self.statuses),
         )
         bad = GaugeMetricFamily(
             "neuron_exporter_spool_rejected_files",

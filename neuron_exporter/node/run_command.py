@@ -1,8 +1,8 @@
 """``neuron-exporter run -- COMMAND ...``: run any command with the exporter attached, without editing it.
 
-Every Python process the command starts that imports torch_xla attaches itself (``NEURON_EXPORTER_AUTO`` and the
+Every Python process the command starts that imports torch attaches itself (``NEURON_EXPORTER_AUTO`` and the
 ``sitecustomize`` of ``training/autostart_path`` on ``PYTHONPATH``), with the options given here; processes that never
-import torch_xla are untouched. This process, the runner, serves the node endpoint for the life of the command and
+import torch are untouched. This process, the runner, serves the node endpoint for the life of the command and
 exits with the command's exit code. A keeper process (``command_keeper``, which says why) is the command's parent and
 owns its processes, like an init: the command runs in a process group of its own (which gets the terminal, if the
 runner had it); every signal the runner can catch is passed on to the command through the keeper; it reaps every
@@ -21,7 +21,7 @@ import subprocess
 import sys
 
 from .. import run_identity
-from ..config import child_environment
+from ..config import CONFIG_FILE_ENV, OPTION_NAMES, child_environment
 from ..training import AUTOSTART_DIR
 from ..untrusted import EXIT_USAGE
 from . import command_keeper
@@ -49,12 +49,12 @@ RANK_OPTIONS = ("addr", "port", "spool_dir", "spool_mode", "web_config_file", "l
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "run",
-        help="run a command with the exporter attached to every torch_xla process it starts",
+        help="run a command with the exporter attached to every torch process it starts",
         description="Run COMMAND (python train.py, torchrun ..., accelerate launch ...) with the exporter attached "
-        "in every Python process that imports torch_xla, and serve every rank on one /metrics "
-        "while it runs. Exits with COMMAND's exit code.",
+        "in every Python process that imports torch, and serve every rank on one /metrics while it runs. The "
+        "options given here reach every process it attaches. Exits with COMMAND's exit code.",
     )
-    add_options(parser)
+    add_options(parser, OPTION_NAMES)
     parser.add_argument(
         "--grace-seconds",
         metavar="SECONDS",
@@ -106,9 +106,13 @@ def run(args: argparse.Namespace) -> int:
             error.strerror or error,
         )
     try:
-        values = {key: getattr(options, key) for key in RANK_OPTIONS}
+        # The ranks find the spool and the port as this process does, and get every option given here.
+        values = {key: getattr(options, key) for key in OPTION_NAMES if key in RANK_OPTIONS or getattr(args, key)}
+        environ = dict(os.environ)
+        if args.config is not None:  # the ranks read the same file, under the same precedence
+            environ[CONFIG_FILE_ENV] = os.path.abspath(args.config)
         # Every process of the command is of one run, whatever launches it: this process's, unless one is given.
-        env = child_environment(values, options.run_id or run_identity.run_id(), AUTOSTART_DIR)
+        env = child_environment(values, options.run_id or run_identity.run_id(), AUTOSTART_DIR, environ)
         return supervise(command, env, grace)
     except OSError as error:
         print(f"neuron-exporter run: cannot run {command[0]}: {error.strerror or error}", file=sys.stderr)

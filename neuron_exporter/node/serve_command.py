@@ -14,7 +14,16 @@ import signal
 import sys
 import threading
 
-from ..config import ConfigError, Options, resolve_options
+from ..config import (
+    ENV_PREFIX,
+    NODE_OPTIONS,
+    OPTION_TYPES,
+    ConfigError,
+    Options,
+    flag,
+    option_help,
+    resolve_options,
+)
 from ..untrusted import EXIT_USAGE
 from ..web.http_server import MetricsServer, metrics_server
 from . import spool_dir
@@ -24,18 +33,8 @@ from .spool_expiry import CHECK_INTERVAL_SECONDS, remove_expired
 log = logging.getLogger("neuron_exporter")
 SHARED_MODES = ("group-shared", "shared")
 
-# option -> flag; the flags the daemon uses (a config file may hold the other options too, for attach())
-FLAGS = {
-    "addr": "--addr",
-    "port": "--port",
-    "spool_dir": "--spool-dir",
-    "spool_mode": "--spool-mode",
-    "spool_trusted_users": "--spool-trusted-users",
-    "hung_after_seconds": "--hung-after-seconds",
-    "expire_after_seconds": "--expire-after-seconds",
-    "web_config_file": "--web.config.file",
-    "log_level": "--log-level",
-}
+# option -> flag: the options the node endpoint reads (a config file may hold the others too, for attach())
+FLAGS = {key: flag(key) for key in NODE_OPTIONS}
 BIND_RETRY_SECONDS = 2.0
 
 
@@ -51,36 +50,40 @@ def register(subparsers) -> None:
     parser.set_defaults(run=run)
 
 
-def add_options(parser: argparse.ArgumentParser) -> None:
+def add_options(parser: argparse.ArgumentParser, keys=NODE_OPTIONS) -> None:
+    """``--config`` and a flag for each option of ``keys``; a boolean's flag alone means true."""
     parser.add_argument("--config", metavar="FILE", help="YAML config file (default: $NEURON_EXPORTER_CONFIG)")
-    parser.add_argument("--addr", metavar="ADDRESS", help="address to bind (default 0.0.0.0)")
-    parser.add_argument("--port", metavar="PORT", help="port to bind (default 19478)")
-    parser.add_argument("--spool-dir", metavar="DIR", help="directory the training ranks write to")
-    parser.add_argument(
-        "--spool-mode",
-        metavar="MODE",
-        help="who may read and write it: private (default), group, readable, group-shared, shared",
-    )
-    parser.add_argument(
-        "--spool-trusted-users",
-        metavar="USERS",
-        help="users (names or uids, comma-separated) whose spool directory and files are served, "
-        "beyond root and this user",
-    )
-    parser.add_argument("--hung-after-seconds", metavar="SECONDS", help="a rank with no step for this long is hung")
-    parser.add_argument(
-        "--expire-after-seconds",
-        metavar="SECONDS",
-        help="a hung or dead rank is served until its last report is this old",
-    )
-    parser.add_argument(
-        "--web.config.file",
-        "--web-config-file",
-        dest="web_config_file",
-        metavar="FILE",
-        help="TLS and basic auth, in the format of Prometheus exporters' --web.config.file",
-    )
-    parser.add_argument("--log-level", metavar="LEVEL", help="debug, info, warning (default), error")
+    for key in keys:
+        names = [flag(key)] + (["--web-config-file"] if key == "web_config_file" else [])
+        default = Options.__dataclass_fields__[key].metadata["shown"] or _shown_default(getattr(Options, key, None))
+        text = f"{option_help(key)} (default: {default}; ${ENV_PREFIX}{key.upper()})".replace("`", "").replace(
+            "%", "%%"
+        )
+        if OPTION_TYPES[key] is bool:
+            parser.add_argument(*names, dest=key, metavar="BOOL", nargs="?", const="true", help=text)
+        else:
+            parser.add_argument(*names, dest=key, metavar=_METAVARS.get(key) or _metavar(key), help=text)
+    parser.set_defaults(option_keys=tuple(keys))
+
+
+_METAVARS = {
+    "addr": "ADDRESS",
+    "port": "PORT",
+    "spool_dir": "DIR",
+    "spool_mode": "MODE",
+    "spool_trusted_users": "USERS",
+    "run_id": "ID",
+    "web_config_file": "FILE",
+    "log_level": "LEVEL",
+}
+
+
+def _metavar(key: str) -> str:
+    return key.rsplit("_", 1)[-1].upper() if key.endswith(("_seconds", "_bytes")) else "N"
+
+
+def _shown_default(value) -> str:
+    return "none" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def load_options(args: argparse.Namespace, command: str):
@@ -90,8 +93,8 @@ def load_options(args: argparse.Namespace, command: str):
         options = resolve_options(
             args.config,
             os.environ,
-            {key: getattr(args, key) for key in FLAGS},
-            override_name=lambda key: FLAGS.get(key, f"option {key}"),
+            {key: getattr(args, key) for key in args.option_keys},
+            override_name=flag,
         )
         web_config = None
         if options.web_config_file is not None:

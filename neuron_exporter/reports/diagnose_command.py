@@ -17,9 +17,8 @@ import urllib.request
 from urllib.parse import urlsplit, urlunsplit
 
 from .. import diagnosis
+from ..config import PASSWORD_ENV
 from ..untrusted import EXIT_USAGE
-
-PASSWORD_ENV = "NEURON_EXPORTER_PASSWORD"
 
 
 def register(subparsers) -> None:

@@ -220,6 +220,48 @@ def test_systemd_unit_has_no_unknown_settings(tmp_path):
     assert problems == []
 
 
+def readme_section(heading: str) -> str:
+    text = (DEPLOY / "README.md").read_text()
+    start = text.index(f"\n## {heading}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start : end if end != -1 else len(text)]
+
+
+def test_the_systemd_steps_put_the_command_where_the_unit_runs_it():
+    """A venv or pipx install leaves no command in /usr/local/bin: the steps must put it where ExecStart looks,
+    and outside /home and /root, which the unit hides (ProtectHome)."""
+    unit = configparser.ConfigParser(strict=True, interpolation=None)
+    unit.read(DEPLOY / "systemd" / "neuron-exporter.service")
+    command = shlex.split(unit["Service"]["ExecStart"])[0]
+    section = readme_section("systemd")
+    steps = [
+        shlex.split(line.removeprefix("sudo ")) for line in section.split("```sh\n")[1].split("```")[0].splitlines()
+    ]
+    venvs = {step[-1] for step in steps if step[:3] == ["python3", "-m", "venv"]}
+    links = {step[-1]: step[-2] for step in steps if step[:1] == ["ln"] and "-s" in "".join(step[1:-2])}
+    installed = {
+        step[0].removesuffix("/bin/pip") for step in steps if step[0].endswith("/bin/pip") and "install" in step
+    }
+    assert command in links, f"no step puts {command} there"
+    assert links[command] in {f"{venv}/bin/{COMMAND}" for venv in venvs & installed}
+    assert not links[command].startswith(("/home/", "/root/"))
+    # the unit's own comment gives the same steps
+    header = (DEPLOY / "systemd" / "neuron-exporter.service").read_text()
+    for step in steps[:3]:
+        assert shlex.join(step) in header
+
+
+def test_the_daemonset_says_how_jobs_that_are_not_root_are_served():
+    """The daemon serves the spool of root and of spool_trusted_users only: a job of another user needs it set."""
+    section = readme_section("Kubernetes DaemonSet")
+    assert "spool_trusted_users" in section and "neuron_exporter_spool_directory_ok" in section
+    manifest = (KUBERNETES / "daemonset" / "daemonset.yaml").read_text()
+    (commented,) = re.findall(r"^\s*# - (--spool-trusted-users=\S+)$", manifest, flags=re.MULTILINE)
+    (daemonset,) = objects("DaemonSet")
+    (daemon,) = exporter_containers(pod_spec(daemonset))
+    assert serve_options([*daemon["args"], commented]).spool_trusted_users == commented.split("=", 1)[1]
+
+
 def test_web_config_example_loads(tmp_path):
     shutil.copy(DEPLOY / "web-config.example.yml", tmp_path / "web.yml")
     make_certificate(tmp_path)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,6 +12,9 @@ import pytest
 from neuron_exporter.config import ConfigError, Options, child_environment, default_spool_dir, resolve_options
 from neuron_exporter.training import AUTOSTART_DIR
 from tests.support.config_errors import serve
+from tests.support.paths import ROOT
+
+CLI = [sys.executable, "-m", "neuron_exporter"]
 
 
 def write(tmp_path: Path, text: str, name: str = "exporter.yaml") -> Path:
@@ -107,6 +112,32 @@ def test_file_errors_name_the_line_and_key(tmp_path, text, expected):
 def test_unreadable_file(tmp_path):
     assert error_of(config_file=tmp_path / "absent.yaml", env={}) == (
         f"{tmp_path / 'absent.yaml'}: cannot read config file: No such file or directory"
+    )
+
+
+def test_variables_of_the_prefix_that_are_no_options_are_left_alone(tmp_path):
+    """``diagnose --user`` reads its password from NEURON_EXPORTER_PASSWORD: exported, it breaks no other command."""
+    env = {"NEURON_EXPORTER_PASSWORD": "s3cret", "NEURON_EXPORTER_AUTO": "1", "NEURON_EXPORTER_CONFIG": ""}
+    assert resolve_options(env=env) == Options()
+
+
+def test_run_and_serve_with_the_diagnose_password_exported(tmp_path):
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT), "NEURON_EXPORTER_PASSWORD": "s3cret"}
+    result = subprocess.run(
+        [*CLI, "run", "--addr", "127.0.0.1", "--port", "0", "--spool-dir", str(tmp_path / "spool"), "--"]
+        + [sys.executable, "-c", "import os; print(os.environ['NEURON_EXPORTER_PASSWORD'])"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert (result.returncode, result.stdout) == (0, "s3cret\n"), result.stderr
+    assert "unknown option" not in result.stderr
+    # serve gets as far as its configuration's own checks: a port out of range, named by its flag
+    refused = serve(tmp_path, "--port", "70000", env={"NEURON_EXPORTER_PASSWORD": "s3cret"})
+    assert (refused.returncode, refused.stderr) == (
+        2,
+        "neuron-exporter serve: --port: 70000 is not a valid port (0-65535)\n",
     )
 
 

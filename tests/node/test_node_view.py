@@ -10,13 +10,16 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from neuron_exporter.config import resolve_options
-from neuron_exporter.node.node_view import NodeView, merge_families, split_families
+from neuron_exporter.node.node_view import STATES, NodeView, merge_families, split_families
 from neuron_exporter.node.spool import RankMeta
 from tests.scripts.spool_writer import rank_exposition
 from tests.support.exposition import samples, value
+from tests.support.paths import ROOT
 from tests.support.processes import wait_until
 from tests.support.rank_files import rank_file
 from tests.support.spool_writer import Writer
+
+DEPLOY_README = ROOT / "deploy" / "README.md"
 
 
 def view(spool_dir, **options) -> NodeView:
@@ -143,6 +146,17 @@ def test_a_finished_rank_keeps_its_values_without_liveness(tmp_path):
     assert state_of(text, "0") is None
     assert value(text, "neuron_exporter_rank_last_report_timestamp_seconds", rank="0") is not None
     promtool_check(text)
+
+
+def test_the_ranks_count_says_what_it_counts_as_the_docs_do(tmp_path):
+    """A finished rank is served and counted: the HELP and the docs' row name every state a served rank is in."""
+    with Writer(tmp_path, "0", "--finished", "--steps", "4"):
+        text = view(tmp_path).render().decode()
+    assert value(text, "neuron_exporter_ranks") == 1
+    (help_text,) = [f.documentation for f in text_string_to_metric_families(text) if f.name == "neuron_exporter_ranks"]
+    row = next(line for line in DEPLOY_README.read_text().splitlines() if line.startswith("| `neuron_exporter_ranks`"))
+    for state in (*STATES, "finished"):
+        assert state in help_text and state in row
 
 
 def test_the_serving_process_uses_its_own_exposition_over_its_file(tmp_path):

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,8 @@ pytestmark = pytest.mark.training
 TORCHRUN = Path(sys.executable).parent / "torchrun"
 NOBODY = 65534
 CLI = [sys.executable, "-m", "neuron_exporter"]
+SYSTEM_PYTHON = Path("/usr/bin/python3")
+NOT_ATTACHED = "neuron-exporter: not attached: "
 
 
 def start(tmp_path, command: list[str], port: int, **env: str) -> subprocess.Popen:
@@ -198,3 +201,71 @@ def test_a_spool_directory_of_another_user_costs_the_job_nothing(tmp_path):
 def test_no_command_is_one_line_and_exit_2():
     result = subprocess.run(CLI + ["run"], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert result.returncode == 2 and result.stderr.count("\n") == 1
+
+
+def run_plainly(tmp_path, command: list) -> subprocess.CompletedProcess:
+    """``neuron-exporter run`` of this checkout as a user runs it: no PYTHONPATH of its own to pass on, so that the
+    command's interpreters see nothing of the package but what ``run`` gives them."""
+    return subprocess.run(
+        CLI
+        + ["run", "--addr", "127.0.0.1", "--port", "0", "--spool-dir", str(tmp_path / "spool"), "--"]
+        + [str(part) for part in command],
+        env={"PATH": os.environ["PATH"], "PJRT_DEVICE": "CPU"},
+        cwd=ROOT,  # where `python -m neuron_exporter` finds this checkout
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def cannot_import_the_package(python) -> bool:
+    probe = subprocess.run(
+        [str(python), "-c", "import neuron_exporter.training"],
+        env={"PATH": os.environ["PATH"]},
+        capture_output=True,
+        cwd="/",
+    )
+    return probe.returncode != 0
+
+
+@pytest.mark.skipif(not SYSTEM_PYTHON.exists(), reason="no /usr/bin/python3")
+def test_a_python_without_the_package_that_never_imports_torch_stays_silent(tmp_path):
+    """A tool or a hook the command runs with another Python inherits run's variables: it says nothing."""
+    assert cannot_import_the_package(SYSTEM_PYTHON)
+    tool = tmp_path / "tool.py"
+    tool.write_text("import json, subprocess, sys\nprint('tool ran', file=sys.stderr)\n")
+    result = run_plainly(tmp_path, [SYSTEM_PYTHON, tool])
+    assert result.returncode == 0, result.stderr
+    assert [line for line in result.stderr.splitlines() if not line.startswith("neuron-exporter run: ")] == ["tool ran"]
+
+
+@pytest.mark.skipif(not SYSTEM_PYTHON.exists(), reason="no /usr/bin/python3")
+def test_a_python_without_the_package_that_imports_torch_says_why_once(tmp_path):
+    """A virtual environment not activated: its Python imports torch but not the package. It says so once, naming
+    itself and the fix, and its children that never import torch stay silent."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    python = venv / "bin" / "python"
+    site_packages = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    # torch from this environment, read as a plain directory: its .pth files (the package's) are not processed
+    Path(site_packages, "torch_of_the_tests.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    assert cannot_import_the_package(python)
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import subprocess, sys\nimport torch\nimport torch.nn\n"
+        f"subprocess.run([{str(SYSTEM_PYTHON)!r}, '-c', 'pass'], check=True)\nprint('trained')\n"
+    )
+    result = run_plainly(tmp_path, [python, script])
+    assert (result.returncode, result.stdout) == (0, "trained\n"), result.stderr
+    said = [line for line in result.stderr.splitlines() if line.startswith("neuron-exporter: ")]
+    assert len(said) == 1, result.stderr
+    assert said[0].startswith(f"{NOT_ATTACHED}{python} cannot import neuron_exporter (ModuleNotFoundError: ")
+    assert said[0].endswith(
+        f"install neuron-exporter into its environment ({python} -m pip install neuron-exporter), or run the "
+        "command with the neuron-exporter of the environment that has it"
+    )

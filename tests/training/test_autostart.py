@@ -6,6 +6,7 @@ process the file under test."""
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import shutil
@@ -14,7 +15,7 @@ import sys
 
 import pytest
 
-from neuron_exporter.config import AUTO_ENV, auto_enabled
+from neuron_exporter.config import AUTO_ENV, TRUE, auto_enabled
 from neuron_exporter.node.spool_reader import read_rank_file
 from tests.support.exposition import total
 from tests.support.paths import ROOT
@@ -54,6 +55,13 @@ def probe(code: str, value: str | None, flags) -> dict:
     )
     assert result.returncode == 0 and result.stderr == "", result.stderr
     return json.loads(result.stdout)
+
+
+def test_sitecustomize_reads_true_as_the_package_does():
+    """It reads the variable before it knows whether this Python can import the package, so it has its own copy."""
+    tree = ast.parse((AUTOSTART_DIR / "sitecustomize.py").read_text())
+    copies = [node.value for node in tree.body if isinstance(node, ast.Assign) and node.targets[0].id == "TRUE"]
+    assert [ast.literal_eval(copy) for copy in copies] == [TRUE]
 
 
 @pytest.mark.parametrize("value", VALUES)

@@ -6,3 +6,4 @@ HOST_READS_PER_STEP = 0.5  # device-to-host reads per training step (torch_xla's
 RECOMPILATIONS_PER_STEP = 0.1  # compilations after warm-up per training step: one step in ten
 GRAPH_CUTS_PER_STEP = 0.5  # graphs cut off before the step marker, per training step
 COMPILE_TIME_SHARE = 0.5  # of the step time spent compiling
+GOODPUT_MIN = 0.5  # share of the training thread's time spent in training steps (the rest: badput by phase)

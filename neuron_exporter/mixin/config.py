@@ -89,6 +89,14 @@ class Config:
     torch_compile_graph_break_for: str = "0m"
     torch_compile_graph_break_severity: str = "warning"
 
+    # TrainingGoodputLow: a run's goodput (the share of its ranks' training-thread time spent in training steps,
+    # over goodput_window; the rest is badput: startup, data, compile, host_sync, checkpoint, other) below
+    # goodput_min, on any backend. The description names the run's largest badput phase and what to do about it.
+    goodput_min: float = thresholds.GOODPUT_MIN
+    goodput_window: str = "30m"
+    goodput_for: str = "15m"
+    goodput_severity: str = "warning"
+
     # XlaTrainingStalled: no training step ended within the window on some rank whose endpoint answers.
     stall_window: str = "10m"
     stall_for: str = "5m"

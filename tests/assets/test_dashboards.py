@@ -364,9 +364,24 @@ def test_site_tables_count_cuts_and_recompilations_per_training_step_of_the_run(
         assert all(props[0]["id"] == "unit" and props[0]["value"] for props in overrides.values())
 
 
+def test_training_overview_opens_with_goodput_by_run_phase_and_rank():
+    panels = {
+        panel["title"]: panel for panel in rows_of(load("training-overview.json"))["Goodput: where the time goes"]
+    }
+    assert list(panels) == ["Goodput by run", "Badput by phase", "Goodput by rank"]
+    assert 'phase="step"' in panels["Goodput by run"]["targets"][0]["expr"]
+    assert panels["Badput by phase"]["fieldConfig"]["defaults"]["custom"]["stacking"]["mode"] == "normal"
+    # One row per rank, the one that loses the most first, with every badput phase beside it.
+    assert site_table_columns(panels["Goodput by rank"]) == (
+        ["Run", "Instance", "Rank"],
+        ["Badput", "Data", "Compile", "Host sync", "Checkpoint", "Startup", "Other"],
+    )
+    assert all("training_time_seconds_total{" in t["expr"] for t in panels["Goodput by rank"]["targets"])
+
+
 def test_training_overview_has_a_compact_where_row():
     rows = rows_of(load("training-overview.json"))
-    assert list(rows)[:3] == ["Summary", "Runs", "Where: top sites"]
+    assert list(rows)[:4] == ["Summary", "Goodput: where the time goes", "Runs", "Where: top sites"]
     panels = {panel["title"]: panel for panel in rows["Where: top sites"]}
     assert set(panels) == {"Top graph-cut sites", "Top recompilation sites"}
     assert site_table_columns(panels["Top graph-cut sites"]) == (["Run", "Cause", "Site"], ["Cuts per step", "Ranks"])

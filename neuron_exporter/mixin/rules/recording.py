@@ -23,6 +23,11 @@ FALLBACK_RATE = f"rank_op:xla_cpu_fallback_ops:rate{WINDOW}"
 # run's steps summed over its ranks), so the sites of a run add up to the run's own ratio.
 SITE_CUTS_PER_STEP = f"run_location:xla_graph_cuts_per_step:ratio{WINDOW}"
 SITE_RECOMPILATIONS_PER_STEP = f"run_location:xla_recompilations_per_step:ratio{WINDOW}"
+# Goodput, every backend: the share of the training thread's time in training steps, per rank and per run (over the
+# run's ranks), and each other phase's share per run (badput).
+RANK_GOODPUT = f"rank:training_goodput:ratio{WINDOW}"
+RUN_GOODPUT = f"run:training_goodput:ratio{WINDOW}"
+RUN_BADPUT = f"run_phase:training_badput:ratio{WINDOW}"
 
 # -- recording rules -----------------------------------------------------------------------------------------------
 
@@ -119,4 +124,25 @@ def recording_rules(c: Config = DEFAULTS) -> dict[str, str]:
         ),
         SITE_CUTS_PER_STEP: per_run_step("xla_graph_cuts_total", "cause", "location"),
         SITE_RECOMPILATIONS_PER_STEP: per_run_step("xla_recompilations_total", "location"),
+        RANK_GOODPUT: ratio_of_time(c, rank, 'phase="step"'),
+        RUN_GOODPUT: ratio_of_time(c, run, 'phase="step"'),
+        RUN_BADPUT: ratio_of_time(c, run, 'phase!="step"', by_phase=True),
     }
+
+
+def ratio_of_time(c: Config, by: str, phases: str, by_phase: bool = False, window: str = WINDOW) -> str:
+    """The share of the training thread's time (``training_time_seconds_total``) spent in ``phases``, summed by
+    ``by`` (and by phase if ``by_phase``); no value while no time is counted."""
+    return fill(
+        """
+        sum by (${by_phase}) (rate(${phases}[${window}]))
+        / on (${by})${group}
+        (sum by (${by}) (rate(${all}[${window}])) > 0)
+        """,
+        by=by,
+        group=" group_left ()" if by_phase else "",
+        by_phase=labels(by, "phase") if by_phase else by,
+        phases=select(c, "training_time_seconds_total", phases),
+        all=select(c, "training_time_seconds_total"),
+        window=window,
+    )

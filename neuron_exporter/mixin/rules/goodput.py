@@ -1,0 +1,73 @@
+"""The goodput alert, every backend: a run whose training steps take too small a share of its training threads'
+time, with the phase that takes the most of the rest and what to do about it."""
+
+from __future__ import annotations
+
+from ..config import Config
+from .promql import RANK, alert, fill, labels, rank_lookup, run_name
+from .recording import RANK_GOODPUT, ratio_of_time
+
+# What to do about each badput phase, for the alert's description (Go template text, by the phase's label).
+ADVICE = {
+    "compile": "see the recompilation alerts and the recompilation sites (neuron-exporter diagnose URL): a shape or "
+    "Python value that changes between steps, or a cold compile cache",
+    "host_sync": "see the host-read sites (neuron-exporter diagnose URL): an .item(), print or if on a tensor inside "
+    "the step waits for the device",
+    "data": "the input pipeline cannot keep up: more DataLoader workers, pin_memory, prefetching, or lighter "
+    "per-sample work; the rank table of the Training overview dashboard shows whether one rank's input makes the "
+    "others wait",
+    "checkpoint": "checkpoints take too long: save less often, or asynchronously (torch.distributed.checkpoint's "
+    "async_save)",
+    "startup": "the job spends its time starting: imports, model building, a first compile or loading before the "
+    "first optimizer; a long job amortises it, a short or restarting one does not",
+    "other": "time after the last training step (an evaluation at the end, a final save)",
+}
+
+
+def goodput_alerts(c: Config) -> list[dict]:
+    the_run = run_name(c)
+    run = labels(*c.run_labels)
+    advice = "".join(
+        fill('{{ if eq (label "phase" .) ${phase} }}${text}{{ end }}', phase=f'"{phase}"', text=text)
+        for phase, text in ADVICE.items()
+    )
+    largest = rank_lookup(
+        c,
+        'topk(1, sum by (phase) (rate(training_time_seconds_total{${match}, phase!="step"}[${window}])) '
+        "/ scalar(sum(rate(training_time_seconds_total{${match}}[${window}]))))",
+        fill(
+            ' The largest badput is {{ label "phase" . }}, {{ value . | humanizePercentage }} of the time: ${advice}.',
+            advice=advice,
+        ),
+        window=c.goodput_window,
+    )
+    lowest = rank_lookup(
+        c,
+        "bottomk(1, ${record}{${match}})",
+        fill(" The rank with the lowest goodput: ${rank}, {{ value . | humanizePercentage }}.", rank=RANK),
+        with_selector=False,
+        record=RANK_GOODPUT,
+    )
+    return [
+        alert(
+            c,
+            "TrainingGoodputLow",
+            c.goodput_for,
+            c.goodput_severity,
+            expr=fill(
+                "${goodput} < ${minimum}",
+                goodput=ratio_of_time(c, run, 'phase="step"', window=c.goodput_window),
+                minimum=f"{c.goodput_min:g}",
+            ),
+            summary=fill("Little of ${run_name}'s time trains the model", run_name=the_run),
+            description=fill(
+                "Training steps took {{ $value | humanizePercentage }} of ${run_name}'s training threads' time over "
+                "the last ${window} (goodput; the alert's threshold is ${minimum_percent}).${largest}${lowest}",
+                run_name=the_run,
+                window=c.goodput_window,
+                minimum_percent=f"{c.goodput_min * 100:g}%",
+                largest=largest,
+                lowest=lowest,
+            ),
+        )
+    ]

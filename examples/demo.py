@@ -43,6 +43,8 @@ DEMO_THRESHOLDS = dataclasses.replace(
     fragmentation_for="0s",
     host_reads_for="0s",
     compile_time_for="0s",
+    goodput_for="0s",
+    goodput_window="1m",
 )
 
 

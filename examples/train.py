@@ -6,7 +6,8 @@
 2. item:      loss.item() before the step ends: the graph is cut in two, plus a device-to-host read;
 3. fallback:  torch.lgamma, which has no XLA lowering: it runs on the CPU (aten::lgamma, aten::digamma);
 4. shapes:    the batch size changes every step: the compiler runs again at every step.
-After each phase it prints what the exporter saw, read from its own /metrics like Prometheus would. With
+After each phase it prints what the exporter saw, read from its own /metrics like Prometheus would, and where the
+training thread's time went in it: the goodput (the share in training steps) and each other phase's share. With
 --continue-for, it then keeps training slowly with both of the last two problems, so that their alerts keep firing.
 """
 
@@ -41,8 +42,20 @@ def read(url: str, run_id: str) -> dict[str, float]:
             key = sample.name
             if sample.name == "xla_cpu_fallback_ops_total":
                 key = sample.labels["op"]
+            elif sample.name == "training_time_seconds_total":
+                key = "time:" + sample.labels["phase"]
             totals[key] = totals.get(key, 0) + sample.value
     return totals
+
+
+BADPUT = ("compile", "host_sync", "data", "checkpoint", "startup", "other")
+
+
+def goodput_line(delta: dict[str, float]) -> str:
+    """``goodput 0.41 | compile 33% host_sync 18% ...`` from the change of training_time_seconds_total."""
+    whole = sum(delta.get(f"time:{phase}", 0) for phase in ("step", *BADPUT)) or 1
+    shares = " ".join(f"{phase} {delta.get(f'time:{phase}', 0) / whole:.0%}" for phase in BADPUT)
+    return f"goodput {delta.get('time:step', 0) / whole:.2f} | {shares}"
 
 
 def main() -> None:
@@ -97,7 +110,8 @@ def main() -> None:
             f" | compiles {delta.get('xla_compilations_total', 0):3.0f}"
             f" (recompiles {delta.get('xla_recompilations_total', 0):.0f})"
             f" | host reads {delta.get('xla_device_to_host_transfers_total', 0):3.0f}"
-            f" | CPU fallback: {fallbacks or 'none'}",
+            f" | CPU fallback: {fallbacks or 'none'}\n"
+            f"          {goodput_line(delta)}",
             flush=True,
         )
         before = after

@@ -26,7 +26,9 @@ A rank's document (``/diagnosis?format=json`` of a rank, and ``rank-R.diagnosis.
 below, with bounds: counts finite and at least 0, strings and lists of bounded length. ``fit`` keeps a writer's
 document within them and under ``MAX_BYTES`` (a rank whose document was cut says so in ``trimmed``).
 
-``torch_compile`` (``neuron_exporter.training.torch_compile``) is torch.compile's account: the compiled functions
+``time_phases`` is where the rank's training thread spent its time, in seconds by phase (``step`` is goodput; see
+``neuron_exporter.training.time_phases``). ``torch_compile`` (``neuron_exporter.training.torch_compile``) is
+torch.compile's account: the compiled functions
 by their first line, with the guards whose failure recompiled them, and the graph breaks by the user line that
 broke the graph.
 
@@ -109,6 +111,7 @@ _RANK = {
     "cpu_fallback_sites": [_FALLBACK_SITE],
     "sites": [_SITE],
     "torch_compile": _TORCH_COMPILE,
+    "time_phases": {"*": "count"},  # seconds of the training thread by phase (training_time_seconds_total)
     "trimmed": "text",
 }
 _DOCUMENT = {"format!": "count", "ranks!": [_RANK]}

@@ -194,3 +194,19 @@ def test_a_diagnosis_file_over_the_cap_is_left_out_in_one_line(tmp_path, caplog)
         release_rank_lock(tmp_path, "0")
     lines = [r.getMessage() for r in caplog.records if "diagnosis of rank-0" in r.getMessage()]
     assert len(lines) == 1 and "more than the" in lines[0]
+
+
+def test_the_diagnosis_opens_with_each_runs_goodput_and_its_largest_badput_phases():
+    ranks = [
+        {"run_id": "a", "rank": "0", "time_phases": {"step": 30.0, "compile": 50.0, "data": 10.0, "startup": 10.0}},
+        {"run_id": "a", "rank": "1", "time_phases": {"step": 50.0, "compile": 30.0, "host_sync": 20.0}},
+        {"run_id": "b", "rank": "0", "time_phases": {"step": 90.0, "checkpoint": 10.0}},
+        {"run_id": "c", "rank": "0"},  # an exporter from before goodput: no line
+    ]
+    checked = diagnosis.loads(json.dumps({"format": 1, "ranks": ranks}).encode(), "a test")
+    lines = diagnosis.render_text(checked).splitlines()
+    assert lines[1:3] == [
+        "Run a, 2 ranks: goodput 0.40 | compile 40% host_sync 10% data 5%",
+        "Run b, 1 rank: goodput 0.90 | checkpoint 10%",
+    ]
+    assert lines[3] == "" or not lines[3].startswith("Run")

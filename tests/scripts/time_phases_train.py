@@ -118,6 +118,9 @@ elif args.backend == "neuron":  # the stand-in's compile cache, as TorchNeuron's
 elif args.backend == "inductor":
     typical = sorted(plain_calls)[len(plain_calls) // 2]
     clocks["compile"] = sum(t - typical for t in compile_calls)
+from neuron_exporter.diagnosis import render_text  # noqa: E402
+
+diagnosis = render_text(handle.diagnosis())
 detach_start = time.perf_counter()
 handle.detach()
 detach_end = time.perf_counter()
@@ -139,6 +142,7 @@ print(
             "checkpoint_before_training": checkpoint_before_training,
             "after_last_step": detach_start - last_step,
             "pid": os.getpid(),
+            "diagnosis": diagnosis,
         }
     ),
     flush=True,

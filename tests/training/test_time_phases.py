@@ -55,5 +55,8 @@ def test_each_phase_matches_the_scripts_own_clock_and_they_sum_to_the_wall_time(
     startup = result["startup_until_optimizer"] - result["checkpoint_before_training"]
     assert abs(exported["startup"] - startup) <= max(TOLERANCE * startup, FLOOR), (exported, result)
     assert exported["step"] > 0 and exported["other"] <= result["after_last_step"] + clocks["checkpoint"]
+    # diagnose and /diagnosis open with the run's goodput and its largest badput phases.
+    goodput = result["diagnosis"].splitlines()[1]
+    assert goodput.startswith("Run ") and ", 1 rank: goodput 0." in goodput and " | " in goodput, goodput
     total = sum(exported.values())  # counted to the end of detach(), which began at wall_to_detach_start
     assert result["wall_to_detach_start"] <= total <= result["wall_to_detach_end"] * 1.01, (total, result)

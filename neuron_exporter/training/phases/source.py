@@ -53,6 +53,9 @@ class TimePhasesSource(Source):
     def parts(self) -> dict:
         return {"time_phases": self.families}
 
+    def diagnosis(self, rank: dict) -> None:
+        rank["time_phases"] = self._sources.phases.read()
+
     def families(self, labels: dict[str, str]) -> Iterator[Metric]:
         totals = self._sources.phases.read()
         family = CounterMetricFamily("training_time_seconds", TIME_HELP, labels=[*labels, "phase"])

@@ -121,21 +121,29 @@ elif args.backend == "inductor":
 from neuron_exporter.diagnosis import render_text  # noqa: E402
 
 diagnosis = render_text(handle.diagnosis())
+
+
+def exported_now() -> dict[str, float]:
+    return {
+        sample.labels["phase"]: sample.value
+        for family in text_string_to_metric_families(generate_latest(handle._rank_registry).decode())
+        if family.name == "training_time_seconds"
+        for sample in family.samples
+        if sample.name == "training_time_seconds_total"
+    }
+
+
+before_detach = exported_now()
 detach_start = time.perf_counter()
 handle.detach()
 detach_end = time.perf_counter()
-exported = {
-    sample.labels["phase"]: sample.value
-    for family in text_string_to_metric_families(generate_latest(handle._rank_registry).decode())
-    if family.name == "training_time_seconds"
-    for sample in family.samples
-    if sample.name == "training_time_seconds_total"
-}
+exported = exported_now()
 print(
     json.dumps(
         {
             "clocks": clocks,
             "exported": exported,
+            "before_detach": before_detach,
             "wall_to_detach_start": detach_start - process_start,
             "wall_to_detach_end": detach_end - process_start,
             "startup_until_optimizer": optimizer_made - process_start,

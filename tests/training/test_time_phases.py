@@ -58,5 +58,6 @@ def test_each_phase_matches_the_scripts_own_clock_and_they_sum_to_the_wall_time(
     # diagnose and /diagnosis open with the run's goodput and its largest badput phases.
     goodput = result["diagnosis"].splitlines()[1]
     assert goodput.startswith("Run ") and ", 1 rank: goodput 0." in goodput and " | " in goodput, goodput
+    assert all(exported[phase] >= value for phase, value in result["before_detach"].items())  # never backwards
     total = sum(exported.values())  # counted to the end of detach(), which began at wall_to_detach_start
     assert result["wall_to_detach_start"] <= total <= result["wall_to_detach_end"] * 1.01, (total, result)

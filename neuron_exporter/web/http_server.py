@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import html
 import logging
+import re
 import socket
 import ssl
 from collections.abc import Callable
@@ -22,7 +23,7 @@ from os import PathLike
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, choose_encoder, gzip_accepted
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, choose_encoder
 
 from .. import __version__, diagnosis
 from .basic_auth import BCRYPT_AT_ONCE, BUSY, CLIENT_REFILL_SECONDS, LIMITED, OK, BasicAuth
@@ -60,6 +61,7 @@ TOO_MANY_LOGINS_AT_ONCE = Response(
 )
 NOT_ALLOWED = Response(405, b"Method Not Allowed: use GET or HEAD\n", TEXT, {"Allow": "GET, HEAD"})
 NOT_FOUND = Response(404, b"Not Found: see /metrics\n", TEXT)
+QVALUE = re.compile(r"0(\.[0-9]{0,3})?|1(\.0{0,3})?")
 
 LANDING_PAGE = """<!DOCTYPE html>
 <html><head><meta charset="utf-8"><title>neuron-exporter</title></head>
@@ -217,11 +219,26 @@ class MetricsServer:
 
 
 def _path_and_query(target: str) -> tuple[str, dict[str, list[str]]]:
+    # Every field of the query is parsed, none refused: the head, and so the query, is at most MAX_HEAD_BYTES, and
+    # a field the endpoint does not know (a scrape config's params, a cache buster) is ignored where it is used.
     try:
         parts = urlsplit(target)
-        return parts.path, parse_qs(parts.query, max_num_fields=10)
+        return parts.path, parse_qs(parts.query)
     except ValueError:
         return "", {}
+
+
+def gzip_accepted(accept_encoding: str) -> bool:
+    """Whether ``Accept-Encoding`` names gzip with a weight above 0 (``gzip;q=0`` is "not acceptable", RFC 9110
+    12.5.3 and 12.4.2; a weight that is not a number makes the entry void)."""
+    for entry in accept_encoding.split(","):
+        coding, *parameters = (part.strip() for part in entry.split(";"))
+        if coding.lower() not in ("gzip", "x-gzip"):
+            continue
+        weight = next((p[2:].strip() for p in parameters if p[:2].lower() == "q="), "1")
+        if QVALUE.fullmatch(weight) and float(weight) > 0:
+            return True
+    return False
 
 
 def _then(render: Future[Render], respond: Callable[[Future[Render]], Response]) -> Future:

@@ -15,7 +15,7 @@ import pytest
 
 from neuron_exporter import __version__
 from neuron_exporter.config import ConfigError
-from neuron_exporter.web.http_server import MetricsServer
+from neuron_exporter.web.http_server import MetricsServer, metrics_server
 from neuron_exporter.web.web_config import load_web_config
 from tests.support.daemon import serve_command
 from tests.support.http import BODY, client_context, get, raw_exchange
@@ -32,6 +32,21 @@ def test_serves_the_exposition(server):
     assert (status, body) == (200, BODY)
     assert headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
     assert get(s.url + "?name[]=demo_total")[0] == 200
+
+
+@pytest.mark.parametrize("fields", [1, 10, 11, 50, 500])
+@pytest.mark.parametrize("path", ["/metrics", "/diagnosis"])
+def test_unknown_or_many_query_fields_are_ignored(server, path, fields):
+    s = metrics_server(lambda: BODY, dict, "127.0.0.1", 0, None).start()
+    try:
+        query = "&".join(f"x{i}={i}" for i in range(fields))
+        plain = get(s.url.replace("/metrics", path))
+        status, headers, body = get(s.url.replace("/metrics", path) + "?" + query)
+        assert (status, headers["Content-Type"]) == (200, plain[1]["Content-Type"])
+        if path == "/metrics":
+            assert body == BODY
+    finally:
+        s.stop()
 
 
 def test_gzip_when_asked(server):
@@ -362,6 +377,12 @@ def test_openmetrics_and_text_carry_the_same_samples(server):
         ("gzip-x", False),
         ("identity", False),
         ("br, deflate", False),
+        ("gzip;q=0", False),  # "not acceptable" (RFC 9110 12.4.2)
+        ("gzip; q=0.000, identity", False),
+        ("gzip;q=0.001", True),
+        ("GZIP;Q=1", True),
+        ("gzip;q=junk", False),
+        ("br;q=0, gzip;q=0.5", True),
     ],
 )
 @pytest.mark.parametrize("registry", [False, True], ids=["text", "registry"])

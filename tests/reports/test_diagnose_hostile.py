@@ -1,0 +1,128 @@
+"""``neuron-exporter diagnose`` against servers that misbehave, on real sockets: every answer it cannot use is one
+line and exit 2, and ``--timeout`` bounds the whole exchange however slowly the server sends."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from tests.support.diagnosis_page import diagnose
+
+PAGE = b'{"format": 1, "ranks": []}'
+OK_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+
+Behaviour = Callable[[socket.socket, threading.Event], None]
+
+
+def sends(data: bytes) -> Behaviour:
+    return lambda conn, stop: conn.sendall(data)
+
+
+def trickles(data: bytes) -> Behaviour:
+    """A byte a second: ``data`` whole would take len(data) seconds."""
+
+    def behave(conn: socket.socket, stop: threading.Event) -> None:
+        for i in range(len(data)):
+            if stop.wait(1.0):
+                return
+            conn.sendall(data[i : i + 1])
+
+    return behave
+
+
+def continues_for_ever(conn: socket.socket, stop: threading.Event) -> None:
+    while not stop.wait(0.2):
+        conn.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
+
+
+@contextlib.contextmanager
+def hostile(behave: Behaviour) -> Iterator[str]:
+    """The URL of a server on 127.0.0.1 that reads each request's head and then does ``behave``, until the
+    context ends."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def handle(conn: socket.socket) -> None:
+        with conn:
+            try:
+                head = b""
+                while b"\r\n\r\n" not in head and (data := conn.recv(4096)):
+                    head += data
+                behave(conn, stop)
+            except OSError:  # the client gave up
+                pass
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=handle, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        stop.set()
+        listener.close()
+
+
+def redirects_to_itself(conn: socket.socket, stop: threading.Event) -> None:
+    port = conn.getsockname()[1]
+    conn.sendall(
+        b"HTTP/1.1 302 Found\r\nLocation: http://127.0.0.1:%d/diagnosis?format=json\r\nContent-Length: 0\r\n\r\n" % port
+    )
+
+
+MISBEHAVIOURS = {
+    "bad status line": (sends(b"HELLO WORLD\r\n\r\n"), "not a valid HTTP answer"),
+    "binary junk": (sends(b"\x16\x03\x01\x00\xff" * 20), "not a valid HTTP answer"),
+    "70 KB header line": (sends(OK_HEAD + b"X-Big: " + b"a" * 70_000 + b"\r\n\r\n" + PAGE), "not a valid HTTP answer"),
+    "over 100 headers": (sends(OK_HEAD + b"X-Many: 1\r\n" * 101 + b"\r\n" + PAGE), "not a valid HTTP answer"),
+    "bad chunk size": (sends(OK_HEAD + b"Transfer-Encoding: chunked\r\n\r\nzz\r\n" + PAGE), "chunks malformed"),
+    "truncated chunked body": (
+        sends(OK_HEAD + b"Transfer-Encoding: chunked\r\n\r\n%x\r\n" % len(PAGE) + PAGE[:5]),
+        "cut short",
+    ),
+    "truncated content-length body": (sends(OK_HEAD + b"Content-Length: 100\r\n\r\n" + PAGE), "cut short"),
+    "nothing at all": (sends(b""), "closed connection without response"),
+    "redirect loop": (redirects_to_itself, "HTTP 302 Found, redirected to http://127.0.0.1:"),
+    "control characters in the reason": (sends(b"HTTP/1.1 500 \x1b[2Jgone\rX\r\n\r\n"), "HTTP 500 \\x1b[2Jgone"),
+}
+
+
+@pytest.mark.parametrize("behave, words", MISBEHAVIOURS.values(), ids=MISBEHAVIOURS)
+def test_a_bad_answer_is_one_line_and_exit_2(behave, words):
+    with hostile(behave) as url:
+        result = diagnose(url, "--timeout", "20")
+    assert result.returncode == 2 and result.stdout == "", result
+    assert result.stderr.count("\n") == 1 and "internal error" not in result.stderr, result.stderr
+    assert result.stderr.startswith(f"neuron-exporter diagnose: {url}: ") and words in result.stderr, result.stderr
+
+
+SLOW = {
+    "a byte a second": trickles(OK_HEAD + b"Content-Length: %d\r\n\r\n" % len(PAGE) + PAGE),  # over 60 s in all
+    "a byte a second of body": lambda conn, stop: (
+        conn.sendall(OK_HEAD + b"Content-Length: %d\r\n\r\n" % 60),
+        trickles(b" " * 60)(conn, stop),
+    ),
+    "endless 100 continue": continues_for_ever,
+    "silence": lambda conn, stop: stop.wait(120),
+}
+
+
+@pytest.mark.parametrize("behave", SLOW.values(), ids=SLOW)
+def test_the_timeout_bounds_the_whole_exchange(behave):
+    with hostile(behave) as url:
+        started = time.monotonic()
+        result = diagnose(url, "--timeout", "2")
+        took = time.monotonic() - started
+    assert took < 30, took  # the server would take 60 s or for ever
+    assert result.returncode == 2 and result.stdout == "", result
+    assert result.stderr == f"neuron-exporter diagnose: {url}: timed out after 2 s\n"

@@ -12,6 +12,7 @@ longer) whatever its query string says. It serves nothing else: no file paths, n
 
 from __future__ import annotations
 
+import gzip
 import html
 import logging
 import re
@@ -29,6 +30,7 @@ from .. import __version__, diagnosis
 from .basic_auth import BCRYPT_AT_ONCE, BUSY, CLIENT_REFILL_SECONDS, LIMITED, OK, BasicAuth
 from .connections import Connections, bind_listener
 from .http_messages import TEXT, Request, Response
+from .name_selection import SelectedCollector, select_text
 from .rate_limit import Pacer
 from .shared_render import Render, SharedRender
 from .web_config import WebConfig, WebConfigReloader, load_web_config
@@ -157,7 +159,7 @@ class MetricsServer:
             return NOT_ALLOWED
         path, query = _path_and_query(request.target)
         if path == "/metrics":
-            return self._metrics(request.headers)
+            return self._metrics(request.headers, frozenset(query.get("name[]", ())))
         if path in self._pages:
             return self._page(path, query)
         if path in HEALTH:
@@ -190,22 +192,30 @@ class MetricsServer:
             return Response(500, f"error: rendering {path} failed, see the exporter's log\n".encode(), TEXT)
         return Response(200, result.body, result.content_type)
 
-    def _metrics(self, headers: dict[str, str]) -> Future:
+    def _metrics(self, headers: dict[str, str], names: frozenset[str]) -> Future:
+        """The exposition, or with ``names`` (``?name[]=``) only the samples of those names."""
         if callable(getattr(self._source, "collect", None)):
             encoder, content_type = choose_encoder(headers.get("accept", ""))
-            render = self._renders.ask(content_type, lambda: (encoder(self._source), content_type))
-        else:
-            # Text already rendered (the node view merges the ranks' text expositions): re-typing it as
-            # OpenMetrics would mean parsing it again and reconciling families across ranks, for nothing a
-            # scraper needs; Prometheus, which asks for OpenMetrics first, takes text as well.
-            render = self._renders.ask(CONTENT_TYPE_PLAIN_0_0_4, lambda: (self._source(), CONTENT_TYPE_PLAIN_0_0_4))
-        return _then(render, lambda done: self._metrics_response(headers, done))
+            source = SelectedCollector(self._source, names) if names else self._source
+            render = self._renders.ask((content_type, names), lambda: (encoder(source), content_type))
+            return _then(render, lambda done: self._metrics_response(headers, done))
+        # Text already rendered (the node view merges the ranks' text expositions): re-typing it as OpenMetrics
+        # would mean parsing all of it again on every scrape, for nothing a scraper needs; Prometheus, which asks
+        # for OpenMetrics first, takes text as well. A selection is cut from the one render every scrape shares.
+        render = self._renders.ask(CONTENT_TYPE_PLAIN_0_0_4, lambda: (self._source(), CONTENT_TYPE_PLAIN_0_0_4))
+        return _then(render, lambda done: self._metrics_response(headers, done, names))
 
-    def _metrics_response(self, headers: dict[str, str], render: Future[Render]) -> Response:
+    def _metrics_response(
+        self, headers: dict[str, str], render: Future[Render], selection: frozenset[str] = frozenset()
+    ) -> Response:
         try:
             result = render.result()
             gzipped = gzip_accepted(headers.get("accept-encoding", ""))
-            body = result.gzipped() if gzipped else result.body
+            if selection:
+                body = select_text(result.body, selection)
+                body = gzip.compress(body, compresslevel=1) if gzipped else body
+            else:
+                body = result.gzipped() if gzipped else result.body
         except Exception as error:  # the server must survive a failing collector
             self._log_once(f"rendering /metrics failed: {type(error).__name__}: {error}")
             log.debug("rendering /metrics failed", exc_info=error)

@@ -43,8 +43,8 @@ def fetch(url: str, timeout: float, max_bytes: int, context: ssl.SSLContext | No
     def cut() -> None:
         fired.set()
         try:
-            if sock is not None:
-                sock.shutdown(socket.SHUT_RDWR)  # a blocked read or handshake returns at once
+            if sock is not None:  # a blocked read or handshake returns at once; of TLS, the socket under it
+                socket.socket.shutdown(sock, socket.SHUT_RDWR)
         except OSError:
             pass
 
@@ -53,9 +53,14 @@ def fetch(url: str, timeout: float, max_bytes: int, context: ssl.SSLContext | No
     watchdog.start()
     try:
         sock = socket.create_connection((host, port), timeout=timeout)
+        if parts.scheme == "https":  # the socket the watchdog shuts down is the TLS one before its handshake
+            tls = context or ssl.create_default_context()
+            sock = tls.wrap_socket(sock, server_hostname=host, do_handshake_on_connect=False)
         if fired.is_set():
             cut()
-        body = _exchange(sock, parts, host, port, max_bytes, context, headers)
+        if isinstance(sock, ssl.SSLSocket):
+            sock.do_handshake()
+        body = _exchange(sock, parts, host, port, max_bytes, headers)
         if fired.is_set():  # what came before the socket was shut down, taken for the whole answer
             raise FetchError("timed out")
         return body
@@ -79,11 +84,8 @@ def _exchange(
     host: str,
     port: int,
     max_bytes: int,
-    context: ssl.SSLContext | None,
     headers: dict[str, str],
 ) -> bytes:
-    if parts.scheme == "https":
-        sock = (context or ssl.create_default_context()).wrap_socket(sock, server_hostname=host)
     connection = http.client.HTTPConnection(host, port)
     connection.sock = sock  # connected (and its deadline watched) by the caller
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -12,6 +13,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from tests.support.diagnosis_page import diagnose
+from tests.support.http import make_certificate
 
 PAGE = b'{"format": 1, "ranks": []}'
 OK_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
@@ -41,15 +43,17 @@ def continues_for_ever(conn: socket.socket, stop: threading.Event) -> None:
 
 
 @contextlib.contextmanager
-def hostile(behave: Behaviour) -> Iterator[str]:
-    """The URL of a server on 127.0.0.1 that reads each request's head and then does ``behave``, until the
-    context ends."""
+def hostile(behave: Behaviour, tls: ssl.SSLContext | None = None) -> Iterator[str]:
+    """The URL of a server on 127.0.0.1 (over ``tls`` if given) that reads each request's head and then does
+    ``behave``, until the context ends."""
     listener = socket.create_server(("127.0.0.1", 0))
     stop = threading.Event()
 
     def handle(conn: socket.socket) -> None:
         with conn:
             try:
+                if tls is not None:
+                    conn = tls.wrap_socket(conn, server_side=True)
                 head = b""
                 while b"\r\n\r\n" not in head and (data := conn.recv(4096)):
                     head += data
@@ -67,7 +71,7 @@ def hostile(behave: Behaviour) -> Iterator[str]:
 
     threading.Thread(target=accept, daemon=True).start()
     try:
-        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+        yield f"{'https' if tls else 'http'}://127.0.0.1:{listener.getsockname()[1]}"
     finally:
         stop.set()
         listener.close()
@@ -117,11 +121,24 @@ SLOW = {
 }
 
 
+@pytest.fixture(scope="module")
+def certificate(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("tls")
+    make_certificate(directory)
+    return directory
+
+
 @pytest.mark.parametrize("behave", SLOW.values(), ids=SLOW)
-def test_the_timeout_bounds_the_whole_exchange(behave):
-    with hostile(behave) as url:
+@pytest.mark.parametrize("scheme", ["http", "https"])
+def test_the_timeout_bounds_the_whole_exchange(behave, scheme, certificate):
+    tls, args = None, ["--timeout", "2"]
+    if scheme == "https":
+        tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        tls.load_cert_chain(certificate / "server.crt", certificate / "server.key")
+        args += ["--cacert", str(certificate / "server.crt")]
+    with hostile(behave, tls) as url:
         started = time.monotonic()
-        result = diagnose(url, "--timeout", "2")
+        result = diagnose(url, *args)
         took = time.monotonic() - started
     assert took < 30, took  # the server would take 60 s or for ever
     assert result.returncode == 2 and result.stdout == "", result

@@ -1,9 +1,11 @@
-"""``neuron-exporter diagnose`` against servers that misbehave, on real sockets: every answer it cannot use is one
-line and exit 2, and ``--timeout`` bounds the whole exchange however slowly the server sends."""
+"""``neuron-exporter diagnose`` as a client, on real sockets: it reads an endpoint over https with basic auth, and
+against servers that misbehave every answer it cannot use is one line and exit 2, and ``--timeout`` bounds the
+whole exchange however slowly the server sends."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import socket
 import ssl
 import threading
@@ -12,6 +14,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from neuron_exporter.web.http_server import metrics_server
 from tests.support.diagnosis_page import diagnose
 from tests.support.http import make_certificate
 
@@ -143,3 +146,30 @@ def test_the_timeout_bounds_the_whole_exchange(behave, scheme, certificate):
     assert took < 30, took  # the server would take 60 s or for ever
     assert result.returncode == 2 and result.stdout == "", result
     assert result.stderr == f"neuron-exporter diagnose: {url}: timed out after 2 s\n"
+
+
+def test_it_reads_an_endpoint_over_https_with_basic_auth(certificate, monkeypatch):
+    bcrypt = pytest.importorskip("bcrypt", reason="basic auth needs the 'auth' extra (bcrypt)")
+    hashed = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=4)).decode()
+    config = certificate / "web.yml"
+    config.write_text(
+        "tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n"
+        f"basic_auth_users:\n  prometheus: {hashed}\n"
+    )
+    document = {"format": 1, "ranks": []}
+    server = metrics_server(lambda: b"", lambda: document, "127.0.0.1", 0, str(config)).start()
+    try:
+        cacert = ["--cacert", str(certificate / "server.crt"), "--format", "json"]
+        monkeypatch.setenv("NEURON_EXPORTER_PASSWORD", "s3cret")
+        result = diagnose(server.url, "--user", "prometheus", *cacert)
+        assert result.returncode == 0 and json.loads(result.stdout)["ranks"] == [], result
+        monkeypatch.setenv("NEURON_EXPORTER_PASSWORD", "wrong")
+        result = diagnose(server.url, "--user", "prometheus", *cacert)
+        assert (result.returncode, result.stderr) == (
+            2,
+            f"neuron-exporter diagnose: {server.url}: HTTP 401 Unauthorized\n",
+        )
+        result = diagnose(server.url, "--user", "prometheus", "--format", "json")  # the certificate is not trusted
+        assert result.returncode == 2 and "CERTIFICATE_VERIFY_FAILED" in result.stderr, result
+    finally:
+        server.stop()

@@ -12,13 +12,12 @@ import base64
 import os
 import ssl
 import sys
-import urllib.error
-import urllib.request
 from urllib.parse import urlsplit, urlunsplit
 
 from .. import diagnosis
 from ..config import PASSWORD_ENV
-from ..untrusted import EXIT_USAGE
+from ..untrusted import EXIT_USAGE, printable
+from . import page_fetch
 
 
 def register(subparsers) -> None:
@@ -31,10 +30,23 @@ def register(subparsers) -> None:
     )
     parser.add_argument("url", help="the endpoint, e.g. http://localhost:19478 (a /metrics URL works too)")
     parser.add_argument("--format", choices=("text", "json"), default="text")
-    parser.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS")
+    parser.add_argument(
+        "--timeout",
+        type=seconds,
+        default=10.0,
+        metavar="SECONDS",
+        help="for the whole exchange, however slowly the server answers (default 10)",
+    )
     parser.add_argument("--cacert", metavar="FILE", help="CA certificate to check an https endpoint with")
     parser.add_argument("--user", metavar="NAME", help=f"basic-auth user; the password is read from ${PASSWORD_ENV}")
     parser.set_defaults(run=run)
+
+
+def seconds(text: str) -> float:
+    value = float(text)  # argparse makes a ValueError one line and exit 2
+    if not 0 < value <= 86400:
+        raise ValueError(text)
+    return value
 
 
 def diagnosis_url(url: str) -> str:
@@ -47,31 +59,35 @@ def diagnosis_url(url: str) -> str:
     return urlunsplit((parts.scheme, parts.netloc, path + "/diagnosis", "format=json", ""))
 
 
-def fetch(url: str, timeout: float, cacert: str | None, user: str | None) -> bytes:
-    request = urllib.request.Request(url)
-    if user is not None:
-        token = base64.b64encode(f"{user}:{os.environ.get(PASSWORD_ENV, '')}".encode()).decode()
-        request.add_header("Authorization", f"Basic {token}")
-    context = ssl.create_default_context(cafile=cacert) if cacert else None
-    with urllib.request.urlopen(request, timeout=timeout, context=context) as response:
-        data = response.read(diagnosis.MAX_PAGE_BYTES + 1)  # what a node endpoint's page holds at most
-    if len(data) > diagnosis.MAX_PAGE_BYTES:
-        raise ValueError(f"the answer is larger than a diagnosis page ({diagnosis.MAX_PAGE_BYTES} bytes)")
-    return data
+def _tls_context(cacert: str | None) -> ssl.SSLContext | None:
+    if cacert is None:
+        return None
+    try:
+        return ssl.create_default_context(cafile=cacert)
+    except OSError as error:  # ssl.SSLError too: not a certificate
+        raise ValueError(f"--cacert {cacert}: {error.strerror or error}") from None
 
 
 def run(args: argparse.Namespace) -> int:
     try:
         url = diagnosis_url(args.url)
-        data = fetch(url, args.timeout, args.cacert, args.user)
+        headers = {}
+        if args.user is not None:
+            token = base64.b64encode(f"{args.user}:{os.environ.get(PASSWORD_ENV, '')}".encode()).decode()
+            headers["Authorization"] = f"Basic {token}"
+        context = _tls_context(args.cacert)
+        data = page_fetch.fetch(url, args.timeout, diagnosis.MAX_PAGE_BYTES, context, headers)
         document = diagnosis.loads(data, url, diagnosis.MAX_PAGE_BYTES)
-    except urllib.error.HTTPError as error:
-        hint = " (an exporter older than 0.2 has no /diagnosis)" if error.code == 404 else ""
-        print(f"neuron-exporter diagnose: {args.url}: HTTP {error.code} {error.reason}{hint}", file=sys.stderr)
+    except page_fetch.FetchError as error:
+        hint = " (an exporter older than 0.2 has no /diagnosis)" if error.status == 404 else ""
+        print(f"neuron-exporter diagnose: {printable(args.url, 200)}: {error}{hint}", file=sys.stderr)
         return EXIT_USAGE
-    except (OSError, ValueError, ssl.SSLError) as error:
-        reason = getattr(error, "reason", None) or error
-        print(f"neuron-exporter diagnose: {args.url!s:.200}: {str(reason)[:300]}", file=sys.stderr)
+    except (OSError, ValueError) as error:  # the CA file; the address; the page
+        if isinstance(error, OSError) and error.strerror:
+            reason = f"{error.filename}: {error.strerror}" if error.filename else error.strerror
+        else:
+            reason = str(error)
+        print(f"neuron-exporter diagnose: {printable(args.url, 200)}: {printable(reason, 300)}", file=sys.stderr)
         return EXIT_USAGE
     if args.format == "json":
         print(diagnosis.dumps(document))

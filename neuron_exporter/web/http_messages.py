@@ -5,7 +5,9 @@ Request bodies are never read (the endpoint serves GET and HEAD), so a request t
 connection closed: whatever follows the head is never taken for a request. A head whose framing is ambiguous (more
 than one ``Content-Length``, one that is not a number, ``Transfer-Encoding`` with ``Content-Length``, a transfer
 coding that does not end in ``chunked``, more than one ``Host``, or none in HTTP/1.1) gets 400 and the connection
-closes, so no proxy in front and this server can disagree on where the next request starts.
+closes, so no proxy in front and this server can disagree on where the next request starts. So does a control
+character in a line (but a tab, and the CR that ends it): a bare CR ends the line for some proxies and not here (RFC
+9112 2.2), and a NUL ends a C string (RFC 9110 5.5).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ MAX_HEADERS = 100
 HEAD_END = re.compile(rb"\r?\n\r?\n")
 TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 DIGITS = re.compile(r"[0-9]+")
+CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")  # in a line without its CR LF; a tab is allowed in a value
 SMALL_BODY_BYTES = 65536  # sent in one piece with the head
 
 
@@ -50,14 +53,16 @@ def parse_request(head: bytes, client: str) -> Request | Response:
     """The request of a head (without its blank line), or the response that refuses it (then close)."""
     if len(head) > MAX_HEAD_BYTES or head.count(b"\n") > MAX_HEADERS:
         return TOO_LARGE
-    lines = head.decode("latin-1").split("\n")
-    parts = lines[0].rstrip("\r").split(" ")
+    lines = [line.removesuffix("\r") for line in head.decode("latin-1").split("\n")]
+    if any(CONTROL.search(line) for line in lines):
+        return BAD_REQUEST
+    parts = lines[0].split(" ")
     if len(parts) != 3 or not TOKEN.fullmatch(parts[0]) or parts[2] not in ("HTTP/1.0", "HTTP/1.1"):
         return BAD_REQUEST
     headers: dict[str, str] = {}
     seen: dict[str, int] = {}
     for line in lines[1:]:
-        name, colon, value = line.rstrip("\r").partition(":")
+        name, colon, value = line.partition(":")
         if not colon or not TOKEN.fullmatch(name):  # no space before the colon, no folded line (RFC 9112 5.1)
             return BAD_REQUEST
         name, value = name.lower(), value.strip(" \t")

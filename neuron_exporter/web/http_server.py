@@ -12,8 +12,10 @@ longer) whatever its query string says. It serves nothing else: no file paths, n
 
 from __future__ import annotations
 
+import gzip
 import html
 import logging
+import re
 import socket
 import ssl
 from collections.abc import Callable
@@ -22,12 +24,13 @@ from os import PathLike
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, choose_encoder, gzip_accepted
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, choose_encoder
 
 from .. import __version__, diagnosis
 from .basic_auth import BCRYPT_AT_ONCE, BUSY, CLIENT_REFILL_SECONDS, LIMITED, OK, BasicAuth
 from .connections import Connections, bind_listener
 from .http_messages import TEXT, Request, Response
+from .name_selection import SelectedCollector, select_text
 from .rate_limit import Pacer
 from .shared_render import Render, SharedRender
 from .web_config import WebConfig, WebConfigReloader, load_web_config
@@ -60,6 +63,7 @@ TOO_MANY_LOGINS_AT_ONCE = Response(
 )
 NOT_ALLOWED = Response(405, b"Method Not Allowed: use GET or HEAD\n", TEXT, {"Allow": "GET, HEAD"})
 NOT_FOUND = Response(404, b"Not Found: see /metrics\n", TEXT)
+QVALUE = re.compile(r"0(\.[0-9]{0,3})?|1(\.0{0,3})?")
 
 LANDING_PAGE = """<!DOCTYPE html>
 <html><head><meta charset="utf-8"><title>neuron-exporter</title></head>
@@ -155,7 +159,7 @@ class MetricsServer:
             return NOT_ALLOWED
         path, query = _path_and_query(request.target)
         if path == "/metrics":
-            return self._metrics(request.headers)
+            return self._metrics(request.headers, frozenset(query.get("name[]", ())))
         if path in self._pages:
             return self._page(path, query)
         if path in HEALTH:
@@ -188,22 +192,30 @@ class MetricsServer:
             return Response(500, f"error: rendering {path} failed, see the exporter's log\n".encode(), TEXT)
         return Response(200, result.body, result.content_type)
 
-    def _metrics(self, headers: dict[str, str]) -> Future:
+    def _metrics(self, headers: dict[str, str], names: frozenset[str]) -> Future:
+        """The exposition, or with ``names`` (``?name[]=``) only the samples of those names."""
         if callable(getattr(self._source, "collect", None)):
             encoder, content_type = choose_encoder(headers.get("accept", ""))
-            render = self._renders.ask(content_type, lambda: (encoder(self._source), content_type))
-        else:
-            # Text already rendered (the node view merges the ranks' text expositions): re-typing it as
-            # OpenMetrics would mean parsing it again and reconciling families across ranks, for nothing a
-            # scraper needs; Prometheus, which asks for OpenMetrics first, takes text as well.
-            render = self._renders.ask(CONTENT_TYPE_PLAIN_0_0_4, lambda: (self._source(), CONTENT_TYPE_PLAIN_0_0_4))
-        return _then(render, lambda done: self._metrics_response(headers, done))
+            source = SelectedCollector(self._source, names) if names else self._source
+            render = self._renders.ask((content_type, names), lambda: (encoder(source), content_type))
+            return _then(render, lambda done: self._metrics_response(headers, done))
+        # Text already rendered (the node view merges the ranks' text expositions): re-typing it as OpenMetrics
+        # would mean parsing all of it again on every scrape, for nothing a scraper needs; Prometheus, which asks
+        # for OpenMetrics first, takes text as well. A selection is cut from the one render every scrape shares.
+        render = self._renders.ask(CONTENT_TYPE_PLAIN_0_0_4, lambda: (self._source(), CONTENT_TYPE_PLAIN_0_0_4))
+        return _then(render, lambda done: self._metrics_response(headers, done, names))
 
-    def _metrics_response(self, headers: dict[str, str], render: Future[Render]) -> Response:
+    def _metrics_response(
+        self, headers: dict[str, str], render: Future[Render], selection: frozenset[str] = frozenset()
+    ) -> Response:
         try:
             result = render.result()
             gzipped = gzip_accepted(headers.get("accept-encoding", ""))
-            body = result.gzipped() if gzipped else result.body
+            if selection:
+                body = select_text(result.body, selection)
+                body = gzip.compress(body, compresslevel=1) if gzipped else body
+            else:
+                body = result.gzipped() if gzipped else result.body
         except Exception as error:  # the server must survive a failing collector
             self._log_once(f"rendering /metrics failed: {type(error).__name__}: {error}")
             log.debug("rendering /metrics failed", exc_info=error)
@@ -217,11 +229,26 @@ class MetricsServer:
 
 
 def _path_and_query(target: str) -> tuple[str, dict[str, list[str]]]:
+    # Every field of the query is parsed, none refused: the head, and so the query, is at most MAX_HEAD_BYTES, and
+    # a field the endpoint does not know (a scrape config's params, a cache buster) is ignored where it is used.
     try:
         parts = urlsplit(target)
-        return parts.path, parse_qs(parts.query, max_num_fields=10)
+        return parts.path, parse_qs(parts.query)
     except ValueError:
         return "", {}
+
+
+def gzip_accepted(accept_encoding: str) -> bool:
+    """Whether ``Accept-Encoding`` names gzip with a weight above 0 (``gzip;q=0`` is "not acceptable", RFC 9110
+    12.5.3 and 12.4.2; a weight that is not a number makes the entry void)."""
+    for entry in accept_encoding.split(","):
+        coding, *parameters = (part.strip() for part in entry.split(";"))
+        if coding.lower() not in ("gzip", "x-gzip"):
+            continue
+        weight = next((p[2:].strip() for p in parameters if p[:2].lower() == "q="), "1")
+        if QVALUE.fullmatch(weight) and float(weight) > 0:
+            return True
+    return False
 
 
 def _then(render: Future[Render], respond: Callable[[Future[Render]], Response]) -> Future:

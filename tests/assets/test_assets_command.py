@@ -163,3 +163,56 @@ def test_an_output_that_cannot_be_written_is_one_line_exit_1(capsys, tmp_path):
     (tmp_path / "file").write_text("")
     code, _, err = run_cli(capsys, "--output", tmp_path / "file")
     assert code == 1 and err.count("\n") == 1 and err.startswith("neuron-exporter assets: cannot write ")
+
+
+# Kinds of the Prometheus Operator: no package of PyPI ships their CRDs' schemas, so they are checked by the tests
+# of what they select (test_deploy.py) and of their rules (promtool), not by a schema.
+OPERATOR_KINDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
+
+
+def kubernetes_objects(directory) -> list[tuple[str, dict]]:
+    """(file, object) of every Kubernetes object in the YAML files under ``directory``."""
+    found = []
+    for path in sorted(directory.rglob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if isinstance(doc, dict) and "apiVersion" in doc and "kind" in doc:
+                found.append((path.relative_to(directory).as_posix(), doc))
+    return found
+
+
+def test_every_kubernetes_object_written_passes_its_schema(capsys, tmp_path):
+    """The manifests of ``deploy/kubernetes`` and every format's output, against the schemas of Kubernetes, strict
+    (an unknown field fails), offline."""
+    kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="the test extra (kubernetes-validate)")
+    for fmt in ("plain", "prometheus-operator", "grafana-configmaps"):
+        assert run_cli(capsys, "--output", tmp_path / fmt, "--format", fmt)[0] == 0
+    written = kubernetes_objects(tmp_path)
+    kinds = {doc["kind"] for _, doc in written}
+    assert kinds == {"Namespace", "DaemonSet", "Service", "Pod", "Job", "ConfigMap", *OPERATOR_KINDS}
+    version = kubernetes_validate.latest_version()
+    for name, doc in written:
+        if doc["kind"] not in OPERATOR_KINDS:
+            try:
+                kubernetes_validate.validate(doc, version, strict=True)
+            except kubernetes_validate.ValidationError as error:
+                pytest.fail(f"{name}: {doc['kind']} {'.'.join(map(str, error.path))}: {error.message}")
+    assert kubernetes_objects(ROOT / "deploy" / "kubernetes") == [
+        (name.removeprefix("plain/kubernetes/"), doc) for name, doc in written if name.startswith("plain/kubernetes/")
+    ]
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda d: d["spec"].update(replica=2),  # a misspelt field
+        lambda d: d["spec"]["template"]["spec"]["containers"][0].update(ports=[{"containerPort": "19478"}]),
+        lambda d: d["spec"]["template"]["spec"]["containers"][0].pop("image") and d["spec"].pop("selector"),
+    ],
+    ids=["unknown field", "port as a string", "no selector"],
+)
+def test_the_schema_check_refuses_a_broken_daemonset(change):
+    kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="the test extra (kubernetes-validate)")
+    (daemonset,) = [doc for _, doc in kubernetes_objects(ROOT / "deploy" / "kubernetes") if doc["kind"] == "DaemonSet"]
+    change(daemonset)
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(daemonset, kubernetes_validate.latest_version(), strict=True)

@@ -46,6 +46,33 @@ def test_ambiguous_framing_is_a_400_and_the_connection_closes(server, request_he
     assert b"Connection: close" in reply
 
 
+# A control character in a line is refused as ambiguous framing is: a proxy that ends lines at a bare CR sees a
+# header that this server would not have seen (here a body of 31 bytes: the smuggled request).
+INVALID_CHARACTERS = {
+    "bare cr hides a header": head("X-A: a\rContent-Length: 31"),
+    "bare cr before the line end": head("X-A: a\r\r"),
+    "bare cr in the request line": b"GET /metrics\rX HTTP/1.1\r\nHost: x\r\n\r\n",
+    "nul in a value": head("X-A: a\0b"),
+    "nul in the host": b"GET /metrics HTTP/1.1\r\nHost: x\0.evil\r\n\r\n",
+    "escape in a value": head("X-A: \x1b[2J"),
+    "delete in a value": head("X-A: a\x7f"),
+}
+
+
+@pytest.mark.parametrize("request_head", INVALID_CHARACTERS.values(), ids=INVALID_CHARACTERS)
+def test_a_control_character_in_a_line_is_a_400_and_the_connection_closes(server, request_head):
+    s = server()
+    reply = raw_exchange(s.port, request_head + SMUGGLED)
+    assert statuses(reply) == [b"400"], reply[:200]
+    assert b"Connection: close" in reply
+
+
+def test_a_tab_in_a_value_is_allowed(server):
+    s = server()
+    reply = raw_exchange(s.port, head("User-Agent: a\tb", "Connection: close"))
+    assert statuses(reply) == [b"200"]
+
+
 @pytest.mark.parametrize(
     "request_head",
     [head("Content-Length: 31"), head("Transfer-Encoding: chunked")],

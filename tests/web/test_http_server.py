@@ -15,7 +15,7 @@ import pytest
 
 from neuron_exporter import __version__
 from neuron_exporter.config import ConfigError
-from neuron_exporter.web.http_server import MetricsServer
+from neuron_exporter.web.http_server import MetricsServer, metrics_server
 from neuron_exporter.web.web_config import load_web_config
 from tests.support.daemon import serve_command
 from tests.support.http import BODY, client_context, get, raw_exchange
@@ -32,6 +32,21 @@ def test_serves_the_exposition(server):
     assert (status, body) == (200, BODY)
     assert headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
     assert get(s.url + "?name[]=demo_total")[0] == 200
+
+
+@pytest.mark.parametrize("fields", [1, 10, 11, 50, 500])
+@pytest.mark.parametrize("path", ["/metrics", "/diagnosis"])
+def test_unknown_or_many_query_fields_are_ignored(server, path, fields):
+    s = metrics_server(lambda: BODY, dict, "127.0.0.1", 0, None).start()
+    try:
+        query = "&".join(f"x{i}={i}" for i in range(fields))
+        plain = get(s.url.replace("/metrics", path))
+        status, headers, body = get(s.url.replace("/metrics", path) + "?" + query)
+        assert (status, headers["Content-Type"]) == (200, plain[1]["Content-Type"])
+        if path == "/metrics":
+            assert body == BODY
+    finally:
+        s.stop()
 
 
 def test_gzip_when_asked(server):
@@ -351,6 +366,63 @@ def test_openmetrics_and_text_carry_the_same_samples(server):
     assert samples(text_families(text)) == samples(openmetrics_families(openmetrics))  # a counter never jumps
 
 
+NAME_SELECTIONS = [
+    ["demo_steps_total"],
+    ["demo_step_seconds_bucket", "demo_step_seconds_count"],
+    ["demo_steps_total", "demo_step_seconds_sum", "no_such_name"],
+    ["no_such_name"],
+]
+
+
+@pytest.mark.parametrize("names", NAME_SELECTIONS)
+@pytest.mark.parametrize("accept", ["", PROMETHEUS_ACCEPT])
+def test_name_selects_samples_as_prometheus_clients_own_endpoint_does(server, names, accept):
+    from urllib.parse import urlencode
+
+    from prometheus_client import make_wsgi_app
+
+    registry = demo_registry()
+    s = server(registry)
+    query = "?" + urlencode([("name[]", name) for name in names])
+    status, headers, body = get(s.url + query, headers={"Accept": accept} if accept else {})
+    environ = {"QUERY_STRING": query[1:], "HTTP_ACCEPT": accept, "REQUEST_METHOD": "GET", "PATH_INFO": "/metrics"}
+    theirs = b"".join(make_wsgi_app(registry)(environ, lambda *args: None))
+    assert status == 200 and sorted(body.splitlines()) == sorted(theirs.splitlines())  # its families in any order
+    full = get(s.url, headers={"Accept": accept} if accept else {})[2]
+    assert body != full and (b"demo_steps_total" in body) == ("demo_steps_total" in names)
+
+
+NODE_TEXT = (
+    b"# HELP demo_total A demo\n# TYPE demo_total counter\n"
+    b'demo_total{rank="0"} 1.0\ndemo_total{rank="1"} 2.0\n'
+    b"# HELP demo_seconds Step time\n# TYPE demo_seconds histogram\n"
+    b'demo_seconds_bucket{le="1.0"} 1.0\ndemo_seconds_bucket{le="+Inf"} 1.0\ndemo_seconds_count 1.0\n'
+    b"demo_seconds_sum 0.5\n"
+    b"# HELP other_info Info\n# TYPE other_info gauge\nother_info 1.0\n"
+)
+
+
+@pytest.mark.parametrize(
+    "names, expected",
+    [
+        (["demo_total"], NODE_TEXT.split(b"# HELP demo_seconds")[0]),
+        (
+            ["demo_seconds_count", "other_info"],
+            b"# HELP demo_seconds Step time\n# TYPE demo_seconds histogram\ndemo_seconds_count 1.0\n"
+            b"# HELP other_info Info\n# TYPE other_info gauge\nother_info 1.0\n",
+        ),
+        (["no_such_name"], b""),
+    ],
+)
+def test_name_selects_samples_of_a_text_source(server, names, expected):
+    s = server(lambda: NODE_TEXT)
+    query = "?" + "&".join(f"name[]={name}" for name in names)
+    status, headers, body = get(s.url + query)
+    assert (status, body, headers["Content-Type"]) == (200, expected, TEXT_0_0_4)
+    status, headers, gzipped = get(s.url + query, headers={"Accept-Encoding": "gzip"})
+    assert gzip.decompress(gzipped) == expected and get(s.url)[2] == NODE_TEXT
+
+
 @pytest.mark.parametrize(
     "accept_encoding, gzipped",
     [
@@ -362,6 +434,12 @@ def test_openmetrics_and_text_carry_the_same_samples(server):
         ("gzip-x", False),
         ("identity", False),
         ("br, deflate", False),
+        ("gzip;q=0", False),  # "not acceptable" (RFC 9110 12.4.2)
+        ("gzip; q=0.000, identity", False),
+        ("gzip;q=0.001", True),
+        ("GZIP;Q=1", True),
+        ("gzip;q=junk", False),
+        ("br;q=0, gzip;q=0.5", True),
     ],
 )
 @pytest.mark.parametrize("registry", [False, True], ids=["text", "registry"])

@@ -6,6 +6,8 @@ when its process is gone. A process writes the spool from its first step (or com
 shows it before that too, unless another process reports its rank (the worker a launcher started).
 Hung and dead ranks keep their last values (counters never drop to 0) until their file is
 ``expire_after_seconds`` old. A rank that finished cleanly keeps its values too, without liveness series.
+Both ages are judged on the endpoint's own clocks as well (``seen_times``): a time ahead of now (a clock set back)
+neither keeps a dead rank served nor a rank that stopped stepping running.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from ..config import Options
 from ..config_file import printable
 from .exposition_check import escape_label_value
 from .host_metrics import HostCollector
+from .seen_times import SeenTimes
 from .spool import DIAGNOSIS_SUFFIX, RankMeta, RankReport, RejectedFile
 from .spool_dir import SpoolDirError, check_spool_dir, file_trust, trusted_owners
 from .spool_expiry import is_expired
@@ -127,7 +130,8 @@ class NodeView:
         self._budget_logged = False
         self.rejected: list[tuple[str, RejectedFile]] = []  # of the last refresh: files left out, and why (the first)
         self.rejected_counts: dict[str, int] = {}  # of the last refresh: files left out, by reason
-        self._first_seen: dict[tuple, float] = {}  # ranks that have made no step yet: when they were first seen
+        self._progress = SeenTimes()  # of each rank's process: when its last step time was last seen to change
+        self._written = SeenTimes()  # of each rank file: when it was last seen to change
         self.spool_dir_ok = True
         self._reading: threading.Thread | None = None
         self._last_scrape = float("-inf")  # monotonic
@@ -170,13 +174,12 @@ class NodeView:
                 if not (own_idle and report.meta.pid != own_meta.pid):
                     continue  # the live process's own exposition is newer than its file
                 own_meta = None
-            if is_expired(report, self.options.expire_after_seconds, now):
+            if is_expired(report, self.options.expire_after_seconds, self._written, now):
                 continue  # its files are removed by spool_expiry
             statuses.append(self._status(report.meta, report.exposition, alive, report.mtime, now, report.path))
         if own_meta is not None:
             statuses.append(self._status(own_meta, own_exposition, alive=True, written=now, now=now))
-        waiting = {_identity(s.meta) for s in statuses if s.meta.last_step_time is None}
-        self._first_seen = {rank: seen for rank, seen in self._first_seen.items() if rank in waiting}
+        self._progress.keep_only(_identity(s.meta) for s in statuses)
         return sorted(statuses, key=lambda s: (s.meta.run_id, diagnosis.rank_order(s.meta.rank)))
 
     def check_directory(self) -> bool:
@@ -195,10 +198,12 @@ class NodeView:
         directory = self.options.spool_dir
         if not self.check_directory():
             self.rejected, self.rejected_counts = [], {}
+            self._written.keep_only(())
             return []
         scraped, self._last_scrape = self._last_scrape, time.monotonic()
         background = self._reading is not None and self._last_scrape - scraped < IDLE_SECONDS
         reports, self.rejected = self._reader.refresh(read_changed=not background)
+        self._written.keep_only(report.path for report in reports)
         self.rejected_counts = self._reader.rejected_counts
         for name, rejection in self.rejected:
             if rejection.reason != "over_budget":
@@ -232,16 +237,15 @@ class NodeView:
     ) -> RankStatus:
         """A rank's state. Before its first step, a rank is judged from when the endpoint first saw it, or from its
         last report if that is older: a new report alone says nothing (the rank's spool thread writes one every
-        couple of seconds, whatever its training does)."""
-        if meta.last_step_time is not None:
-            progress = meta.last_step_time
-        else:
-            progress = min(written, self._first_seen.setdefault(_identity(meta), now))
+        couple of seconds, whatever its training does). Its last step is judged by when the endpoint last saw it
+        change, too: a step time ahead of now is not progress."""
+        step = meta.last_step_time
+        progress, stalled = self._progress.age(_identity(meta), step, written if step is None else step, now)
         if meta.finished:
             state = None
         elif alive is False:
             state = "dead"
-        elif now - progress > self.options.hung_after_seconds:
+        elif stalled > self.options.hung_after_seconds:
             state = "hung"
         else:
             state = "running"
@@ -260,7 +264,7 @@ class NodeView:
             for report in self._spool_reports()
             if (report.meta.run_id, report.meta.rank) not in own_ranks
             and (self.run_id is None or report.meta.run_id == self.run_id)
-            and not is_expired(report, self.options.expire_after_seconds, now)
+            and not is_expired(report, self.options.expire_after_seconds, self._written, now)
         ]
         within_budget = self._reader.diagnoses
         room = diagnosis.MAX_PAGE_BYTES - NOTE_BYTES * len(reports) - sum(len(diagnosis.dumps(d)) for d in documents)

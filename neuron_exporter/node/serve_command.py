@@ -19,7 +19,7 @@ from ..untrusted import EXIT_USAGE
 from ..web.http_server import MetricsServer, metrics_server
 from . import spool_dir
 from .node_view import NodeView
-from .spool_expiry import CHECK_INTERVAL_SECONDS, remove_expired
+from .spool_expiry import CHECK_INTERVAL_SECONDS, ExpiredFiles
 
 log = logging.getLogger("neuron_exporter")
 SHARED_MODES = ("group-shared", "shared")
@@ -169,8 +169,9 @@ def serve(options: Options, web_config=None) -> int:
         return 0
     server.start()
     print(f"neuron-exporter serve: listening on {server.url}", file=sys.stderr, flush=True)
-    remove_expired(options)
+    expired = ExpiredFiles()
+    expired.remove(options)
     while not stop.wait(CHECK_INTERVAL_SECONDS):
-        remove_expired(options)
+        expired.remove(options)
     server.stop()
     return 0

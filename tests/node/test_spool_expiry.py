@@ -106,3 +106,24 @@ def test_the_daemon_removes_expired_files_without_being_scraped(tmp_path, daemon
         wait_until(lambda: not rank_file(spool, "1").exists(), timeout=60, what="the expired files removed")
         assert names(spool) == files_of("02", ".lock", ".prom")
     assert daemon.stop() == 0
+
+
+def test_files_that_lie_in_the_future_are_removed_once_they_stood_still_past_the_expiry(tmp_path, monkeypatch):
+    # The clock was set back after this rank died and this writer was killed: their files' times lie a day ahead.
+    monkeypatch.setattr(spool_expiry, "STALE_TEMP_SECONDS", 1.0)
+    with Writer(tmp_path, "0") as live:
+        with Writer(tmp_path, "1") as dead:
+            dead.kill()
+        temporary = tmp_path / f".rank-2.{RUN}.prom.77.tmp"
+        temporary.write_bytes(b"half a file")
+        for path in [temporary, *tmp_path.glob("rank-1.*")]:
+            age(path, -86400)
+        options = resolve_options(env={}, overrides={"spool_dir": str(tmp_path), "expire_after_seconds": 1})
+        expired = spool_expiry.ExpiredFiles()
+        assert expired.remove(options) == 0  # not yet: it may have been written just now
+        wait_until(
+            lambda: expired.remove(options) >= 0 and names(tmp_path) == files_of("0", ".lock", ".prom"),
+            timeout=30,
+            what="the dead rank's files and the temporary file removed",
+        )
+        live.stop()

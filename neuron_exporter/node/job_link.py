@@ -225,6 +225,7 @@ class JobEndpointProcess:
         self._wake_reader, self._wake_writer = socket.socketpair()
         self._wake_writer.setblocking(False)
         self._started = time.monotonic()
+        self.served = False  # it asked a question: it started and served a scrape
 
     def lived_seconds(self) -> float:
         return time.monotonic() - self._started
@@ -239,6 +240,7 @@ class JobEndpointProcess:
             return True
         try:
             for kind, sequence in read_requests(self.link):
+                self.served = True
                 document, body = answer(kind)
                 send_answer(self.link, {"sequence": sequence, **document}, body)
         except OSError:

@@ -38,7 +38,8 @@ from .command_keeper import (
     wait_for,
 )
 from .node_view import NodeView
-from .serve_command import add_options, load_options, node_server, prepare_spool_dir
+from .serve_command import add_options, load_options, node_server, spool_problem
+from .spool_dir import Spool
 
 log = logging.getLogger("neuron_exporter")
 DEFAULT_GRACE_SECONDS = 10.0
@@ -83,7 +84,8 @@ def run(args: argparse.Namespace) -> int:
     if isinstance(loaded, int):
         return loaded
     options, web_config = loaded
-    problem = prepare_spool_dir(options)
+    spool = Spool.of(options)
+    problem = spool_problem(spool)
     server = None
     try:
         if problem:
@@ -96,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
                 flush=True,
             )
         else:
-            server = node_server(NodeView(options).start_reading(), options, web_config).start()
+            server = node_server(NodeView(options, spool).start_reading(), options, web_config).start()
             print(f"neuron-exporter run: serving every rank on {server.url}", file=sys.stderr, flush=True)
     except OSError as error:
         log.warning(

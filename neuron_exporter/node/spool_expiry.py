@@ -16,10 +16,9 @@ import os
 import time
 from pathlib import Path
 
-from ..config import Options
 from .seen_times import SeenTimes
 from .spool import DATA_SUFFIX, LOCK_SUFFIX, PREFIX, TEMP_SUFFIX, RankReport, split_name
-from .spool_dir import SpoolDirError, check_spool_dir, file_trust, trusted_owners
+from .spool_dir import Spool, SpoolDirError
 from .spool_reader import probing_lock, read_header
 
 log = logging.getLogger(__name__)
@@ -37,33 +36,30 @@ class ExpiredFiles:
     """What a server of the spool (the daemon, a job's endpoint) removes every ``CHECK_INTERVAL_SECONDS``; it keeps
     when it last saw each file change, from one removal to the next."""
 
-    def __init__(self) -> None:
+    def __init__(self, spool: Spool, expire_after_seconds: float):
+        self.spool, self.expire_after_seconds = spool, expire_after_seconds
         self._ranks = SeenTimes()  # rank file stems
         self._temporary = SeenTimes()  # names of temporary files
 
-    def remove(self, options: Options, now: float | None = None) -> int:
-        """The expired files of ``options.spool_dir`` removed, if the directory is one it trusts
-        (``remove_files``). Returns how many files were removed; never raises."""
-        trusted = trusted_owners(options.spool_trusted_users)
+    def remove(self, now: float | None = None) -> int:
+        """The expired files of the spool removed, if the directory is one it trusts (``remove_files``). Returns how
+        many files were removed; never raises."""
         try:
-            check_spool_dir(options.spool_dir, options.spool_mode, writer=False, trusted=trusted)
+            self.spool.check()
         except SpoolDirError:
             return 0  # missing, or not to be touched: the endpoint's spool_directory_ok says which
-        return self.remove_files(
-            options.spool_dir, options.expire_after_seconds, file_trust(options.spool_mode, trusted), now
-        )
+        return self.remove_files(now)
 
-    def remove_files(
-        self, spool_dir, expire_after_seconds: float, trusted: frozenset[int] | None = None, now: float | None = None
-    ) -> int:
-        """Delete the files of every rank of ``spool_dir`` that ended and whose last report (else its newest file) is
-        older than ``expire_after_seconds``, and stale temporary files; returns how many files were deleted.
-        ``trusted``: the uids whose lock files are believed (``spool_dir.file_trust``). Never raises."""
+    def remove_files(self, now: float | None = None) -> int:
+        """Delete the files of every rank of the spool that ended and whose last report (else its newest file) is
+        older than ``expire_after_seconds``, and stale temporary files; returns how many files were deleted. Lock
+        files are believed if they belong to ``spool.file_owners``. Never raises."""
         now = time.time() if now is None else now
-        removed = self.remove_stale_temp_files(spool_dir, now)
+        directory, trusted = self.spool.directory, self.spool.file_owners
+        removed = self.remove_stale_temp_files(now)
         ranks: dict[str, dict[str, float]] = {}  # stem -> {suffix: modification time}
         try:
-            with os.scandir(spool_dir) as entries:
+            with os.scandir(directory) as entries:
                 for entry in entries:
                     parts = split_name(entry.name)
                     if parts is not None:
@@ -71,10 +67,9 @@ class ExpiredFiles:
         except OSError:
             return removed
         self._ranks.keep_only(ranks)
-        directory = Path(spool_dir)
         for stem, files in ranks.items():
             last_report = files.get(DATA_SUFFIX, max(files.values()))  # a lock file is as old as its rank
-            if self._ranks.age(stem, last_report, last_report, now)[1] <= expire_after_seconds:
+            if self._ranks.age(stem, last_report, last_report, now)[1] <= self.expire_after_seconds:
                 continue
             meta = read_header(directory / (stem + DATA_SUFFIX), trusted) if DATA_SUFFIX in files else None
             with probing_lock(directory / (stem + LOCK_SUFFIX), meta, trusted) as alive:
@@ -87,12 +82,12 @@ class ExpiredFiles:
                     removed += _remove(directory / (stem + suffix))
         return removed
 
-    def remove_stale_temp_files(self, spool_dir, now: float | None = None) -> int:
+    def remove_stale_temp_files(self, now: float | None = None) -> int:
         """Delete temporary files left by writers killed mid-write (best effort); returns how many."""
         now = time.time() if now is None else now
         ages = []
         try:
-            with os.scandir(spool_dir) as entries:
+            with os.scandir(self.spool.directory) as entries:
                 for entry in entries:
                     if entry.name.startswith("." + PREFIX) and entry.name.endswith(TEMP_SUFFIX):
                         mtime = entry.stat(follow_symlinks=False).st_mtime
@@ -100,25 +95,13 @@ class ExpiredFiles:
         except OSError:
             pass
         self._temporary.keep_only(name for name, _ in ages)
-        directory = Path(spool_dir)
+        directory = self.spool.directory
         return sum(_remove(directory / name) for name, age in ages if age > STALE_TEMP_SECONDS)
-
-
-def remove_expired(options: Options, now: float | None = None) -> int:
-    """``ExpiredFiles.remove``, once."""
-    return ExpiredFiles().remove(options, now)
-
-
-def remove_expired_files(
-    spool_dir, expire_after_seconds: float, trusted: frozenset[int] | None = None, now: float | None = None
-) -> int:
-    """``ExpiredFiles.remove_files``, once."""
-    return ExpiredFiles().remove_files(spool_dir, expire_after_seconds, trusted, now)
 
 
 def remove_stale_temp_files(spool_dir, now: float | None = None) -> int:
     """``ExpiredFiles.remove_stale_temp_files``, once (a writer, as it starts)."""
-    return ExpiredFiles().remove_stale_temp_files(spool_dir, now)
+    return ExpiredFiles(Spool(spool_dir), 0.0).remove_stale_temp_files(now)
 
 
 def _written_since(path: Path, listed_mtime: float | None) -> bool:

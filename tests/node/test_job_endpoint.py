@@ -16,6 +16,7 @@ import pytest
 from neuron_exporter.config import resolve_options
 from neuron_exporter.node.job_endpoint import JobEndpoint
 from neuron_exporter.node.node_view import NodeView
+from neuron_exporter.node.spool_dir import Spool
 from tests.support.exposition import samples, scrape, total, value
 from tests.support.paths import ROOT, RUN, SCRIPTS
 from tests.support.processes import TrainingRun, wait_until, xla_env
@@ -399,7 +400,8 @@ def test_a_late_answer_serves_the_last_one_never_the_older_spool_file(tmp_path):
     meta = json.loads(rank_file(tmp_path, "0").read_bytes().split(b"\n")[0])
     live = steps_exposition("0").replace(b"} 7.0", b"} 9.0")
     options = resolve_options(env={}, overrides={"spool_dir": str(tmp_path)})
-    endpoint = JobEndpoint(options, RUN, SlowAsker([({"meta": meta, "idle": False}, live)]), every_run=False)
+    asker = SlowAsker([({"meta": meta, "idle": False}, live)])
+    endpoint = JobEndpoint(options, Spool.of(options), RUN, asker, every_run=False)
     served = [value(endpoint.render().decode(), "xla_steps_total", rank="0") for _ in range(3)]
     assert served == [9, 9, 9]
 

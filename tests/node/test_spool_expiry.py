@@ -8,7 +8,8 @@ import time
 from neuron_exporter.config import resolve_options
 from neuron_exporter.node import spool_expiry
 from neuron_exporter.node.spool import RankMeta
-from neuron_exporter.node.spool_expiry import remove_expired, remove_expired_files
+from neuron_exporter.node.spool_dir import Spool
+from neuron_exporter.node.spool_expiry import ExpiredFiles
 from neuron_exporter.node.spool_writer import release_rank_lock, write_rank_file
 from tests.support.daemon import Daemon
 from tests.support.paths import RUN
@@ -24,6 +25,14 @@ def age(path, seconds: float) -> None:
 
 def names(directory) -> list[str]:
     return sorted(p.name for p in directory.iterdir())
+
+
+def remove_expired_files(spool_dir, expire_after_seconds: float) -> int:
+    return ExpiredFiles(Spool(spool_dir), expire_after_seconds).remove_files()
+
+
+def remove_expired(options) -> int:
+    return ExpiredFiles(Spool.of(options), options.expire_after_seconds).remove()
 
 
 def files_of(ranks: str, *suffixes: str) -> list[str]:
@@ -118,11 +127,10 @@ def test_files_that_lie_in_the_future_are_removed_once_they_stood_still_past_the
         temporary.write_bytes(b"half a file")
         for path in [temporary, *tmp_path.glob("rank-1.*")]:
             age(path, -86400)
-        options = resolve_options(env={}, overrides={"spool_dir": str(tmp_path), "expire_after_seconds": 1})
-        expired = spool_expiry.ExpiredFiles()
-        assert expired.remove(options) == 0  # not yet: it may have been written just now
+        expired = ExpiredFiles(Spool(tmp_path), expire_after_seconds=1)
+        assert expired.remove() == 0  # not yet: it may have been written just now
         wait_until(
-            lambda: expired.remove(options) >= 0 and names(tmp_path) == files_of("0", ".lock", ".prom"),
+            lambda: expired.remove() >= 0 and names(tmp_path) == files_of("0", ".lock", ".prom"),
             timeout=30,
             what="the dead rank's files and the temporary file removed",
         )

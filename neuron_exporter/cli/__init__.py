@@ -1,6 +1,6 @@
 """The ``neuron-exporter`` command: ``parse``, ``explain`` and ``diagnose`` (reports/), ``serve`` the node endpoint
-and ``run`` a command with the exporter attached (node/), and ``assets`` (here). Each command lives with the code it
-runs; this package puts them together, and no other folder imports it."""
+(node/), and, here, ``run`` a command with the exporter attached (it starts training processes, so it sits with what
+puts the rooms together) and ``assets``. This package puts the commands together, and no other folder imports it."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import os
 import sys
 
 from .. import __version__
-from ..node import run_command, serve_command
+from ..node import serve_command
 from ..reports import diagnose_command, report_commands
-from . import assets_command
+from . import assets_command, run_command
 
 
 def main(argv: list[str] | None = None) -> int:

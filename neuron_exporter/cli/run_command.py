@@ -22,6 +22,9 @@ import sys
 
 from .. import run_identity
 from ..config import child_environment
+from ..node.node_view import NodeView
+from ..node.serve_command import add_options, load_options, node_server, spool_problem
+from ..node.spool_dir import Spool
 from ..training import AUTOSTART_DIR
 from ..untrusted import EXIT_USAGE
 from . import command_keeper
@@ -37,9 +40,6 @@ from .command_keeper import (
     release_signals,
     wait_for,
 )
-from .node_view import NodeView
-from .serve_command import add_options, load_options, node_server, spool_problem
-from .spool_dir import Spool
 
 log = logging.getLogger("neuron_exporter")
 DEFAULT_GRACE_SECONDS = 10.0

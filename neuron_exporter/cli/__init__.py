@@ -1,6 +1,6 @@
-"""The ``neuron-exporter`` command: ``parse``, ``explain`` and ``diagnose`` (reports/), ``serve`` the node endpoint
-(node/), and, here, ``run`` a command with the exporter attached (it starts training processes, so it sits with what
-puts the rooms together) and ``assets``. This package puts the commands together, and no other folder imports it."""
+"""The ``neuron-exporter`` command: ``parse`` and ``explain`` (reports/), ``serve`` the node endpoint (node/), and,
+here, ``run`` a command with the exporter attached (it starts training processes), ``diagnose`` (a client of a live
+endpoint) and ``assets``. This package puts the commands together, and no other folder imports it."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import sys
 
 from .. import __version__
 from ..node import serve_command
-from ..reports import diagnose_command, report_commands
-from . import assets_command, run_command
+from ..reports import report_commands
+from . import assets_command, diagnose_command, run_command
 
 
 def main(argv: list[str] | None = None) -> int:

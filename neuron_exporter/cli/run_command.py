@@ -27,7 +27,6 @@ from ..node.serve_command import add_options, load_options, node_server, spool_p
 from ..node.spool_dir import Spool
 from ..training import AUTOSTART_DIR
 from ..untrusted import EXIT_USAGE
-from . import command_keeper
 from .command_keeper import (
     EXIT_CANNOT_RUN,
     PR_SET_CHILD_SUBREAPER,
@@ -156,7 +155,7 @@ def supervise(command: list[str], env: dict[str, str], grace_seconds: float) -> 
     hold_signals()  # until the keeper is there to take them; it starts with them held (command_keeper says why)
     try:
         keeper = subprocess.Popen(
-            [sys.executable, "-m", command_keeper.__name__, str(os.getpid()), repr(grace_seconds), home, *command],
+            [sys.executable, "-m", Keeper.__module__, str(os.getpid()), repr(grace_seconds), home, *command],
             env=env,
         )
     finally:

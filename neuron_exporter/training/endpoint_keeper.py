@@ -64,7 +64,12 @@ class EndpointKeeper:
         self._endpoint_failures = 0  # endpoint processes in a row that ended right after they started
         self._retry_after = ENDPOINT_RETRY_SECONDS  # how long the next round of failures serves its own rank only
         self._retry_at: float | None = None  # monotonic: when to start an endpoint process again
-        self._picked_port: int | None = None  # with port=0: the port picked the first time
+        # ``port`` is read here once, by one rule (the user guide states it): a port given (19478 by default) is the
+        # node's endpoint, shared by every job of the machine: whoever holds it serves every run of the spool, and a
+        # process that could not bind it takes it over once it frees. ``port=0`` asks for a port of the job's own:
+        # picked free once and kept for the life of the process, serving the job's run only.
+        self.node_port: int | None = self.options.port or None
+        self._own_port: int | None = None  # with port=0: the port picked the first time
         self._stop = threading.Event()
         self._spool_thread: threading.Thread | None = None
 
@@ -77,10 +82,12 @@ class EndpointKeeper:
         return self.server.url if self.server else None
 
     def serve(self, first_try: bool) -> None:
-        options = self.options
-        # A process that picked a free port (port=0) serves on it again if its endpoint process ends: its URL was
-        # printed or registered. Should another process have taken it meanwhile, a new free port is picked.
-        ports = [options.port] if options.port or self._picked_port is None else [self._picked_port, 0]
+        # A process with a port of its own serves on it again if its endpoint process ends: its URL was printed or
+        # registered. Should another process have taken it meanwhile, a new free port is picked.
+        if self.node_port is not None:
+            ports = [self.node_port]
+        else:
+            ports = [0] if self._own_port is None else [self._own_port, 0]
         for port in ports:
             try:
                 self.server = self._bind(port)
@@ -91,15 +98,17 @@ class EndpointKeeper:
             if first_try and not self.rank.auto:
                 self._warn_port_taken(failure)
             return
-        if options.port == 0:
-            if self._picked_port not in (None, self.server.port):
+        if self.node_port is None:
+            if self._own_port not in (None, self.server.port):
                 log.warning("neuron-exporter: this process's endpoint moved to %s (its port was taken)", self.url)
-            self._picked_port = self.server.port
+            self._own_port = self.server.port
 
     def _bind(self, port: int) -> MetricsServer | JobEndpointProcess:
         options = self.options
         if options.node_view and self._endpoint_failures < ENDPOINT_MAX_FAILURES:
-            return JobEndpointProcess(options, port, rank_labels()["run_id"], self.web_config, AUTOSTART_DIR)
+            run_id = rank_labels()["run_id"]
+            every_run = self.node_port is not None  # see node.job_endpoint: which runs a job's endpoint serves
+            return JobEndpointProcess(options, port, run_id, every_run, self.web_config, AUTOSTART_DIR)
         return metrics_server(self.registry, self.rank.diagnosis, options.addr, port, self.web_config).start()
 
     def _warn_port_taken(self, error: OSError) -> None:
@@ -110,7 +119,7 @@ class EndpointKeeper:
             "serve, or another job's endpoint: it serves every run of its spool); this process takes the port over "
             "once it is free",
             options.addr,
-            options.port,
+            self.node_port,
             error.strerror or error,
             options.spool_dir,
         )
@@ -202,7 +211,7 @@ class EndpointKeeper:
         self.rank._write_spool()
         if self._retry_at is not None and time.monotonic() >= self._retry_at:
             self._retry_endpoint()
-        if self.server is None and (self._picked_port is not None or self.options.port and self.rank.claimed):
+        if self.server is None and (self._own_port is not None or self.node_port and self.rank.claimed):
             # The endpoint process ended, or the process that held the port has gone: serve (again).
             self.serve(first_try=False)
         return time.monotonic() + interval
@@ -215,7 +224,7 @@ class EndpointKeeper:
 
     def close_inherited_socket(self) -> None:
         """In a forked child: the endpoint stays the parent's."""
-        self._picked_port = None
+        self._own_port = None
         if self.server is not None:
             self.server.close_inherited_socket()
             self.server = None

@@ -17,6 +17,7 @@ from neuron_exporter.training.endpoint_keeper import EndpointKeeper
 from neuron_exporter.training.rank import rank_labels
 from neuron_exporter.training.self_metrics import SelfStats
 from tests.support.exposition import scrape, value
+from tests.support.paths import ROOT
 from tests.support.processes import wait_until
 
 
@@ -144,3 +145,14 @@ def test_an_endpoint_that_keeps_failing_to_start_is_started_again_later_and_late
         keeper.close()
     assert rank.stats.errors["scrape"] == endpoint_keeper.ENDPOINT_MAX_FAILURES + 1
     assert keeper._endpoint_failures == 0 and keeper._retry_after == 2.0
+
+
+def test_the_port_option_is_read_once_by_one_rule():
+    """`port` is the node's shared endpoint, or (0) a port of the job's own: the keeper reads it once and hands each
+    part of the code what it means (a port to bind, whether to serve every run); nothing reads it again."""
+    package = ROOT / "neuron_exporter"
+    readers = {
+        path.relative_to(package).as_posix(): path.read_text().count("options.port")
+        for path in [*(package / "training").rglob("*.py"), package / "node" / "job_link.py"]
+    }
+    assert {path: count for path, count in readers.items() if count} == {"training/endpoint_keeper.py": 1}

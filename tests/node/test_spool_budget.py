@@ -40,6 +40,21 @@ def test_a_live_run_is_read_before_finished_ones_whatever_its_id(tmp_path):
     assert value(text, "neuron_exporter_spool_rejected_files", reason="over_budget") == 4
 
 
+def test_files_that_lie_in_the_future_are_read_after_a_live_run(tmp_path):
+    for run in ("a-1", "a-2"):  # ended before the clock was set back: their times lie a day ahead
+        for rank in "01":
+            meta = RankMeta.current(rank, rank, run_id=run, finished=True)
+            path = write_rank_file(tmp_path, meta, steps_exposition(rank).replace(RUN.encode(), run.encode()))
+            ahead = time.time() + 86400
+            os.utime(path, (ahead, ahead))
+    with Writer(tmp_path, "0,1"):  # the live run, "test-run"
+        node = NodeView(resolve_options(env={}, overrides={"spool_dir": str(tmp_path), "spool_max_files": 2}))
+        text = node.render().decode()
+    assert value(text, "xla_steps_total", run_id=RUN, rank="0") == 5
+    assert value(text, "xla_steps_total", run_id=RUN, rank="1") == 5
+    assert value(text, "neuron_exporter_spool_rejected_files", reason="over_budget") == 4
+
+
 def test_files_that_grow_after_a_refresh_are_read_within_the_budget(tmp_path, monkeypatch):
     for rank in "0123":
         rank_file(tmp_path, rank).write_bytes(rank_file_bytes(rank, steps_exposition(rank)))

@@ -108,8 +108,9 @@ class NodeView:
     process that started it)."""
 
     def __init__(self, options: Options, spool: Spool | None = None, run_id: str | None = None):
-        """``spool``: the spool directory to read (by default ``Spool.of(options)``). ``run_id``: serve that run
-        only, and read no other run's files (a training job's endpoint); None: every run (the daemon)."""
+        """``spool``: the spool directory to read, which the commands build once and hand down (None, for tests:
+        ``Spool.of(options)``). ``run_id``: serve that run only, and read no other run's files (a training job's
+        endpoint); None: every run (the daemon)."""
         self.options = options
         self.spool = Spool.of(options) if spool is None else spool
         self.run_id = run_id

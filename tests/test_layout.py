@@ -7,9 +7,10 @@ at all, and every folder may import them. cli/, the ``neuron-exporter`` command,
 public face, ``__init__`` and ``__main__``); no folder imports it. In web/, the connection layer (``connections``,
 ``admission``, ``http_messages``, ``lanes``) knows no route, metric or user: of the package it uses the rate limits
 only. mixin/, the generator of the dashboards and rules (it needs the Grafana SDK, an extra), imports no other folder,
-and only ``cli/assets_command`` (``neuron-exporter assets --config``) imports it. Every folder may read where the
-training package's start-up files are (``neuron_exporter.training.AUTOSTART_DIR``: the package's ``__init__``, which
-imports nothing, so reading it loads nothing of training).
+and only ``cli/assets_command`` (``neuron-exporter assets --config``) imports it. The commands that start training
+processes (``cli/run_command``) read where the training package's start-up files are
+(``neuron_exporter.training.AUTOSTART_DIR``: the package's ``__init__``, which imports nothing, so reading it loads
+nothing of training); node/ does not even read that.
 
 In training/, each source is a room of its own (``xla/``, ``torch_compile/``, ``steps/``, ``neuron/``...: every
 sub-package) and never imports a sibling; what two sources share lives in training/ itself.
@@ -42,8 +43,6 @@ FORBIDDEN = {
 PUBLIC_FACE = {"__init__.py", "__main__.py"}
 # The one way into the mixin from the rest of the package: `neuron-exporter assets --config`.
 ALLOWED = {"cli/assets_command.py": {"mixin"}}
-# Names every folder may import: where the training package's start-up files are (its __init__ imports nothing).
-READABLE_EVERYWHERE = {"neuron_exporter.training", "neuron_exporter.training.AUTOSTART_DIR"}
 
 
 def imported_modules(path: Path, root: Path = PACKAGE) -> set[str]:
@@ -76,7 +75,7 @@ def violations(package: Path = PACKAGE) -> list[str]:
         folder = relative.parts[0] if len(relative.parts) > 1 and relative.parts[0] in ROOMS else ""
         if relative.as_posix() in PUBLIC_FACE:
             continue
-        for module in sorted(imported_modules(path, package) - READABLE_EVERYWHERE):
+        for module in sorted(imported_modules(path, package)):
             target = folder_of(module)
             if target and target in FORBIDDEN[folder] - ALLOWED.get(relative.as_posix(), set()):
                 found.append(f"{relative} imports {module}")
@@ -107,6 +106,8 @@ def test_the_package_keeps_its_import_rules():
         ("mixin", "from ..training.rank import rank_labels"),
         ("node", "from ..cli import main"),
         ("node", "from ..training import autostart"),
+        ("node", "from ..training import AUTOSTART_DIR"),
+        ("web", "from ..training import AUTOSTART_DIR"),
         ("diagnosis", "from ..web.http_server import MetricsServer"),
     ],
 )
@@ -336,7 +337,7 @@ def test_only_assets_command_imports_the_mixin(tmp_path):
 
 
 def test_the_training_package_face_imports_nothing():
-    """Every folder may read AUTOSTART_DIR from training/__init__: that must load nothing of training."""
+    """`neuron-exporter run` reads AUTOSTART_DIR from training/__init__: that must load nothing of training."""
     face = PACKAGE / "training" / "__init__.py"
     assert {name.split(".")[0] for name in imported_modules(face)} <= {"os"}
 

@@ -1,6 +1,6 @@
-"""The ``neuron-exporter`` command: ``parse``, ``explain`` and ``diagnose`` (reports/), ``serve`` the node endpoint
-and ``run`` a command with the exporter attached (node/), and ``assets`` (here). Each command lives with the code it
-runs; this package puts them together, and no other folder imports it."""
+"""The ``neuron-exporter`` command: ``parse`` and ``explain`` (reports/), ``serve`` the node endpoint (node/), and,
+here, ``run`` a command with the exporter attached (it starts training processes), ``diagnose`` (a client of a live
+endpoint) and ``assets``. This package puts the commands together, and no other folder imports it."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import sys
 
 from .. import __version__
 from ..config import ENV_PREFIX, OPTION_NAMES, flag
-from ..node import run_command, serve_command
-from ..reports import diagnose_command, report_commands
-from . import assets_command
+from ..node import serve_command
+from ..reports import report_commands
+from . import assets_command, diagnose_command, run_command
 
 
 class CommandParser(argparse.ArgumentParser):

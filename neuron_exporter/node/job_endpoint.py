@@ -14,7 +14,7 @@ for the job alone (``port=0``, reported by ``handle.port``), only the job's own 
 endpoint, and serving the other runs too would export them twice.
 
 Without a daemon, nothing else tidies the spool: like the daemon, it removes the expired files of ranks that ended,
-of every run, at its start and every ``spool_expiry.CHECK_INTERVAL_SECONDS`` (``spool_expiry.remove_expired``).
+of every run, at its start and every ``spool_expiry.CHECK_INTERVAL_SECONDS`` (``spool_expiry.ExpiredFiles``).
 
 It serves as long as the process that started it lives (it checks its parent twice a second) or until that process
 stops it (``detach()``), and never outlives the job: the next rank to step then binds the port and starts another.
@@ -37,7 +37,8 @@ from ..config import Options
 from ..web.http_server import metrics_server
 from .job_link import DIAGNOSIS, METRICS, Asker, read_answer
 from .node_view import NodeView
-from .spool_expiry import CHECK_INTERVAL_SECONDS, remove_expired
+from .spool_dir import Spool
+from .spool_expiry import CHECK_INTERVAL_SECONDS, ExpiredFiles
 
 log = logging.getLogger("neuron_exporter")
 
@@ -47,8 +48,8 @@ CONFIG_TIMEOUT_SECONDS = 60.0
 
 
 class JobEndpoint:
-    def __init__(self, options: Options, run_id: str, asker: Asker, every_run: bool):
-        self.view = NodeView(options, run_id=None if every_run else run_id).start_reading()
+    def __init__(self, options: Options, spool: Spool, run_id: str, asker: Asker, every_run: bool):
+        self.view = NodeView(options, spool, run_id=None if every_run else run_id).start_reading()
         self.asker = asker
         self._last_own: tuple[dict, bytes] | None = None  # the training process's last answer
 
@@ -85,16 +86,18 @@ def main(argv: list[str] | None = None) -> int:
     config, _ = read_answer(link, time.monotonic() + CONFIG_TIMEOUT_SECONDS)
     options = Options(**config["options"])
     logging.basicConfig(level=options.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    endpoint = JobEndpoint(options, config["run_id"], Asker(link), bool(config.get("every_run")))
+    spool = Spool.of(options)
+    endpoint = JobEndpoint(options, spool, config["run_id"], Asker(link), bool(config.get("every_run")))
     server = metrics_server(
         endpoint.render, endpoint.diagnosis, options.addr, options.port, options.web_config_file, listener
     ).start()
+    expired = ExpiredFiles(spool, options.expire_after_seconds)
     next_expiry = time.monotonic()
     while not stop.wait(PARENT_CHECK_SECONDS):
         if os.getppid() != parent or endpoint.asker.closed:
             break
         if time.monotonic() >= next_expiry:
-            remove_expired(options)
+            expired.remove()
             next_expiry = time.monotonic() + CHECK_INTERVAL_SECONDS
     server.stop()
     return 0

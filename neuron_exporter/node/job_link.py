@@ -175,10 +175,19 @@ def read_requests(sock: socket.socket) -> list[tuple[bytes, int]]:
 
 
 class JobEndpointProcess:
-    """Binds ``port`` (``options.port``, or the one ``port=0`` picked before); raises ``OSError`` if it is taken
-    (another rank or the daemon serves the node)."""
+    """Binds ``port`` (0: a free one) and starts the endpoint process on it, serving ``run_id`` only or, with
+    ``every_run``, every run of the spool; raises ``OSError`` if the port is taken (another rank or the daemon
+    serves the node)."""
 
-    def __init__(self, options: Options, port: int, run_id: str, web_config: WebConfig | None, autostart_dir: str):
+    def __init__(
+        self,
+        options: Options,
+        port: int,
+        run_id: str,
+        every_run: bool,
+        web_config: WebConfig | None,
+        autostart_dir: str,
+    ):
         listener = bind_listener(options.addr, port)
         theirs = process = None
         try:
@@ -207,7 +216,7 @@ class JobEndpointProcess:
                 {
                     "sequence": 0,
                     "run_id": run_id,
-                    "every_run": options.port != 0,  # see job_endpoint: which runs a job's endpoint serves
+                    "every_run": every_run,
                     "options": {**dataclasses.asdict(options), "port": self.port},
                 },
             )
@@ -225,6 +234,7 @@ class JobEndpointProcess:
         self._wake_reader, self._wake_writer = socket.socketpair()
         self._wake_writer.setblocking(False)
         self._started = time.monotonic()
+        self.served = False  # it asked a question: it started and served a scrape
 
     def lived_seconds(self) -> float:
         return time.monotonic() - self._started
@@ -239,6 +249,7 @@ class JobEndpointProcess:
             return True
         try:
             for kind, sequence in read_requests(self.link):
+                self.served = True
                 document, body = answer(kind)
                 send_answer(self.link, {"sequence": sequence, **document}, body)
         except OSError:

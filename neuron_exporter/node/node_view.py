@@ -6,6 +6,8 @@ when its process is gone. A process writes the spool from its first step (or com
 shows it before that too, unless another process reports its rank (the worker a launcher started).
 Hung and dead ranks keep their last values (counters never drop to 0) until their file is
 ``expire_after_seconds`` old. A rank that finished cleanly keeps its values too, without liveness series.
+Both ages are judged on the endpoint's own clocks as well (``seen_times``): a time ahead of now (a clock set back)
+neither keeps a dead rank served nor a rank that stopped stepping running.
 """
 
 from __future__ import annotations
@@ -30,10 +32,11 @@ from ..config import Options
 from ..config_file import printable
 from .exposition_check import escape_label_value
 from .host_metrics import HostCollector
+from .seen_times import SeenTimes
 from .spool import DIAGNOSIS_SUFFIX, RankMeta, RankReport, RejectedFile
-from .spool_dir import SpoolDirError, check_spool_dir, file_trust, trusted_owners
+from .spool_dir import Spool, SpoolDirError
 from .spool_expiry import is_expired
-from .spool_reader import SpoolReader, read_diagnosis, writer_alive
+from .spool_reader import Refresh, SpoolReader, read_diagnosis, writer_alive
 
 log = logging.getLogger(__name__)
 
@@ -104,21 +107,19 @@ class NodeView:
     """Renders the node endpoint from the spool directory (and, in a training job's endpoint, the exposition of the
     process that started it)."""
 
-    def __init__(self, options: Options, run_id: str | None = None):
-        """``run_id``: serve that run only, and read no other run's files (a training job's endpoint); None: every
-        run (the daemon)."""
+    def __init__(self, options: Options, spool: Spool | None = None, run_id: str | None = None):
+        """``spool``: the spool directory to read, which the commands build once and hand down (None, for tests:
+        ``Spool.of(options)``). ``run_id``: serve that run only, and read no other run's files (a training job's
+        endpoint); None: every run (the daemon)."""
         self.options = options
+        self.spool = Spool.of(options) if spool is None else spool
         self.run_id = run_id
-        self._trusted = trusted_owners(options.spool_trusted_users)
-        self._file_trust = file_trust(options.spool_mode, self._trusted)
         self._reader = SpoolReader(
-            options.spool_dir,
+            self.spool,
             options.spool_max_file_bytes,
             options.spool_max_total_bytes,
             options.spool_max_files,
             run_id,
-            self._file_trust,
-            self._trusted,
         )
         self._split: dict[Path, tuple[bytes, list[Family]]] = {}  # rank file -> (exposition, its families)
         self._host = HostCollector()
@@ -127,7 +128,8 @@ class NodeView:
         self._budget_logged = False
         self.rejected: list[tuple[str, RejectedFile]] = []  # of the last refresh: files left out, and why (the first)
         self.rejected_counts: dict[str, int] = {}  # of the last refresh: files left out, by reason
-        self._first_seen: dict[tuple, float] = {}  # ranks that have made no step yet: when they were first seen
+        self._progress = SeenTimes()  # of each rank's process: when its last step time was last seen to change
+        self._written = SeenTimes()  # of each rank file: when it was last seen to change
         self.spool_dir_ok = True
         self._reading: threading.Thread | None = None
         self._last_scrape = float("-inf")  # monotonic
@@ -162,27 +164,26 @@ class NodeView:
         now = time.time() if now is None else now
         statuses = []
         own_meta, own_exposition = (RankMeta.of(own[0]), own[1]) if own is not None else (None, b"")
-        for report in self._spool_reports():
-            alive = writer_alive(report, self._file_trust)
+        for report in self._refresh().reports:
+            alive = writer_alive(report, self.spool.file_owners)
             if self.run_id is not None and report.meta.run_id != self.run_id:
                 continue
             if own_meta is not None and (report.meta.run_id, report.meta.rank) == (own_meta.run_id, own_meta.rank):
                 if not (own_idle and report.meta.pid != own_meta.pid):
                     continue  # the live process's own exposition is newer than its file
                 own_meta = None
-            if is_expired(report, self.options.expire_after_seconds, now):
+            if is_expired(report, self.options.expire_after_seconds, self._written, now):
                 continue  # its files are removed by spool_expiry
             statuses.append(self._status(report.meta, report.exposition, alive, report.mtime, now, report.path))
         if own_meta is not None:
             statuses.append(self._status(own_meta, own_exposition, alive=True, written=now, now=now))
-        waiting = {_identity(s.meta) for s in statuses if s.meta.last_step_time is None}
-        self._first_seen = {rank: seen for rank, seen in self._first_seen.items() if rank in waiting}
+        self._progress.keep_only(_identity(s.meta) for s in statuses)
         return sorted(statuses, key=lambda s: (s.meta.run_id, diagnosis.rank_order(s.meta.rank)))
 
     def check_directory(self) -> bool:
         """Whether the spool directory is safe to read (``spool_dir_ok``); the reason it is not is logged once."""
         try:
-            check_spool_dir(self.options.spool_dir, self.options.spool_mode, writer=False, trusted=self._trusted)
+            self.spool.check()
         except SpoolDirError as error:
             self.spool_dir_ok = error.errno == errno.ENOENT  # no directory yet (no job has started) is no problem
             if not self.spool_dir_ok:
@@ -191,30 +192,33 @@ class NodeView:
         self.spool_dir_ok = True
         return True
 
-    def _spool_reports(self) -> list[RankReport]:
-        directory = self.options.spool_dir
+    def _refresh(self) -> Refresh:
+        """The spool read (``SpoolReader.refresh``); what it left out is kept for the render (``rejected``)."""
         if not self.check_directory():
             self.rejected, self.rejected_counts = [], {}
-            return []
+            self._written.keep_only(())
+            return Refresh([], [], {}, {})
         scraped, self._last_scrape = self._last_scrape, time.monotonic()
         background = self._reading is not None and self._last_scrape - scraped < IDLE_SECONDS
-        reports, self.rejected = self._reader.refresh(read_changed=not background)
-        self.rejected_counts = self._reader.rejected_counts
+        refresh = self._reader.refresh(read_changed=not background)
+        self.rejected, self.rejected_counts = refresh.rejected, refresh.rejected_counts
+        self._written.keep_only(report.path for report in refresh.reports)
         for name, rejection in self.rejected:
             if rejection.reason != "over_budget":
                 self._log_once(name, rejection.reason, f"{printable(name, 300)}: {rejection}")  # any name
-        if self._reader.over_budget and not self._budget_logged:
+        over_budget = self.rejected_counts.get("over_budget", 0)
+        if over_budget and not self._budget_logged:
             self._budget_logged = True
             log.warning(
                 "neuron-exporter: not serving %d files of the spool directory %s: it holds more than the %d "
                 "files or %d bytes the endpoint reads (spool_max_files, spool_max_total_bytes); "
                 'neuron_exporter_spool_rejected_files{reason="over_budget"} counts them',
-                self._reader.over_budget,
-                directory,
+                over_budget,
+                self.spool.directory,
                 self.options.spool_max_files,
                 self.options.spool_max_total_bytes,
             )
-        return reports
+        return refresh
 
     def _log_once(self, name: str, reason: str, message: str) -> None:
         if (name, reason) not in self._logged and len(self._logged) < MAX_LOGGED_REJECTIONS:
@@ -232,16 +236,15 @@ class NodeView:
     ) -> RankStatus:
         """A rank's state. Before its first step, a rank is judged from when the endpoint first saw it, or from its
         last report if that is older: a new report alone says nothing (the rank's spool thread writes one every
-        couple of seconds, whatever its training does)."""
-        if meta.last_step_time is not None:
-            progress = meta.last_step_time
-        else:
-            progress = min(written, self._first_seen.setdefault(_identity(meta), now))
+        couple of seconds, whatever its training does). Its last step is judged by when the endpoint last saw it
+        change, too: a step time ahead of now is not progress."""
+        step = meta.last_step_time
+        progress, stalled = self._progress.age(_identity(meta), step, written if step is None else step, now)
         if meta.finished:
             state = None
         elif alive is False:
             state = "dead"
-        elif now - progress > self.options.hung_after_seconds:
+        elif stalled > self.options.hung_after_seconds:
             state = "hung"
         else:
             state = "running"
@@ -255,14 +258,15 @@ class NodeView:
         documents = [own] if own is not None else []
         own_ranks = {(str(r.get("run_id")), str(r.get("rank"))) for r in own.get("ranks", [])} if own else set()
         now = time.time()
+        refresh = self._refresh()
         reports = [
             report
-            for report in self._spool_reports()
+            for report in refresh.reports
             if (report.meta.run_id, report.meta.rank) not in own_ranks
             and (self.run_id is None or report.meta.run_id == self.run_id)
-            and not is_expired(report, self.options.expire_after_seconds, now)
+            and not is_expired(report, self.options.expire_after_seconds, self._written, now)
         ]
-        within_budget = self._reader.diagnoses
+        within_budget = refresh.diagnoses
         room = diagnosis.MAX_PAGE_BYTES - NOTE_BYTES * len(reports) - sum(len(diagnosis.dumps(d)) for d in documents)
         left_out: list[tuple[RankMeta, str]] = []
         for report in reports:
@@ -288,7 +292,7 @@ class NodeView:
     def _rank_diagnosis(self, report: RankReport) -> dict | None:
         """The diagnosis of ``report``'s rank from its file; None if there is none, or it is not one (logged)."""
         try:
-            data = read_diagnosis(report, diagnosis.MAX_BYTES, self._file_trust)
+            data = read_diagnosis(report, diagnosis.MAX_BYTES, self.spool.file_owners)
         except RejectedFile as error:
             self._log_once(report.path.name, "bad_diagnosis", f"the diagnosis of {report.path.name}: {error}")
             return None

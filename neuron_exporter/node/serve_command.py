@@ -26,12 +26,11 @@ from ..config import (
 )
 from ..untrusted import EXIT_USAGE
 from ..web.http_server import MetricsServer, metrics_server
-from . import spool_dir
 from .node_view import NodeView
-from .spool_expiry import CHECK_INTERVAL_SECONDS, remove_expired
+from .spool_dir import Spool
+from .spool_expiry import CHECK_INTERVAL_SECONDS, ExpiredFiles
 
 log = logging.getLogger("neuron_exporter")
-SHARED_MODES = ("group-shared", "shared")
 
 # option -> flag: the options the node endpoint reads (a config file may hold the others too, for attach())
 FLAGS = {key: flag(key) for key in NODE_OPTIONS}
@@ -115,19 +114,10 @@ def run(args: argparse.Namespace) -> int:
     return serve(*loaded)
 
 
-def prepare_spool_dir(options: Options) -> str | None:
-    """In a shared mode, create the spool directory (the ranks of several users write there); in the other modes a
-    rank creates its own. Returns the one-line reason why an existing directory is unsafe to read, if it is."""
+def spool_problem(spool: Spool) -> str | None:
+    """``spool.prepare()``: the one-line reason why the spool directory is unsafe to read, if it is."""
     try:
-        if options.spool_mode in SHARED_MODES and not os.path.lexists(options.spool_dir):
-            spool_dir.prepare_spool_dir(options.spool_dir, options.spool_mode)
-        if os.path.lexists(options.spool_dir):
-            spool_dir.check_spool_dir(
-                options.spool_dir,
-                options.spool_mode,
-                writer=False,
-                trusted=spool_dir.trusted_owners(options.spool_trusted_users),
-            )
+        spool.prepare()
     except OSError as error:
         return str(error)
     return None
@@ -142,8 +132,9 @@ def serve(options: Options, web_config=None) -> int:
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
-    prepare_spool_dir(options)
-    view = NodeView(options).start_reading()
+    spool = Spool.of(options)
+    spool_problem(spool)
+    view = NodeView(options, spool).start_reading()
     # An unsafe directory is logged now and served as neuron_exporter_spool_directory_ok 0 (its alert fires) until it
     # is fixed: the daemon stays up, so that someone hears of it.
     view.check_directory()
@@ -172,8 +163,9 @@ def serve(options: Options, web_config=None) -> int:
         return 0
     server.start()
     print(f"neuron-exporter serve: listening on {server.url}", file=sys.stderr, flush=True)
-    remove_expired(options)
+    expired = ExpiredFiles(spool, options.expire_after_seconds)
+    expired.remove()
     while not stop.wait(CHECK_INTERVAL_SECONDS):
-        remove_expired(options)
+        expired.remove()
     server.stop()
     return 0

@@ -2,7 +2,9 @@
 
 The directory must be a real directory, no more open than ``spool_mode`` allows, and, for a writer, its own (in the
 shared sticky modes: its own or root's); for a reader, a trusted user's. Files are opened without following links or
-blocking, and must be regular, at most a given size and (for a reader that says so) a trusted user's.
+blocking, and must be regular, at most a given size and (for a reader that says so) a trusted user's. A reader (the
+daemon, a job's endpoint) builds its ``Spool`` once from the options and hands it to what reads, serves and tidies
+the directory.
 """
 
 from __future__ import annotations
@@ -10,9 +12,10 @@ from __future__ import annotations
 import errno
 import os
 import stat
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..config import SPOOL_MODES, user_ids
+from ..config import SPOOL_MODES, Options, user_ids
 from .spool import DEFAULT_SPOOL_MODE, RejectedFile
 
 OPEN_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -81,7 +84,7 @@ def check_spool_dir(
 
 
 def prepare_spool_dir(spool_dir, spool_mode: str = DEFAULT_SPOOL_MODE) -> None:
-    """Create the spool directory (again, if it was deleted) with ``spool_mode``, then check it."""
+    """A writer's: create the spool directory (again, if it was deleted) with ``spool_mode``, then check it."""
     path = Path(spool_dir)
     if not os.path.lexists(path):
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -91,6 +94,40 @@ def prepare_spool_dir(spool_dir, spool_mode: str = DEFAULT_SPOOL_MODE) -> None:
         except FileExistsError:
             pass
     check_spool_dir(path, spool_mode, writer=True)
+
+
+@dataclass(frozen=True)
+class Spool:
+    """The spool directory as a reader sees it: where it is, how open it may be (``spool_mode``), and whom the reader
+    trusts to own it (root, this user and ``spool_trusted_users``, whose files are also read first)."""
+
+    directory: Path
+    mode: str = DEFAULT_SPOOL_MODE
+    trusted: frozenset[int] = field(default_factory=lambda: trusted_owners(None))
+
+    def __post_init__(self):
+        object.__setattr__(self, "directory", Path(self.directory))
+
+    @classmethod
+    def of(cls, options: Options) -> Spool:
+        return cls(Path(options.spool_dir), options.spool_mode, trusted_owners(options.spool_trusted_users))
+
+    @property
+    def file_owners(self) -> frozenset[int] | None:
+        """Whose files are served (``file_trust``): None for anyone's."""
+        return file_trust(self.mode, self.trusted)
+
+    def check(self) -> None:
+        """``SpoolDirError`` unless the directory is safe to read (``check_spool_dir``)."""
+        check_spool_dir(self.directory, self.mode, writer=False, trusted=self.trusted)
+
+    def prepare(self) -> None:
+        """In a shared mode, create the directory if it is missing (the ranks of several users write there; in the
+        other modes a rank creates its own); then, if it exists, check it. ``OSError`` says why it is unsafe."""
+        if SPOOL_MODES[self.mode][0] & stat.S_ISVTX and not os.path.lexists(self.directory):
+            prepare_spool_dir(self.directory, self.mode)
+        if os.path.lexists(self.directory):
+            self.check()
 
 
 def open_regular(path: Path, max_bytes: int, trusted: frozenset[int] | None = None) -> tuple[int, os.stat_result]:

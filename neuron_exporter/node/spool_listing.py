@@ -9,10 +9,10 @@ live process holds its rank's lock, and only then from what the file says:
 3. the rest.
 
 In the first class, and within one user's files in the others, live runs come first: the files written in the last
-``FRESH_SECONDS`` (a live rank rewrites its file every couple of seconds) in the order of their runs and ranks, then
-the others, the most recent first. In the second and third classes the users take turns: the next file is always the
-next one of the user whose files taken so far cost the least (their bytes, plus a share of the budget for each file),
-so one user's files never crowd out another's.
+``FRESH_SECONDS`` (a live rank rewrites its file every couple of seconds) in the order of their runs and ranks, then the
+others, the most recent first, and last those whose times lie ahead of now. In the second and third classes the users
+take turns: the next file is always the next one of the user whose files taken so far cost the least (their bytes, plus
+a share of the budget for each file), so one user's files never crowd out another's.
 
 A file rejected from its directory entry alone (not a regular file, too large, another user's where only trusted
 users are served) is never opened and takes nothing from any budget. Of the others, at most ``limit`` are looked at;
@@ -152,8 +152,11 @@ def _in_turns(files_of: dict[int, list[Listed]], file_cost: int) -> list[Listed]
 
 def _order(name: str, mtime: float, now: float):
     """Live runs' files first, in the order of their runs, then ranks (numerically where ranks are numbers), then the
-    others, the most recent first; from their names and modification times."""
+    others, the most recent first; from their names and modification times. A time further ahead of now than a live
+    rank's could be (a clock set back since it was written) says nothing of when: such files come last."""
     rank, _, run = name[len(PREFIX) : -len(DATA_SUFFIX)].partition(".")
-    if now - mtime < FRESH_SECONDS:
+    if abs(now - mtime) < FRESH_SECONDS:
         return 0, 0.0, run, rank_order(rank)
+    if mtime > now:
+        return 2, 0.0, run, rank_order(rank)
     return 1, -mtime, run, rank_order(rank)

@@ -32,6 +32,7 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import psutil
 
@@ -49,7 +50,7 @@ from .spool import (
     RejectedFile,
     file_stem,
 )
-from .spool_dir import file_identity, open_regular, trusted_owners
+from .spool_dir import Spool, file_identity, open_regular
 from .spool_listing import Rejections, list_rank_files
 
 DEFAULT_MAX_BYTES = 4 * 1024 * 1024  # of one rank file
@@ -205,6 +206,15 @@ def _pid_alive(meta: RankMeta) -> bool | None:
         return None
 
 
+class Refresh(NamedTuple):
+    """What one refresh found."""
+
+    reports: list[RankReport]  # the good rank files, ordered by run and rank
+    rejected: list[tuple[str, RejectedFile]]  # files left out, and why: the first spool_listing.MAX_NAMED_REJECTIONS
+    rejected_counts: dict[str, int]  # every file left out, by reason
+    diagnoses: dict[Path, int]  # the diagnosis files within the budget: their sizes
+
+
 @dataclass
 class _Entry:
     identity: tuple[int, int, int, int]
@@ -214,20 +224,12 @@ class _Entry:
 
 class SpoolReader:
     def __init__(
-        self,
-        directory,
-        max_file_bytes: int,
-        max_total_bytes: int,
-        max_files: int,
-        run_id: str | None = None,
-        trusted: frozenset[int] | None = None,
-        first: frozenset[int] | None = None,
+        self, spool: Spool, max_file_bytes: int, max_total_bytes: int, max_files: int, run_id: str | None = None
     ):
-        """``trusted``: the uids whose files are served (``spool_dir.file_trust``); None: anyone's. ``first``: the
-        uids whose files are read first (``spool_dir.trusted_owners``; by default root's and this user's)."""
-        self.directory = Path(directory)
-        self.trusted = trusted
-        self.first = first if first is not None else trusted_owners(None)
+        """Serves the files of ``spool.file_owners``, reading those of ``spool.trusted`` first."""
+        self.directory = spool.directory
+        self.trusted = spool.file_owners
+        self.first = spool.trusted
         self.max_file_bytes = max_file_bytes
         self.max_total_bytes = max_total_bytes
         self.max_files = max_files
@@ -235,24 +237,20 @@ class SpoolReader:
         self._suffix = DATA_SUFFIX if run_id is None else "." + file_stem("0", run_id).split(".", 1)[1] + DATA_SUFFIX
         self._entries: dict[str, _Entry] = {}
         self._lock = threading.Lock()
-        self.over_budget = 0  # files left out by the last refresh for the budget
-        self.rejected_counts: dict[str, int] = {}  # files left out by the last refresh, by reason
-        self.diagnoses: dict[Path, int] = {}  # the diagnosis files within the budget at the last refresh: their sizes
         self._over_budget = RejectedFile(
             "over_budget",
             f"the spool directory holds more than the {max_files} rank files or {max_total_bytes} bytes "
             "the endpoint reads",
         )
 
-    def refresh(self, read_changed: bool = True) -> tuple[list[RankReport], list[tuple[str, RejectedFile]]]:
-        """The reports of every good rank file, ordered by run and rank, and the files rejected (name, reason: the
-        first ``spool_listing.MAX_NAMED_REJECTIONS``; ``rejected_counts`` counts them all).
+    def refresh(self, read_changed: bool = True) -> Refresh:
+        """The reports of every good rank file and the files rejected (``Refresh``).
         ``read_changed=False``: a file that changed since it was served is served as it was (``read_changed_files``
         reads it); new files, and files that were rejected, are read now."""
         with self._lock:
             return self._refresh(read_changed)
 
-    def _refresh(self, read_changed: bool) -> tuple[list[RankReport], list[tuple[str, RejectedFile]]]:
+    def _refresh(self, read_changed: bool) -> Refresh:
         rejections = Rejections(self._over_budget)
         listed = list_rank_files(
             self.directory,
@@ -285,7 +283,7 @@ class SpoolReader:
                 if entry.rejection.reason == "bad_exposition":
                     budget -= info.st_size  # read and checked in full
         self._entries = entries
-        self.diagnoses = {}
+        diagnoses = {}
         for report in reports:  # what the rank files left of the budget, in the same order
             path = report.path.with_name(report.stem + DIAGNOSIS_SUFFIX)
             try:
@@ -297,11 +295,9 @@ class SpoolReader:
                 rejections.add(path.name, self._over_budget)
                 continue
             budget -= size
-            self.diagnoses[path] = size
-        self.rejected_counts = dict(rejections.counts)
-        self.over_budget = rejections.counts[self._over_budget.reason]
+            diagnoses[path] = size
         reports.sort(key=lambda r: (r.meta.run_id, rank_order(r.meta.rank)))
-        return reports, rejections.named
+        return Refresh(reports, rejections.named, dict(rejections.counts), diagnoses)
 
     def _holds_lock(self, name: str, uid: int) -> bool:
         """Whether a live process of ``uid`` holds the lock of the rank file ``name``."""

@@ -321,7 +321,8 @@ def parse_report(text: str, source: str = "<report>") -> Snapshot:
     """The Snapshot of one ``metrics_report()`` (or ``short_metrics_report()``) text.
 
     A ``[MetricsData; step=N]`` line before it is allowed; a second report is an error (read a
-    multi-report ``XLA_METRICS_FILE`` dump with ``parse_report_stream``).
+    multi-report ``XLA_METRICS_FILE`` dump with ``parse_report_stream``). The commands read through
+    ``parse_report_stream``; this is for the tests and for scripts that read one saved report.
     """
     reports = _Reader(text, source).reports()
     _, _, snapshot = next(reports)

@@ -1,9 +1,15 @@
 """Where a training process's metrics are served, kept up for the life of ``attach()``.
 
 A process that holds the port serves the node: it starts the job's node endpoint process (``node.job_link``) and
-answers its questions from the spool thread; with ``node_view`` off, or once the endpoint process keeps failing to
-start, it serves its own rank in-process. A process that does not hold the port writes its rank to the spool
-directory, where whoever holds the port reads it, and takes the port over once it frees up.
+answers its questions from the spool thread; with ``node_view`` off, or while the endpoint process keeps failing to
+start, it serves its own rank in-process. An endpoint process that ends before it served anything, soon after it
+started, has failed to start; after ``ENDPOINT_MAX_FAILURES`` such failures in a row, the process serves its own rank
+and starts an endpoint process again after ``ENDPOINT_RETRY_SECONDS``, twice as long after each round that fails
+again (up to ``ENDPOINT_MAX_RETRY_SECONDS``). An endpoint process that served, and then ended (killed, say), is no
+failure: it is started again at once, and the count starts over.
+
+A process that does not hold the port writes its rank to the spool directory, where whoever holds the port reads it,
+and takes the port over once it frees up.
 
 The spool thread lives here: every ``spool_interval_seconds`` it writes the rank's file, and in between it answers
 the endpoint process.
@@ -28,6 +34,7 @@ from .self_metrics import SelfStats
 
 log = logging.getLogger("neuron_exporter")
 ENDPOINT_SHORT_LIFE_SECONDS, ENDPOINT_MAX_FAILURES = 10.0, 3
+ENDPOINT_RETRY_SECONDS, ENDPOINT_MAX_RETRY_SECONDS = 60.0, 3600.0
 
 
 class ServedRank(Protocol):
@@ -54,8 +61,15 @@ class EndpointKeeper:
         self.registry = registry  # this rank's own families
         self.web_config = web_config
         self.server: MetricsServer | JobEndpointProcess | None = None
-        self._endpoint_failures = 0
-        self._picked_port: int | None = None  # with port=0: the port picked the first time
+        self._endpoint_failures = 0  # endpoint processes in a row that ended right after they started
+        self._retry_after = ENDPOINT_RETRY_SECONDS  # how long the next round of failures serves its own rank only
+        self._retry_at: float | None = None  # monotonic: when to start an endpoint process again
+        # ``port`` is read here once, by one rule (the user guide states it): a port given (19478 by default) is the
+        # node's endpoint, shared by every job of the machine: whoever holds it serves every run of the spool, and a
+        # process that could not bind it takes it over once it frees. ``port=0`` asks for a port of the job's own:
+        # picked free once and kept for the life of the process, serving the job's run only.
+        self.node_port: int | None = self.options.port or None
+        self._own_port: int | None = None  # with port=0: the port picked the first time
         self._stop = threading.Event()
         self._spool_thread: threading.Thread | None = None
 
@@ -68,10 +82,12 @@ class EndpointKeeper:
         return self.server.url if self.server else None
 
     def serve(self, first_try: bool) -> None:
-        options = self.options
-        # A process that picked a free port (port=0) serves on it again if its endpoint process ends: its URL was
-        # printed or registered. Should another process have taken it meanwhile, a new free port is picked.
-        ports = [options.port] if options.port or self._picked_port is None else [self._picked_port, 0]
+        # A process with a port of its own serves on it again if its endpoint process ends: its URL was printed or
+        # registered. Should another process have taken it meanwhile, a new free port is picked.
+        if self.node_port is not None:
+            ports = [self.node_port]
+        else:
+            ports = [0] if self._own_port is None else [self._own_port, 0]
         for port in ports:
             try:
                 self.server = self._bind(port)
@@ -82,15 +98,17 @@ class EndpointKeeper:
             if first_try and not self.rank.auto:
                 self._warn_port_taken(failure)
             return
-        if options.port == 0:
-            if self._picked_port not in (None, self.server.port):
+        if self.node_port is None:
+            if self._own_port not in (None, self.server.port):
                 log.warning("neuron-exporter: this process's endpoint moved to %s (its port was taken)", self.url)
-            self._picked_port = self.server.port
+            self._own_port = self.server.port
 
     def _bind(self, port: int) -> MetricsServer | JobEndpointProcess:
         options = self.options
         if options.node_view and self._endpoint_failures < ENDPOINT_MAX_FAILURES:
-            return JobEndpointProcess(options, port, rank_labels()["run_id"], self.web_config, AUTOSTART_DIR)
+            run_id = rank_labels()["run_id"]
+            every_run = self.node_port is not None  # see node.job_endpoint: which runs a job's endpoint serves
+            return JobEndpointProcess(options, port, run_id, every_run, self.web_config, AUTOSTART_DIR)
         return metrics_server(self.registry, self.rank.diagnosis, options.addr, port, self.web_config).start()
 
     def _warn_port_taken(self, error: OSError) -> None:
@@ -101,24 +119,37 @@ class EndpointKeeper:
             "serve, or another job's endpoint: it serves every run of its spool); this process takes the port over "
             "once it is free",
             options.addr,
-            options.port,
+            self.node_port,
             error.strerror or error,
             options.spool_dir,
         )
 
     def _endpoint_ended(self, endpoint: JobEndpointProcess) -> None:
-        """An endpoint process that keeps ending soon after it started (it cannot start here) is not started again:
-        this process serves its own rank instead, and says so once."""
-        if endpoint.lived_seconds() > ENDPOINT_SHORT_LIFE_SECONDS:
+        """An endpoint process that keeps ending soon after it started, before it served (it cannot start here), is
+        not started again for a while: this process serves its own rank meanwhile, and says so."""
+        if endpoint.served or endpoint.lived_seconds() > ENDPOINT_SHORT_LIFE_SECONDS:
+            self._endpoint_failures, self._retry_after = 0, ENDPOINT_RETRY_SECONDS
             return
         self._endpoint_failures += 1
         self.rank.stats.record_error("scrape", RuntimeError("the node endpoint process ended right after it started"))
         if self._endpoint_failures == ENDPOINT_MAX_FAILURES:
+            self._retry_at = time.monotonic() + self._retry_after
             log.warning(
                 "neuron-exporter: the node endpoint process ended %d times right after it started (see its "
-                "lines above); this process now serves its own rank only",
+                "lines above); this process serves its own rank only, and starts it again in %gs",
                 ENDPOINT_MAX_FAILURES,
+                self._retry_after,
             )
+            self._retry_after = min(2 * self._retry_after, ENDPOINT_MAX_RETRY_SECONDS)
+
+    def _retry_endpoint(self) -> None:
+        """Past the wait, the next bind starts an endpoint process again; one more failure waits twice as long."""
+        self._retry_at = None
+        self._endpoint_failures = ENDPOINT_MAX_FAILURES - 1
+        if self.server is not None and not isinstance(self.server, JobEndpointProcess):
+            self.server.stop()  # frees the port, bound again at once
+            self.server = None
+            self.serve(first_try=False)
 
     def _answer(self, kind: bytes) -> tuple[dict, bytes]:
         """The node endpoint process's question: this rank's exposition (and whether it has trained), or its
@@ -178,7 +209,9 @@ class EndpointKeeper:
         if self._stop.is_set() or time.monotonic() < next_write:
             return next_write
         self.rank._write_spool()
-        if self.server is None and (self._picked_port is not None or self.options.port and self.rank.claimed):
+        if self._retry_at is not None and time.monotonic() >= self._retry_at:
+            self._retry_endpoint()
+        if self.server is None and (self._own_port is not None or self.node_port and self.rank.claimed):
             # The endpoint process ended, or the process that held the port has gone: serve (again).
             self.serve(first_try=False)
         return time.monotonic() + interval
@@ -191,7 +224,7 @@ class EndpointKeeper:
 
     def close_inherited_socket(self) -> None:
         """In a forked child: the endpoint stays the parent's."""
-        self._picked_port = None
+        self._own_port = None
         if self.server is not None:
             self.server.close_inherited_socket()
             self.server = None

@@ -16,6 +16,7 @@ import pytest
 from neuron_exporter.config import resolve_options
 from neuron_exporter.node.job_endpoint import JobEndpoint
 from neuron_exporter.node.node_view import NodeView
+from neuron_exporter.node.spool_dir import Spool
 from tests.support.exposition import samples, scrape, total, value
 from tests.support.paths import ROOT, RUN, SCRIPTS
 from tests.support.processes import TrainingRun, wait_until, xla_env
@@ -399,6 +400,34 @@ def test_a_late_answer_serves_the_last_one_never_the_older_spool_file(tmp_path):
     meta = json.loads(rank_file(tmp_path, "0").read_bytes().split(b"\n")[0])
     live = steps_exposition("0").replace(b"} 7.0", b"} 9.0")
     options = resolve_options(env={}, overrides={"spool_dir": str(tmp_path)})
-    endpoint = JobEndpoint(options, RUN, SlowAsker([({"meta": meta, "idle": False}, live)]), every_run=False)
+    asker = SlowAsker([({"meta": meta, "idle": False}, live)])
+    endpoint = JobEndpoint(options, Spool.of(options), RUN, asker, every_run=False)
     served = [value(endpoint.render().decode(), "xla_steps_total", rank="0") for _ in range(3)]
     assert served == [9, 9, 9]
+
+
+def test_an_endpoint_killed_after_it_served_is_started_again_however_often(tmp_path):
+    """Each endpoint process is killed seconds after it started, each time after it served: none of them failed to
+    start, so the job never falls back to serving its own rank, and the other ranks of its run stay served."""
+    spool = tmp_path / "spool"
+    with Writer(spool, "1", "--rewrite", "0.5"), Job(0, spool, RUN, "spool_interval_seconds=0.1") as job:
+        url = job.result["url"]
+        killed: set[int] = set()
+        for _ in range(4):
+            endpoint = wait_until(
+                lambda: [p for p in psutil.Process(job.process.pid).children() if p.pid not in killed],
+                what="an endpoint process",
+            )[0]
+            wait_until(lambda: value(scrape_or_empty(url), "xla_steps_total", rank="1"), what="rank 1 served")
+            endpoint.kill()
+            endpoint.wait(30)
+            killed.add(endpoint.pid)
+        wait_until(lambda: value(scrape_or_empty(url), "xla_steps_total", rank="1"), what="rank 1 served again")
+        assert "serves its own rank only" not in job.finish()
+
+
+def scrape_or_empty(url: str) -> str:
+    try:
+        return scrape(url, timeout=5)
+    except OSError:
+        return ""

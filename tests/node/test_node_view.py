@@ -216,3 +216,35 @@ def test_the_files_of_runs_that_are_gone_are_not_held(tmp_path):
             path.unlink()
         node.render()
         assert node._split == {}, round_  # nothing left of the files removed
+
+
+def test_dead_ranks_whose_files_lie_in_the_future_still_expire(tmp_path):
+    # The clock was set back after they died: their files' times lie a day ahead.
+    with Writer(tmp_path, "1,2") as gone:
+        gone.kill()
+        for rank in "12":
+            age(rank_file(tmp_path, rank), -86400)
+        node = view(tmp_path, expire_after_seconds=1)
+        text = node.render().decode()
+        assert state_of(text, "1") == "dead" and value(text, "neuron_exporter_ranks") == 2
+        wait_until(lambda: value(node.render().decode(), "neuron_exporter_ranks") == 0, what="the dead ranks expired")
+        assert value(node.render().decode(), "xla_steps_total", rank="1") is None
+
+
+def test_a_rank_whose_last_step_lies_in_the_future_is_hung_once_it_stops_stepping(tmp_path):
+    # The clock was set back an hour after its last step, and it has made no step since.
+    with Writer(tmp_path, "0", "--last-step-age", "-3600"), Writer(tmp_path, "1", "--last-step-age", "-3600"):
+        node = view(tmp_path, hung_after_seconds=1)
+        text = node.render().decode()
+        assert state_of(text, "0") == "running"
+        assert value(text, "neuron_exporter_rank_last_report_timestamp_seconds", rank="0") <= time.time()
+        wait_until(lambda: state_of(node.render().decode(), "0") == "hung", what="rank 0 to be hung")
+
+
+def test_a_rank_that_steps_with_its_clock_set_back_stays_running(tmp_path):
+    # Its last step time lies ahead of now, and changes at every report: it makes progress.
+    with Writer(tmp_path, "0", "--last-step-age", "-3600", "--rewrite", "0.05"):
+        node = view(tmp_path, hung_after_seconds=3)
+        start = time.monotonic()
+        while time.monotonic() - start < 4:  # past the hang threshold, on the endpoint's clock, while it steps
+            assert state_of(node.render().decode(), "0") == "running"

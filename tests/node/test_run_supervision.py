@@ -16,7 +16,7 @@ import termios
 import psutil
 import pytest
 
-from neuron_exporter.node import command_keeper
+from neuron_exporter.cli import command_keeper
 from tests.support.paths import ROOT
 from tests.support.processes import wait_until
 
@@ -101,7 +101,7 @@ def test_every_catchable_signal_is_passed_on_and_the_runner_keeps_running(tmp_pa
 # ``thread``: another thread runs, which the kernel may hand the signal to instead (the runner's server has threads).
 EARLY_SIGNAL = """
 import os, signal, subprocess, sys, threading
-from neuron_exporter.node import command_keeper, run_command
+from neuron_exporter.cli import command_keeper, run_command
 where, thread = sys.argv[1:]
 if thread == "thread":
     threading.Thread(target=threading.Event().wait, daemon=True).start()

@@ -9,9 +9,10 @@ import psutil
 import pytest
 
 from neuron_exporter.node.spool import RankMeta
+from neuron_exporter.node.spool_dir import Spool
 from neuron_exporter.node.spool_reader import SpoolReader, read_rank_file, writer_alive
 from neuron_exporter.node.spool_writer import SpoolBusyError, release_rank_lock, write_rank_file
-from tests.support.paths import RUN
+from tests.support.paths import ROOT, RUN
 from tests.support.rank_files import rank_file
 from tests.support.spool_writer import Writer
 
@@ -28,7 +29,9 @@ EXPOSITION = exposition()
 
 
 def read_spool(directory) -> list:
-    return SpoolReader(directory, max_file_bytes=1 << 20, max_total_bytes=1 << 24, max_files=100).refresh()[0]
+    return (
+        SpoolReader(Spool(directory), max_file_bytes=1 << 20, max_total_bytes=1 << 24, max_files=100).refresh().reports
+    )
 
 
 def test_round_trip_keeps_meta_and_exposition_bytes(tmp_path):
@@ -132,3 +135,16 @@ def test_without_a_lock_file_the_pid_and_its_start_time_decide(tmp_path):
     )
     alive = {r.meta.rank: writer_alive(r) for r in read_spool(tmp_path)}
     assert alive == {"0": True, "1": False, "2": False}
+
+
+def test_whom_a_reader_trusts_is_worked_out_in_one_place():
+    """The daemon, `run` and a job's endpoint build one Spool from the options and hand it down: nothing that reads,
+    serves or tidies the spool works out its trust again, and the reader hands its findings back, not as attributes
+    set on the side."""
+    node = ROOT / "neuron_exporter" / "node"
+    sources = {path.name: path.read_text() for path in node.glob("*.py")}
+    needles = ("trusted_owners(", "file_trust(", "check_spool_dir(", "def prepare_spool")
+    for needle in (*needles, "options.spool_dir", "options.spool_mode", "options.spool_trusted_users"):
+        assert {name for name, source in sources.items() if needle in source} <= {"spool_dir.py"}, needle
+    reader = sources["spool_reader.py"]
+    assert "self.over_budget" not in reader and "self.rejected_counts" not in reader and "self.diagnoses" not in reader

@@ -11,6 +11,7 @@ import pytest
 from neuron_exporter.config import Options, resolve_options
 from neuron_exporter.node.node_view import NodeView
 from neuron_exporter.node.spool import RankMeta
+from neuron_exporter.node.spool_dir import Spool
 from neuron_exporter.node.spool_reader import SpoolReader
 from neuron_exporter.node.spool_writer import write_rank_file
 from tests.support.daemon import Daemon
@@ -39,11 +40,26 @@ def test_a_live_run_is_read_before_finished_ones_whatever_its_id(tmp_path):
     assert value(text, "neuron_exporter_spool_rejected_files", reason="over_budget") == 4
 
 
+def test_files_that_lie_in_the_future_are_read_after_a_live_run(tmp_path):
+    for run in ("a-1", "a-2"):  # ended before the clock was set back: their times lie a day ahead
+        for rank in "01":
+            meta = RankMeta.current(rank, rank, run_id=run, finished=True)
+            path = write_rank_file(tmp_path, meta, steps_exposition(rank).replace(RUN.encode(), run.encode()))
+            ahead = time.time() + 86400
+            os.utime(path, (ahead, ahead))
+    with Writer(tmp_path, "0,1"):  # the live run, "test-run"
+        node = NodeView(resolve_options(env={}, overrides={"spool_dir": str(tmp_path), "spool_max_files": 2}))
+        text = node.render().decode()
+    assert value(text, "xla_steps_total", run_id=RUN, rank="0") == 5
+    assert value(text, "xla_steps_total", run_id=RUN, rank="1") == 5
+    assert value(text, "neuron_exporter_spool_rejected_files", reason="over_budget") == 4
+
+
 def test_files_that_grow_after_a_refresh_are_read_within_the_budget(tmp_path, monkeypatch):
     for rank in "0123":
         rank_file(tmp_path, rank).write_bytes(rank_file_bytes(rank, steps_exposition(rank)))
-    reader = SpoolReader(tmp_path, max_file_bytes=40_000, max_total_bytes=100_000, max_files=16)
-    assert len(reader.refresh()[0]) == 4
+    reader = SpoolReader(Spool(tmp_path), max_file_bytes=40_000, max_total_bytes=100_000, max_files=16)
+    assert len(reader.refresh().reports) == 4
     for rank in "0123":  # each grows to 30 KB: three fit in the budget, not four
         rank_file(tmp_path, rank).write_bytes(hostile_rank_file(rank, 30_000))
     read = []
@@ -51,8 +67,9 @@ def test_files_that_grow_after_a_refresh_are_read_within_the_budget(tmp_path, mo
     monkeypatch.setattr(reader, "_read", lambda path, *args: read.append(path.name) or real_read(path, *args))
     reader.read_changed_files()
     assert len(read) == 3  # the background reader holds no more than a refresh would
-    reports, rejected = reader.refresh(read_changed=False)
-    assert len(reports) == 3 and [reason.reason for _, reason in rejected] == ["over_budget"]
+    refresh = reader.refresh(read_changed=False)
+    assert len(refresh.reports) == 3 and [reason.reason for _, reason in refresh.rejected] == ["over_budget"]
+    assert refresh.rejected_counts["over_budget"] == 1
 
 
 @pytest.mark.prometheus

@@ -8,7 +8,8 @@ import time
 from neuron_exporter.config import resolve_options
 from neuron_exporter.node import spool_expiry
 from neuron_exporter.node.spool import RankMeta
-from neuron_exporter.node.spool_expiry import remove_expired, remove_expired_files
+from neuron_exporter.node.spool_dir import Spool
+from neuron_exporter.node.spool_expiry import ExpiredFiles
 from neuron_exporter.node.spool_writer import release_rank_lock, write_rank_file
 from tests.support.daemon import Daemon
 from tests.support.paths import RUN
@@ -24,6 +25,14 @@ def age(path, seconds: float) -> None:
 
 def names(directory) -> list[str]:
     return sorted(p.name for p in directory.iterdir())
+
+
+def remove_expired_files(spool_dir, expire_after_seconds: float) -> int:
+    return ExpiredFiles(Spool(spool_dir), expire_after_seconds).remove_files()
+
+
+def remove_expired(options) -> int:
+    return ExpiredFiles(Spool.of(options), options.expire_after_seconds).remove()
 
 
 def files_of(ranks: str, *suffixes: str) -> list[str]:
@@ -106,3 +115,23 @@ def test_the_daemon_removes_expired_files_without_being_scraped(tmp_path, daemon
         wait_until(lambda: not rank_file(spool, "1").exists(), timeout=60, what="the expired files removed")
         assert names(spool) == files_of("02", ".lock", ".prom")
     assert daemon.stop() == 0
+
+
+def test_files_that_lie_in_the_future_are_removed_once_they_stood_still_past_the_expiry(tmp_path, monkeypatch):
+    # The clock was set back after this rank died and this writer was killed: their files' times lie a day ahead.
+    monkeypatch.setattr(spool_expiry, "STALE_TEMP_SECONDS", 1.0)
+    with Writer(tmp_path, "0") as live:
+        with Writer(tmp_path, "1") as dead:
+            dead.kill()
+        temporary = tmp_path / f".rank-2.{RUN}.prom.77.tmp"
+        temporary.write_bytes(b"half a file")
+        for path in [temporary, *tmp_path.glob("rank-1.*")]:
+            age(path, -86400)
+        expired = ExpiredFiles(Spool(tmp_path), expire_after_seconds=1)
+        assert expired.remove() == 0  # not yet: it may have been written just now
+        wait_until(
+            lambda: expired.remove() >= 0 and names(tmp_path) == files_of("0", ".lock", ".prom"),
+            timeout=30,
+            what="the dead rank's files and the temporary file removed",
+        )
+        live.stop()

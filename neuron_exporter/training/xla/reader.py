@@ -119,7 +119,8 @@ class MonotonicSnapshots:
             return self._apply(read_snapshot())
 
     def apply(self, snapshot: Snapshot) -> Snapshot:
-        """Totals for ``snapshot``, which must be newer than every snapshot applied before."""
+        """Totals for ``snapshot``, which must be newer than every snapshot applied before (the tests' way in; the
+        exporter reads through ``read``)."""
         with self._lock:
             return self._apply(snapshot)
 

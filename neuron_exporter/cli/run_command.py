@@ -22,9 +22,11 @@ import sys
 
 from .. import run_identity
 from ..config import CONFIG_FILE_ENV, OPTION_NAMES, child_environment
+from ..node.node_view import NodeView
+from ..node.serve_command import add_options, load_options, node_server, spool_problem
+from ..node.spool_dir import Spool
 from ..training import AUTOSTART_DIR
 from ..untrusted import EXIT_USAGE
-from . import command_keeper
 from .command_keeper import (
     EXIT_CANNOT_RUN,
     PR_SET_CHILD_SUBREAPER,
@@ -37,8 +39,6 @@ from .command_keeper import (
     release_signals,
     wait_for,
 )
-from .node_view import NodeView
-from .serve_command import add_options, load_options, node_server, prepare_spool_dir
 
 log = logging.getLogger("neuron_exporter")
 DEFAULT_GRACE_SECONDS = 10.0
@@ -83,7 +83,8 @@ def run(args: argparse.Namespace) -> int:
     if isinstance(loaded, int):
         return loaded
     options, web_config = loaded
-    problem = prepare_spool_dir(options)
+    spool = Spool.of(options)
+    problem = spool_problem(spool)
     server = None
     try:
         if problem:
@@ -96,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
                 flush=True,
             )
         else:
-            server = node_server(NodeView(options).start_reading(), options, web_config).start()
+            server = node_server(NodeView(options, spool).start_reading(), options, web_config).start()
             print(f"neuron-exporter run: serving every rank on {server.url}", file=sys.stderr, flush=True)
     except OSError as error:
         log.warning(
@@ -158,7 +159,7 @@ def supervise(command: list[str], env: dict[str, str], grace_seconds: float) -> 
     hold_signals()  # until the keeper is there to take them; it starts with them held (command_keeper says why)
     try:
         keeper = subprocess.Popen(
-            [sys.executable, "-m", command_keeper.__name__, str(os.getpid()), repr(grace_seconds), home, *command],
+            [sys.executable, "-m", Keeper.__module__, str(os.getpid()), repr(grace_seconds), home, *command],
             env=env,
         )
     finally:

@@ -266,7 +266,7 @@ except (ImportError, OSError):
 
 
 def main(argv: list[str]) -> int:
-    """``python -m neuron_exporter.node.command_keeper RUNNER GRACE TERMINAL_HOME COMMAND ...``, as the runner starts
+    """``python -m neuron_exporter.cli.command_keeper RUNNER GRACE TERMINAL_HOME COMMAND ...``, as the runner starts
     it, in the command's environment: TERMINAL_HOME is the runner's process group if it has the terminal (fd 0)
     to give the command, else ``-``."""
     os.setpgid(0, 0)

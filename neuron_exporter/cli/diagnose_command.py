@@ -17,7 +17,7 @@ from urllib.parse import urlsplit, urlunsplit
 from .. import diagnosis
 from ..config import PASSWORD_ENV
 from ..untrusted import EXIT_USAGE, printable
-from . import page_fetch
+from .page_fetch import FetchError, fetch
 
 
 def register(subparsers) -> None:
@@ -76,9 +76,9 @@ def run(args: argparse.Namespace) -> int:
             token = base64.b64encode(f"{args.user}:{os.environ.get(PASSWORD_ENV, '')}".encode()).decode()
             headers["Authorization"] = f"Basic {token}"
         context = _tls_context(args.cacert)
-        data = page_fetch.fetch(url, args.timeout, diagnosis.MAX_PAGE_BYTES, context, headers)
+        data = fetch(url, args.timeout, diagnosis.MAX_PAGE_BYTES, context, headers)
         document = diagnosis.loads(data, url, diagnosis.MAX_PAGE_BYTES)
-    except page_fetch.FetchError as error:
+    except FetchError as error:
         hint = " (an exporter older than 0.2 has no /diagnosis)" if error.status == 404 else ""
         print(f"neuron-exporter diagnose: {printable(args.url, 200)}: {error}{hint}", file=sys.stderr)
         return EXIT_USAGE

@@ -12,9 +12,9 @@ import sys
 
 import pytest
 
-from neuron_exporter.cli import CommandParser
+from neuron_exporter.cli import CommandParser, run_command
 from neuron_exporter.config import NODE_OPTIONS, OPTION_NAMES, OPTION_TYPES, Options, flag, resolve_options
-from neuron_exporter.node import run_command, serve_command
+from neuron_exporter.node import serve_command
 from tests.support.paths import ROOT
 
 CLI = [sys.executable, "-m", "neuron_exporter"]

@@ -12,7 +12,6 @@ from .. import __version__
 from ..config import ENV_PREFIX, OPTION_NAMES, flag
 from ..node import serve_command
 from ..reports import report_commands
-from . import assets_command, diagnose_command, run_command
 
 
 class CommandParser(argparse.ArgumentParser):
@@ -44,6 +43,10 @@ class CommandParser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``neuron-exporter`` command line, every command registered."""
+    # Imported here, not at the top: `run` starts its keeper as ``python -m neuron_exporter.cli.command_keeper``,
+    # which imports this package first, and must not find itself imported already (runpy warns).
+    from . import assets_command, diagnose_command, run_command
+
     parser = argparse.ArgumentParser(
         prog="neuron-exporter",
         description="Prometheus metrics for PyTorch/XLA training: fragmentation, recompiles, CPU-fallback operators.",

@@ -102,7 +102,9 @@ def test_diagnose_lists_the_sites_of_both_ranks_of_a_live_torchrun_job(tmp_path)
             CLI + ["diagnose", f"127.0.0.1:{port}"], capture_output=True, text=True, timeout=60, cwd=ROOT
         )
         assert result.returncode == 0, result.stderr
-        first = result.stdout.splitlines()[2]
+        goodput = result.stdout.splitlines()[1]  # the run's goodput, over both ranks, opens the diagnosis
+        assert goodput.startswith("Run ") and ", 2 ranks: goodput " in goodput, result.stdout
+        first = next(line for line in result.stdout.splitlines() if line.startswith("1. "))
         assert first == f"1. {site}: 8 graph cuts by .item() (ranks 0, 1): 1.00 per step", result.stdout
         as_json = subprocess.run(
             CLI + ["diagnose", url, "--format", "json"], capture_output=True, text=True, timeout=60, cwd=ROOT

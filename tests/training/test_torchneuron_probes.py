@@ -13,9 +13,10 @@ import types
 import pytest
 
 from neuron_exporter.config import resolve_options
+from neuron_exporter.metric_family import MonotonicTotals
 from neuron_exporter.training.neuron import names
 from neuron_exporter.training.neuron.compiles import GraphFallbacks, failure_reason
-from neuron_exporter.training.neuron.families import Totals
+from neuron_exporter.training.neuron.families import ROUNDING
 from neuron_exporter.training.self_metrics import SelfStats
 
 pytestmark = pytest.mark.neuron
@@ -86,14 +87,14 @@ def test_a_failure_reason_is_short_and_bounded():
 
 
 def test_counters_read_from_torchneuron_never_go_back_when_it_resets_them():
-    totals = Totals()
+    totals = MonotonicTotals(ROUNDING)
     assert totals.read(lambda: {"hits": 5}) == {"hits": 5}
     assert totals.read(lambda: {"hits": 2}) == {"hits": 7}  # reset, then 2 more
     assert totals.read(lambda: {"hits": 4}) == {"hits": 9}
 
 
 def test_a_derived_total_lower_by_a_rounding_error_is_not_a_reset():
-    totals = Totals()
+    totals = MonotonicTotals(ROUNDING)
     compile_ms, graph_ms = 1733.7 * 3 + 48211.7, 48211.7  # three eager compilations and a graph's, in ms
     before = totals.read(lambda: {"eager_op_seconds": 1733.7 * 3 / 1000})["eager_op_seconds"]
     after = totals.read(lambda: {"eager_op_seconds": (compile_ms - graph_ms) / 1000})["eager_op_seconds"]

@@ -20,21 +20,13 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
-from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.core import Metric
 
+from ... import catalogue
 from ...metric_family import histogram_family, single_series
 from ..histogram import STEP_DURATION_BUCKETS, Histogram
 from ..self_metrics import SelfStats
 from ..source import Source, StepCounts
-
-STEPS_HELP = (
-    "Training steps: rounds of torch.optim optimizer steps (each optimizer at most once), whatever runs "
-    "the model; on an XLA device, the same steps as xla_steps_total"
-)
-DURATION_HELP = (
-    "Wall time of a training step, from the end of the step before (the first from the optimizer's "
-    "creation); on an XLA device, up to the step marker that runs its graph"
-)
 
 
 class TrainingSteps(Source):
@@ -92,8 +84,8 @@ class TrainingSteps(Source):
     # -- reading ------------------------------------------------------------------------------------------
     def families(self, labels: dict[str, str]) -> Iterator[Metric]:
         steps, duration = self._state()
-        yield single_series(CounterMetricFamily, "training_steps", STEPS_HELP, labels, steps)
-        yield histogram_family("training_step_duration_seconds", DURATION_HELP, labels, duration)
+        yield single_series(catalogue.TRAINING_STEPS, labels, steps)
+        yield histogram_family(catalogue.TRAINING_STEP_DURATION, labels, duration)
 
     def _state(self) -> tuple[int, Histogram]:
         if self.on_xla:

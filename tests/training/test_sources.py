@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import types
 
+import pytest
+
 from neuron_exporter.config import resolve_options
 from neuron_exporter.training.patching import Patch
 from neuron_exporter.training.rank_collector import RankCollector
@@ -57,3 +59,12 @@ def test_a_source_that_fails_half_way_is_taken_out_and_its_next_try_hooks_once()
     assert library.call() == "hooked original"  # once, not twice
     sources.stop()
     assert library.call is original
+
+
+def test_a_source_must_say_how_its_hooks_go_in_and_come_out():
+    class Incomplete(Source):
+        def install(self) -> bool:
+            return True
+
+    with pytest.raises(TypeError, match="uninstall"):
+        Incomplete()  # type: ignore[abstract]

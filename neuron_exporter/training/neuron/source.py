@@ -38,6 +38,8 @@ DEVICE = "neuron"
 
 
 class NeuronSource(Source):
+    stats: SelfStats
+
     def __init__(self, options: Options, stats: SelfStats):
         self.options = options
         self.stats = stats  # replaced in a forked child
@@ -49,10 +51,10 @@ class NeuronSource(Source):
         self.readable = readable_records(self.problems)
         self.sites = SiteFinder()
         self.attribution = Attribution()  # host reads by cause and site, as on XLA (no graph is cut: eager)
-        self.fallbacks = FallbackCalls(self.sites, self._step_error)
-        self.window = CacheWindow(self.cache_stats, self._step_error)
+        self.fallbacks = FallbackCalls(self.sites, self.step_error)
+        self.window = CacheWindow(self.cache_stats, self.step_error)
         self.graph_fallbacks = GraphFallbacks()
-        self._host_reads = HostReadHook(self._host_read, _no_upload, self._step_error, device=DEVICE)
+        self._host_reads = HostReadHook(self._host_read, self.step_error, DEVICE)
         self.families = NeuronFamilies(self, options.max_op_series, options.max_site_series)
 
     # -- life cycle ---------------------------------------------------------------------------------------
@@ -129,9 +131,6 @@ class NeuronSource(Source):
         )
 
     # -- the training thread ------------------------------------------------------------------------------
-    def _step_error(self, error: BaseException) -> None:
-        self.stats.record_error("step", error)
-
     def _host_read(self, original, cause: str, tensor, args, kwargs, frame):
         """A host read of a ``neuron`` tensor from ``frame``: its site, then the read (which waits for the device,
         as it would without the exporter), unless TorchNeuron's own code made it. Its exceptions are the original
@@ -142,12 +141,8 @@ class NeuronSource(Source):
         try:
             location = self.sites.site(frame)
             frames = None if location in self.attribution.sites else self.sites.frames(frame)
-            self.attribution.host_read(cause, location, frames, 0, 0)
+            self.attribution.host_read(cause, location, frames)
         except Exception as error:  # noqa: BLE001 (never into the training loop)
-            self._step_error(error)
+            self.step_error(error)
         self.stats.hook_seconds += time.perf_counter() - start
         return original(tensor, *args, **kwargs)
-
-
-def _no_upload(frame, shapes) -> None:
-    """Uploads name a changed input at a recompilation on XLA; TorchNeuron runs eagerly: not recorded."""

@@ -14,12 +14,13 @@ from prometheus_client.core import Metric
 from ... import catalogue
 from ...metric_family import MonotonicTotals, labelled_family, readable_family, single_series
 from ...untrusted import LabelBudget
-from .names import COUNTERS_KEY, RECORDS, memory_value
+from .names import COUNTERS_KEY, RECORDS, cache_lookups, memory_value
 
 # Seconds of eager compilations are a difference of two float totals: it can come out lower by a rounding error.
 ROUNDING = 1e-9
 # The records read from TorchNeuron's own totals, each kept from going backwards on its own.
 TOTALS = ("compile_cache", "compiled_graphs", "memory")
+TIERS = ("memory", "persistent", "unknown")  # unknown: a build that reports only the sums of the tiers
 
 
 class NeuronFamilies:
@@ -102,7 +103,7 @@ class NeuronFamilies:
 
     def _cache(self, labels: dict[str, str]) -> Iterator[Metric]:
         totals = self._totals["compile_cache"].read(self._cache_values)
-        tiers = [(("memory",), totals["memory"]), (("persistent",), totals["persistent"])]
+        tiers = [((tier,), totals[tier]) for tier in TIERS if tier in totals]
         yield labelled_family(catalogue.NEURON_CACHE_HITS, labels, tiers)
         yield single_series(catalogue.NEURON_CACHE_MISSES, labels, totals["misses"])
         kinds = [(("graph",), totals["graph"]), (("eager_op",), totals["eager_op"])]
@@ -112,16 +113,11 @@ class NeuronFamilies:
 
     def _cache_values(self) -> dict[str, float]:
         stats, graph = self.source.window.read()  # together: the graphs' part of these statistics
-        memory_hits = float(stats.get("in_memory_hits") or 0)
-        persistent_hits = float(stats.get("persistent_hits") or 0)
-        misses = max(0.0, float(stats.get("in_memory_misses") or 0) - persistent_hits)
         compilations = float(stats.get("total_compilations") or 0)
         seconds = float(stats.get("total_compilation_time_ms") or 0) / 1000
         graph_seconds = graph["compile_ms"] / 1000
         return {
-            "memory": memory_hits,
-            "persistent": persistent_hits,
-            "misses": misses,
+            **cache_lookups(stats),
             "graph": min(graph["compilations"], compilations),
             "eager_op": max(0.0, compilations - graph["compilations"]),
             "graph_seconds": min(graph_seconds, seconds),

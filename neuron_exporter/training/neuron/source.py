@@ -15,7 +15,6 @@ log line says what, and ``neuron_exporter_torchneuron_readable{record}`` shows i
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import threading
 import time
@@ -25,7 +24,7 @@ from ...config import Options
 from ..attribution import Attribution
 from ..host_reads import HostReadHook
 from ..self_metrics import SelfStats
-from ..sites import SiteFinder
+from ..sites import SiteFinder, module_directory
 from ..source import Source
 from .compiles import CacheWindow, GraphFallbacks
 from .fallbacks import FallbackCalls
@@ -46,7 +45,8 @@ class NeuronSource(Source):
         self.neuronx = sys.modules[LIBRARY]
         # TorchNeuron's own Python code copies to the host when it runs an operator on the CPU (path b, the linalg
         # fallbacks): those copies are its fallbacks, not the user's reads.
-        self._own_code = os.path.dirname(os.path.abspath(self.neuronx.__file__ or "")) + os.sep
+        # None for a stand-in made in memory, without a directory: every read is then taken for the user's.
+        self._own_code = module_directory(self.neuronx)
         self.problems = probe()
         self.readable = readable_records(self.problems)
         self.sites = SiteFinder()
@@ -135,7 +135,7 @@ class NeuronSource(Source):
         """A host read of a ``neuron`` tensor from ``frame``: its site, then the read (which waits for the device,
         as it would without the exporter), unless TorchNeuron's own code made it. Its exceptions are the original
         method's only."""
-        if frame.f_code.co_filename.startswith(self._own_code):
+        if self._own_code and frame.f_code.co_filename.startswith(self._own_code):
             return original(tensor, *args, **kwargs)
         start = time.perf_counter()
         try:

@@ -4,12 +4,13 @@ family served that it lacks, or describes otherwise, is caught. ``tests/test_rea
 
 from __future__ import annotations
 
+import ast
 import re
 
 import pytest
 
 from neuron_exporter import catalogue
-from neuron_exporter.catalogue import COUNTER, FAMILIES, Family
+from neuron_exporter.catalogue import COUNTER, FAMILIES, SERIES, Family
 from neuron_exporter.metric_family import labelled_family, single_series
 from neuron_exporter.untrusted import LabelBudget
 from tests.support.exposition import uncatalogued
@@ -63,3 +64,20 @@ def test_every_entry_names_its_owner_and_its_type():
         assert family.owner in owners and family.type in ("counter", "gauge", "histogram"), family.name
         assert family.name.endswith("_total") == (family.type == COUNTER), family.name
         assert family.help and not family.help.endswith("."), family.name
+
+
+def test_the_dashboards_and_rules_take_the_names_of_series_from_the_catalogue():
+    """Not one written out in their code (docstrings aside): renaming a family is one edit, in the catalogue."""
+    written = []
+    for path in sorted((ROOT / "neuron_exporter" / "mixin").rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        docstrings = {
+            id(node.body[0].value)
+            for node in ast.walk(tree)
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef)) and ast.get_docstring(node) is not None
+        }
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+                named = set(re.findall(r"(?<![\w:])([a-z][a-z0-9_]*[a-z0-9])(?![\w:])", node.value)) & SERIES
+                written += [f"{path.relative_to(ROOT)}:{node.lineno}: {name}" for name in sorted(named)]
+    assert written == []

@@ -342,7 +342,7 @@ COLLECTION_ERRORS = _counter(
 SOURCE_STARTED = _gauge(
     "neuron_exporter_source_started",
     "1 once a source's hooks are in, 0 while its library is imported but it could not start (it tries again when "
-    "an optimizer is created or steps, a few times)",
+    "an optimizer is created or steps, up to 10 times)",
     RANK,
     "source",
 )

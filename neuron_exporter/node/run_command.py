@@ -1,8 +1,8 @@
 """``neuron-exporter run -- COMMAND ...``: run any command with the exporter attached, without editing it.
 
-Every Python process the command starts that imports torch_xla attaches itself (``NEURON_EXPORTER_AUTO`` and the
+Every Python process the command starts that imports torch attaches itself (``NEURON_EXPORTER_AUTO`` and the
 ``sitecustomize`` of ``training/autostart_path`` on ``PYTHONPATH``), with the options given here; processes that never
-import torch_xla are untouched. This process, the runner, serves the node endpoint for the life of the command and
+import torch are untouched. This process, the runner, serves the node endpoint for the life of the command and
 exits with the command's exit code. A keeper process (``command_keeper``, which says why) is the command's parent and
 owns its processes, like an init: the command runs in a process group of its own (which gets the terminal, if the
 runner had it); every signal the runner can catch is passed on to the command through the keeper; it reaps every

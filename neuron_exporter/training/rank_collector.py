@@ -1,6 +1,6 @@
 """The Prometheus collector of one training process (one rank): the parts each source adds (``training_steps``,
-``torch_compile``, torch_xla's ``steps``, ``sites`` and ``xla``), the process (``training_process_*``), and the
-exporter's own families.
+``torch_compile``, torch_xla's ``steps``, ``sites`` and ``xla``, ``torchneuron``), the process
+(``training_process_*``), and the exporter's own families, each built from its entry of the catalogue.
 
 Each part is collected on its own: a part that fails is left out of that scrape,
 counted in ``neuron_exporter_collection_errors_total{stage="scrape"}`` and shown by

@@ -1,7 +1,8 @@
 """What a source of the training process is, and the handle's list of them.
 
 A *source* reads one library: the training steps of ``torch.optim`` (``steps/``), dynamo's records
-(``torch_compile/``), torch_xla's step markers, host reads and fallbacks (``xla/``). Each room declares itself with a
+(``torch_compile/``), torch_xla's step markers, host reads and fallbacks (``xla/``), TorchNeuron's fallbacks, compile
+cache, host reads and memory (``neuron/``). Each room declares itself with a
 ``SourceKind`` in its ``__init__`` (which imports nothing of the library): its name (the ``source`` label), the module
 whose import starts it, and ``start(sources)``, which builds it then and only then, so a process without torch_xla
 never loads the XLA source. ``Sources`` runs them all the same way:
@@ -13,7 +14,10 @@ never loads the XLA source. ``Sources`` runs them all the same way:
 - its collector parts join the rank's collector once it has started;
 - optimizer events, the fork of the process, the diagnosis document and ``detach()`` go to every started source.
 
-Sibling sources never import each other (``tests/test_layout.py``); what two of them share lives at ``training/``.
+Sibling sources never import each other (``tests/test_layout.py``) nor ask for each other by name; what two of them
+share lives at ``training/``. A source whose device runs an optimizer's work later (torch_xla's) declares that device
+(``Source.device``) and counts the steps that end there (``step_counts``); the training steps ask ``Sources`` for the
+steps of a device, not of a source.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Run by Python at the start of every process whose PYTHONPATH has this directory (set by ``neuron-exporter run``
 and by ``attach()`` for its children): with ``NEURON_EXPORTER_AUTO=1``, the exporter attaches itself once the process
-imports torch_xla (see ``neuron_exporter/training/autostart.py``). The variable is read as the ``.pth`` file reads it
+imports torch (see ``neuron_exporter/training/autostart.py``). The variable is read as the ``.pth`` file reads it
 (``neuron_exporter.auto_enabled``), and ``python -I`` is left alone. The sitecustomize this file shadows, if any,
 still runs.
 """

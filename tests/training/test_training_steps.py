@@ -39,6 +39,16 @@ def test_training_steps_markers_graphs_and_cuts_are_exact(scenario):
     assert code == 0 and "Traceback" not in stderr
 
 
+def test_steps_on_the_cpu_then_on_the_xla_device_are_all_training_steps():
+    with TrainingRun("step_loops.py", "cpu_then_xla", str(STEPS)) as run:
+        text = scrape(run.result()["url"])
+        assert value(text, "xla_steps_total") == STEPS
+        assert value(text, "training_steps_total") == 2 * STEPS
+        assert value(text, "training_step_duration_seconds_count") == 2 * STEPS
+        code, stderr = run.finish()
+    assert code == 0 and "Traceback" not in stderr
+
+
 def test_a_script_shaped_like_pytorch_xlas_mnist_counts_optimizer_steps_and_never_recompiles():
     # The initial weights are broadcast before the optimizer exists (a step marker that runs a graph: setup, not a
     # step); each epoch ends with a test loop whose accuracy is read on the host and averaged with mesh_reduce.

@@ -1,7 +1,9 @@
-"""neuron-exporter: Prometheus metrics for PyTorch/XLA training.
+"""neuron-exporter: Prometheus metrics for PyTorch training, on any backend (eager, torch.compile, torch_xla,
+TorchNeuron).
 
 ``neuron_exporter.attach()`` hooks every step of a training loop and serves ``/metrics``.
-The package imports without torch_xla; only ``attach()`` needs it.
+The package imports without torch; only ``attach()`` needs it, and it reads torch_xla, torch.compile and TorchNeuron
+where the process imports them.
 """
 
 __version__ = "0.1.0"
@@ -23,7 +25,7 @@ def auto_enabled(environ) -> bool:
 
 
 def __getattr__(name: str):
-    # Imported on first use: a process that loads the package only to watch for torch_xla (autostart) stays light.
+    # Imported on first use: a process that loads the package only to watch for torch (autostart) stays light.
     if name in ("ExporterHandle", "attach", "detach"):
         from .training import attach
 

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.core import Metric
 
-from .metric_family import single_series
+from . import catalogue
+from .catalogue import Family
+from .metric_family import labelled_family, single_series
 from .snapshot import BYTES, SECONDS, Snapshot
 from .untrusted import LabelBudget
 
@@ -20,36 +22,14 @@ LOWERED_OP_PREFIX = "xla::"  # torch_xla's counter of each operator it lowers
 DEFAULT_MAX_OP_SERIES = 100
 
 EXECUTE_METRICS = ("ExecuteTime", "ExecuteReplicatedTime")  # a graph run: on one device, or replicated
-# (metric family, HELP, torch_xla metric names whose sample counts / accumulators are summed)
+# (family of the sample counts, family of the accumulators, torch_xla metric names whose values are summed)
 TIMED_SIGNALS = (
-    (
-        "xla_graph_executions",
-        "xla_execute_seconds",
-        "Graph executions (ExecuteTime samples)",
-        "Device time spent executing graphs (ExecuteTime)",
-        EXECUTE_METRICS,
-    ),
-    (
-        "xla_device_to_host_transfers",
-        "xla_transfer_from_device_seconds",
-        "Reads of device data by the host: .item(), print, .cpu(), CPU fallbacks (TransferFromDeviceTime samples)",
-        "Time spent copying device data to the host (TransferFromDeviceTime)",
-        ("TransferFromDeviceTime",),
-    ),
-    (
-        "xla_host_to_device_transfers",
-        "xla_transfer_to_device_seconds",
-        "Uploads of host data to the device (TransferToDeviceTime samples)",
-        "Time spent copying host data to the device (TransferToDeviceTime)",
-        ("TransferToDeviceTime",),
-    ),
+    (catalogue.XLA_GRAPH_EXECUTIONS, catalogue.XLA_EXECUTE_SECONDS, EXECUTE_METRICS),
+    (catalogue.XLA_DEVICE_TO_HOST, catalogue.XLA_FROM_DEVICE_SECONDS, ("TransferFromDeviceTime",)),
+    (catalogue.XLA_HOST_TO_DEVICE, catalogue.XLA_TO_DEVICE_SECONDS, ("TransferToDeviceTime",)),
 )
 
-GENERIC_FAMILIES = {
-    SECONDS: ("xla_metric_seconds", "Accumulated value of every torch_xla time metric, by metric name"),
-    BYTES: ("xla_metric_bytes", "Accumulated value of every torch_xla byte metric, by metric name"),
-}
-GENERIC_NUMBER_FAMILY = ("xla_metric_value", "Accumulated value of every other torch_xla metric, by metric name")
+GENERIC_FAMILIES = {SECONDS: catalogue.XLA_METRIC_SECONDS, BYTES: catalogue.XLA_METRIC_BYTES}
 
 
 def is_cpu_fallback_op(counter_name: str) -> bool:
@@ -69,11 +49,6 @@ def is_cpu_fallback_op(counter_name: str) -> bool:
     )
 
 
-def _add_labelled(family: CounterMetricFamily, base: list[str], by_label: dict[str, float]) -> None:
-    for label, value in sorted(by_label.items()):
-        family.add_metric(base + [label], value)
-
-
 def snapshot_families(
     snapshot: Snapshot,
     labels: dict[str, str],
@@ -81,79 +56,41 @@ def snapshot_families(
     lowered_budget: LabelBudget | None = None,
 ) -> Iterator[Metric]:
     """Yield the metric families of one snapshot, every series carrying ``labels`` (e.g. rank)."""
-    names = list(labels)
-    values = list(labels.values())
     fallback_budget = fallback_budget or LabelBudget(DEFAULT_MAX_OP_SERIES)
     lowered_budget = lowered_budget or LabelBudget(DEFAULT_MAX_OP_SERIES)
 
-    def counter(name: str, documentation: str, value: float) -> Metric:
-        return single_series(CounterMetricFamily, name, documentation, labels, value)
-
-    yield counter("xla_compilations", "Real compiler runs (UncachedCompile)", snapshot.counter("UncachedCompile"))
-    yield counter(
-        "xla_graph_cache_hits",
-        "Graphs served from the compile cache (CachedCompile)",
-        snapshot.counter("CachedCompile"),
-    )
-    yield counter(
-        "xla_compile_seconds", "Time spent compiling graphs (CompileTime)", snapshot.metric("CompileTime").accumulator
-    )
-    for count_name, seconds_name, count_help, seconds_help, sources in TIMED_SIGNALS:
+    yield single_series(catalogue.XLA_COMPILATIONS, labels, snapshot.counter("UncachedCompile"))
+    yield single_series(catalogue.XLA_GRAPH_CACHE_HITS, labels, snapshot.counter("CachedCompile"))
+    yield single_series(catalogue.XLA_COMPILE_SECONDS, labels, snapshot.metric("CompileTime").accumulator)
+    for count_family, seconds_family, sources in TIMED_SIGNALS:
         metrics = [snapshot.metric(source) for source in sources]
-        yield counter(count_name, count_help, sum(m.total_samples for m in metrics))
-        yield counter(seconds_name, seconds_help, sum(m.accumulator for m in metrics))
+        yield single_series(count_family, labels, sum(m.total_samples for m in metrics))
+        yield single_series(seconds_family, labels, sum(m.accumulator for m in metrics))
+    yield single_series(catalogue.XLA_HOST_SCALAR_READS, labels, snapshot.counter(HOST_SCALAR_READ_OP))
 
-    yield counter(
-        "xla_host_scalar_reads",
-        ".item() and other scalar reads by the host (aten::_local_scalar_dense)",
-        snapshot.counter(HOST_SCALAR_READ_OP),
-    )
-
-    fallback: dict[str, float] = {}
-    lowered: dict[str, float] = {}
-    other_counters: dict[str, float] = {}
+    fallback: list[tuple[tuple[str], float]] = []
+    lowered: list[tuple[tuple[str], float]] = []
+    other_counters: list[tuple[tuple[str], float]] = []
     for name, value in snapshot.counters.items():
         if name == HOST_SCALAR_READ_OP:
             continue
         if is_cpu_fallback_op(name):
-            op = fallback_budget.label_for(name)
-            fallback[op] = fallback.get(op, 0) + value
+            fallback.append(((name,), value))
         elif name.startswith(LOWERED_OP_PREFIX):
-            op = lowered_budget.label_for(name)
-            lowered[op] = lowered.get(op, 0) + value
+            lowered.append(((name,), value))
         else:
-            other_counters[name] = value
+            other_counters.append(((name,), value))
+    yield labelled_family(catalogue.XLA_FALLBACK_OPS, labels, fallback, {"op": fallback_budget})
+    yield labelled_family(catalogue.XLA_LOWERED_OPS, labels, lowered, {"op": lowered_budget})
+    yield labelled_family(catalogue.XLA_EVENTS, labels, other_counters)
 
-    family = CounterMetricFamily(
-        "xla_cpu_fallback_ops",
-        "Executions of operators with no XLA lowering, run on the CPU, by operator: every namespace::op counter "
-        "(aten::, torchvision::, custom ops) but xla:: and aten::_local_scalar_dense (.item())",
-        labels=names + ["op"],
+    metric_values = sorted(snapshot.metrics.items())
+    yield labelled_family(
+        catalogue.XLA_METRIC_SAMPLES, labels, [((name,), m.total_samples) for name, m in metric_values]
     )
-    _add_labelled(family, values, fallback)
-    yield family
-    family = CounterMetricFamily(
-        "xla_lowered_ops", "Operators lowered to XLA (xla:: counters), by operator", labels=names + ["op"]
-    )
-    _add_labelled(family, values, lowered)
-    yield family
-    family = CounterMetricFamily(
-        "xla_events", "Every other torch_xla counter, by counter name", labels=names + ["counter"]
-    )
-    _add_labelled(family, values, other_counters)
-    yield family
-
-    samples = CounterMetricFamily(
-        "xla_metric_samples", "Samples recorded by every torch_xla metric, by metric name", labels=names + ["metric"]
-    )
-    sums = {
-        unit: CounterMetricFamily(name, doc, labels=names + ["metric"])
-        for unit, (name, doc) in GENERIC_FAMILIES.items()
-    }
-    number_sums = CounterMetricFamily(*GENERIC_NUMBER_FAMILY, labels=names + ["metric"])
-    for name, metric in sorted(snapshot.metrics.items()):
-        samples.add_metric(values + [name], metric.total_samples)
-        sums.get(metric.unit, number_sums).add_metric(values + [name], metric.accumulator)
-    yield samples
-    yield from sums.values()
-    yield number_sums
+    by_unit: dict[Family, list[tuple[tuple[str], float]]] = {family: [] for family in GENERIC_FAMILIES.values()}
+    by_unit[catalogue.XLA_METRIC_VALUE] = []
+    for name, metric in metric_values:
+        by_unit[GENERIC_FAMILIES.get(metric.unit, catalogue.XLA_METRIC_VALUE)].append(((name,), metric.accumulator))
+    for unit_family, values in by_unit.items():
+        yield labelled_family(unit_family, labels, values)

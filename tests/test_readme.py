@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from neuron_exporter.catalogue import FAMILIES
 from neuron_exporter.config import NOT_OPTIONS, options_table
 from tests.support.contract import CONTRACT_METRICS
 from tests.support.paths import DASHBOARDS, ROOT
@@ -160,10 +161,51 @@ def test_the_metrics_and_alerts_the_docs_name_exist(page):
     assert sorted(set(ALERT.findall(page.read_text())) - alert_names()) == []
 
 
-def test_the_metrics_reference_lists_every_family_of_the_contract():
-    documented = set(METRIC.findall("\n".join(prose_and_code((ROOT / "docs" / "metrics.md").read_text())[1])))
-    histograms = {name for name in CONTRACT_METRICS if name.endswith(("_bucket", "_sum", "_count"))}
-    assert sorted(CONTRACT_METRICS - documented - histograms - {"up"}) == []
+def reference_rows(text: str) -> dict[str, tuple[str | None, tuple[str, ...]]]:
+    """{family: (type, labels)} of every family a table row of the metrics reference names (`name{a,b}`: its own
+    labels; a type cell of one type, or of one per name), and {family: (None, ())} of every other one it names."""
+    families: dict[str, tuple[str | None, tuple[str, ...]]] = {}
+    for line in text.splitlines():
+        if line.startswith("| `"):
+            cells = [cell.strip() for cell in line.strip("|").split("|")]
+            named = re.findall(r"`([a-z_0-9]+)(?:\{([^}]*)\})?`", cells[0])
+            types = [kind.strip() for kind in cells[1].split(",")]
+            types = types if len(types) == len(named) else types[:1] * len(named)
+            for (name, labels), kind in zip(named, types, strict=True):
+                families[name] = (kind, tuple(label for label in labels.split(",") if label))
+        else:
+            for span in prose_and_code(line)[1]:
+                for name in METRIC.findall(span):
+                    families.setdefault(name, (None, ()))
+    return families
+
+
+def test_the_metrics_reference_and_the_catalogue_list_the_same_families():
+    documented = reference_rows((ROOT / "docs" / "metrics.md").read_text())
+    assert sorted(set(FAMILIES) - set(documented)) == [], "families of the catalogue missing from docs/metrics.md"
+    assert sorted(set(documented) - set(FAMILIES)) == [], "families in docs/metrics.md missing from the catalogue"
+    for name, (kind, labels) in documented.items():
+        if kind is not None:
+            assert (kind, labels) == (FAMILIES[name].type, FAMILIES[name].labels), name
+
+
+def test_a_family_the_reference_lacks_or_describes_otherwise_is_caught():
+    rows = reference_rows(
+        "| `xla_steps_total`, `xla_graph_cuts_total{cause}` | counter | ... |\n"
+        "| `a_total`, `b` | counter, gauge | ... |\n"
+        "The node adds `neuron_exporter_ranks`.\n"
+    )
+    assert rows == {
+        "xla_steps_total": ("counter", ()),
+        "xla_graph_cuts_total": ("counter", ("cause",)),
+        "a_total": ("counter", ()),
+        "b": ("gauge", ()),
+        "neuron_exporter_ranks": (None, ()),
+    }
+    assert rows["xla_graph_cuts_total"] != (
+        FAMILIES["xla_graph_cuts_total"].type,
+        FAMILIES["xla_graph_cuts_total"].labels,
+    )
 
 
 def test_a_broken_link_a_missing_anchor_and_an_unknown_metric_are_caught(tmp_path):

@@ -18,6 +18,7 @@ import hashlib
 import re
 from dataclasses import dataclass
 
+from .. import catalogue
 from ..untrusted import printable
 
 NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
@@ -37,12 +38,7 @@ RESERVED_SUFFIXES = ("_bucket", "_sum", "_count")
 
 RANK_PREFIXES = ("xla_", "neuron_exporter_", "torch_compile_", "training_", "torchneuron_")
 # Families the node endpoint itself renders: a rank file must not publish them.
-NODE_FAMILIES = (
-    "neuron_exporter_rank_up",
-    "neuron_exporter_rank_state",
-    "neuron_exporter_rank_last_report_timestamp_seconds",
-    "neuron_exporter_ranks",
-)
+NODE_FAMILIES = tuple(family.name for family in catalogue.FAMILIES.values() if family.owner == catalogue.NODE)
 NODE_PREFIXES = ("neuron_exporter_host_", "neuron_exporter_spool_")
 SHOWN = 60  # characters of an offending line quoted in an error
 

@@ -9,7 +9,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import psutil
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import Metric
+
+from .. import catalogue
+from ..metric_family import labelled_family, new_family, single_series
 
 # Linux counts guest time inside user and nice already; leaving it out keeps the modes summable.
 GUEST_MODES = ("guest", "guest_nice")
@@ -17,29 +20,13 @@ GUEST_MODES = ("guest", "guest_nice")
 
 class HostCollector:
     def describe(self) -> Iterator[Metric]:
-        yield CounterMetricFamily(
-            "neuron_exporter_host_cpu_seconds", "CPU time of the host, all cores, by mode", labels=["mode"]
-        )
-        yield GaugeMetricFamily("neuron_exporter_host_memory_total_bytes", "Physical memory of the host")
-        yield GaugeMetricFamily(
-            "neuron_exporter_host_memory_available_bytes",
-            "Memory of the host available to new processes without swapping",
-        )
+        yield new_family(catalogue.HOST_CPU, {})
+        yield new_family(catalogue.HOST_MEMORY_TOTAL, {})
+        yield new_family(catalogue.HOST_MEMORY_AVAILABLE, {})
 
     def collect(self) -> Iterator[Metric]:
-        cpu = CounterMetricFamily(
-            "neuron_exporter_host_cpu_seconds", "CPU time of the host, all cores, by mode", labels=["mode"]
-        )
-        for mode, seconds in psutil.cpu_times()._asdict().items():
-            if mode not in GUEST_MODES:
-                cpu.add_metric([mode], seconds)
-        yield cpu
+        modes = psutil.cpu_times()._asdict().items()
+        yield labelled_family(catalogue.HOST_CPU, {}, [((mode,), s) for mode, s in modes if mode not in GUEST_MODES])
         memory = psutil.virtual_memory()
-        yield GaugeMetricFamily(
-            "neuron_exporter_host_memory_total_bytes", "Physical memory of the host", value=memory.total
-        )
-        yield GaugeMetricFamily(
-            "neuron_exporter_host_memory_available_bytes",
-            "Memory of the host available to new processes without swapping",
-            value=memory.available,
-        )
+        yield single_series(catalogue.HOST_MEMORY_TOTAL, {}, memory.total)
+        yield single_series(catalogue.HOST_MEMORY_AVAILABLE, {}, memory.available)

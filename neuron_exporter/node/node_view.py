@@ -23,13 +23,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from prometheus_client import ProcessCollector
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import Metric
 from prometheus_client.exposition import generate_latest
 from prometheus_client.utils import floatToGoString
 
-from .. import __version__, diagnosis
+from .. import __version__, catalogue, diagnosis
 from ..config import Options
 from ..config_file import printable
+from ..metric_family import labelled_family, single_series
 from .exposition_check import escape_label_value
 from .host_metrics import HostCollector
 from .seen_times import SeenTimes
@@ -337,10 +338,9 @@ def _identity(meta: RankMeta) -> tuple:
     return meta.run_id, meta.rank, meta.pid, meta.start_time
 
 
-RANK_FAMILIES = (
-    (b"neuron_exporter_rank_up", b"1 if the rank is running, 0 if it is hung or dead"),
-    (b"neuron_exporter_rank_state", b"The rank's state: 1 for the current one of running, hung, dead"),
-    (b"neuron_exporter_rank_last_report_timestamp_seconds", b"When the rank last reported progress (unix time)"),
+RANK_FAMILIES = tuple(
+    (family.name.encode(), family.help.encode())
+    for family in (catalogue.RANK_UP, catalogue.RANK_STATE, catalogue.RANK_LAST_REPORT)
 )
 
 
@@ -391,31 +391,11 @@ class _NodeMetrics:
         self.daemon = daemon
 
     def collect(self) -> Iterator[Metric]:
-        yield GaugeMetricFamily(
-            "neuron_exporter_ranks",
-            "Ranks the node endpoint serves (running, hung, dead or finished)",
-            value=len(self.statuses),
-        )
-        bad = GaugeMetricFamily(
-            "neuron_exporter_spool_rejected_files",
-            "Files in the spool directory that are not served, by reason (see the log)",
-            labels=["reason"],
-        )
-        for reason in REJECT_REASONS:
-            bad.add_metric([reason], self.rejected.get(reason, 0))
-        yield bad
-        yield GaugeMetricFamily(
-            "neuron_exporter_spool_directory_ok",
-            "0 if the spool directory is unsafe to read (see the log), else 1 (also before it exists)",
-            value=1.0 if self.spool_dir_ok else 0.0,
-        )
+        yield single_series(catalogue.RANKS, {}, len(self.statuses))
+        rejected = [((reason,), self.rejected.get(reason, 0)) for reason in REJECT_REASONS]
+        yield labelled_family(catalogue.SPOOL_REJECTED, {}, rejected)
+        yield single_series(catalogue.SPOOL_DIRECTORY_OK, {}, 1.0 if self.spool_dir_ok else 0.0)
         yield from self.host.collect()
         if self.daemon is not None:  # no rank labels: the ranks' build_info series carry theirs
-            info = GaugeMetricFamily(
-                "neuron_exporter_build_info",
-                "Versions of the exporter and of what it runs with",
-                labels=["version", "python_version"],
-            )
-            info.add_metric([__version__, platform.python_version()], 1)
-            yield info
+            yield labelled_family(catalogue.DAEMON_BUILD_INFO, {}, [((__version__, platform.python_version()), 1)])
             yield from self.daemon.collect()

@@ -219,8 +219,8 @@ def attach(
     _auto: bool = False,
     **options,
 ) -> ExporterHandle:
-    """Start exporting this process's training metrics (every backend; torch_xla's and torch.compile's once they are
-    imported); a second call returns the same handle.
+    """Start exporting this process's training metrics (every backend; torch.compile's, torch_xla's and TorchNeuron's
+    once they are imported); a second call returns the same handle.
 
     ``port=0`` asks for a free port (``handle.port`` tells which). ``options`` are the keys of the configuration
     table in the README (``warmup_steps``, ``spool_dir``, ...); ``NEURON_EXPORTER_*`` variables set the same keys,

@@ -124,10 +124,11 @@ class Attribution:
 
     # -- events ---------------------------------------------------------------------------------------------
     def host_read(
-        self, cause: str, location: str, frames, graphs: int, compiles: int, traits: tuple = ((), ())
+        self, cause: str, location: str, frames, graphs: int = 0, compiles: int = 0, traits: tuple = ((), ())
     ) -> None:
-        """A host read of device data at ``location``, which ran ``graphs`` graphs and ``compiles`` compilations;
-        ``traits``: (sizes, aliases) of those graphs and compilations (``XlaReader.graph_traits``)."""
+        """A host read of device data at ``location``. On a lazy device (XLA) it ran ``graphs`` graphs and ``compiles``
+        compilations, and ``traits`` are (sizes, aliases) of those (``XlaReader.graph_traits``); on an eager device,
+        none."""
         with self._lock:
             record = self._site(location, frames)
             if cause != SYNC_TENSORS:  # a sync of chosen tensors cuts the graph but reads nothing

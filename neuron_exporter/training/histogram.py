@@ -51,6 +51,11 @@ class Histogram:
         copy.total = self.total
         return copy
 
+    def add(self, other: Histogram) -> None:
+        """Adds the observations of ``other``, of the same buckets."""
+        self.counts = [mine + theirs for mine, theirs in zip(self.counts, other.counts, strict=True)]
+        self.total += other.total
+
     def cumulative(self) -> list[tuple[str, int]]:
         """[(le, cumulative count)], the form Prometheus exposes."""
         result, running = [], 0

@@ -54,19 +54,20 @@ class HostReadHook:
     def __init__(
         self,
         read: Callable,
-        on_upload: Callable,
         on_error: Callable[[BaseException], None],
-        device: str = "xla",
+        device: str,
+        on_upload: Callable | None = None,
         phases: Callable[[], TimePhases] | None = None,
     ):
-        """``read(original, cause, tensor, args, kwargs, frame)`` makes a read of device data from ``frame``: it calls
-        ``original(tensor, *args, **kwargs)`` once and returns its result (its exceptions reach the caller unchanged),
-        and records the read around it. ``on_upload(frame, shapes)`` records an upload. Both run on the thread of the
-        read or upload and raise nothing of their own. ``on_error`` is told why a wrapper could not go in or come
-        out. ``phases()``: the ledger whose ``host_sync`` phase a read is timed in."""
+        """``read(original, cause, tensor, args, kwargs, frame)`` makes a read of data of the ``device`` (a device
+        type) from ``frame``: it calls ``original(tensor, *args, **kwargs)`` once and returns its result (its exceptions
+        reach the caller unchanged), and records the read around it. ``on_upload(frame, shapes)``, for a device that
+        names its uploads (XLA), records one. Both run on the thread of the read or upload and raise nothing of their
+        own. ``on_error`` is told why a wrapper could not go in or come out. ``phases()``: the ledger whose
+        ``host_sync`` phase a read is timed in."""
         self._owner_read = read
         self._phases = phases
-        self._on_upload = on_upload
+        self._on_upload: Callable = on_upload or _not_named
         self._on_error = on_error
         self._local = threading.local()
         self.device = device
@@ -247,3 +248,7 @@ def _batch_shapes(item) -> tuple:
         elif isinstance(value, (list, tuple)):
             pending.extend(reversed(value))
     return tuple(shapes)
+
+
+def _not_named(frame, shapes) -> None:
+    """The uploads of a device that does not name them (an eager one: they never explain a recompilation)."""

@@ -1,7 +1,8 @@
 """Run a function right after a module is fully imported, or at once if it already is.
 
 Each source of the training process starts with the library it reads: torch_xla's hooks when torch_xla is imported,
-torch.compile's when ``torch._dynamo`` is; ``autostart`` attaches when ``torch`` is. Nothing here imports a watched
+torch.compile's when ``torch._dynamo`` is, TorchNeuron's when ``torch_neuronx`` is; ``autostart`` attaches when
+``torch`` is. Nothing here imports a watched
 module, so a process that never uses torch_xla never loads it.
 
 "Imported" means the module's code has run to its end. A module can be in ``sys.modules`` half-way through its own

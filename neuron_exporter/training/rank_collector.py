@@ -1,6 +1,6 @@
 """The Prometheus collector of one training process (one rank): the parts each source adds (``training_steps``,
-``torch_compile``, torch_xla's ``steps``, ``sites`` and ``xla``), the process (``training_process_*``), and the
-exporter's own families.
+``torch_compile``, torch_xla's ``steps``, ``sites`` and ``xla``, ``torchneuron``), the process
+(``training_process_*``), and the exporter's own families, each built from its entry of the catalogue.
 
 Each part is collected on its own: a part that fails is left out of that scrape,
 counted in ``neuron_exporter_collection_errors_total{stage="scrape"}`` and shown by
@@ -15,12 +15,13 @@ import time
 from collections.abc import Callable, Iterator
 
 import psutil
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import Metric
 
-from ..metric_family import single_series
+from .. import catalogue
+from ..metric_family import labelled_family, single_series
 from .dynamo_callbacks import restore as restore_callbacks
 from .rank import rank_labels, workload_labels
-from .self_metrics import STAGES, START_TRIES, SelfStats, build_labels
+from .self_metrics import STAGES, SelfStats, build_labels
 
 
 class RankCollector:
@@ -37,17 +38,8 @@ class RankCollector:
 
     def collect(self) -> Iterator[Metric]:
         labels = rank_labels()
-        names = list(labels)
-        success = GaugeMetricFamily(
-            "neuron_exporter_collector_success",
-            "1 if the collector's last scrape succeeded, 0 if it failed",
-            labels=names + ["collector"],
-        )
-        duration = GaugeMetricFamily(
-            "neuron_exporter_collector_duration_seconds",
-            "Time the collector's last scrape took",
-            labels=names + ["collector"],
-        )
+        parts: list[tuple[tuple[str], float]] = []
+        durations: list[tuple[tuple[str], float]] = []
         restore_callbacks()  # every source's compile callbacks that torch._dynamo.reset() dropped
         for part, collect_part in {**self._parts, "process": self._process_families}.items():
             start = time.perf_counter()
@@ -58,10 +50,10 @@ class RankCollector:
                 self.stats.record_error("scrape", error)
                 families, ok = [], 0
             yield from families
-            success.add_metric(list(labels.values()) + [part], ok)
-            duration.add_metric(list(labels.values()) + [part], time.perf_counter() - start)
-        yield success
-        yield duration
+            parts.append(((part,), ok))
+            durations.append(((part,), time.perf_counter() - start))
+        yield labelled_family(catalogue.COLLECTOR_SUCCESS, labels, parts)
+        yield labelled_family(catalogue.COLLECTOR_DURATION, labels, durations)
         yield from self._self_families(labels)
 
     def _process_families(self, labels: dict[str, str]) -> Iterator[Metric]:
@@ -72,62 +64,21 @@ class RankCollector:
             threads = process.num_threads()
         # The xla_process_* names, which the training_process_* ones replace, are served for one more release
         # where torch_xla is imported, so that rules and dashboards written for them go on working there.
-        for prefix in ("training", "xla") if "torch_xla" in sys.modules else ("training",):
-            yield single_series(
-                GaugeMetricFamily,
-                f"{prefix}_process_resident_memory_bytes",
-                "Resident memory of the training process",
-                labels,
-                memory,
-            )
-            yield single_series(
-                CounterMetricFamily,
-                f"{prefix}_process_cpu_seconds",
-                "CPU time of the training process (user + system)",
-                labels,
-                cpu.user + cpu.system,
-            )
-            yield single_series(
-                GaugeMetricFamily, f"{prefix}_process_threads", "Threads of the training process", labels, threads
-            )
+        names = (PROCESS_NAMES, OLD_PROCESS_NAMES) if "torch_xla" in sys.modules else (PROCESS_NAMES,)
+        for memory_family, cpu_family, threads_family in names:
+            yield single_series(memory_family, labels, memory)
+            yield single_series(cpu_family, labels, cpu.user + cpu.system)
+            yield single_series(threads_family, labels, threads)
 
     def _self_families(self, labels: dict[str, str]) -> Iterator[Metric]:
-        yield single_series(
-            GaugeMetricFamily,
-            "neuron_exporter_rank_info",
-            "Where the rank runs: Kubernetes pod, namespace, node and container (from the downward "
-            "API variables POD_NAME, POD_NAMESPACE, NODE_NAME, CONTAINER_NAME); always 1",
-            {**labels, **workload_labels()},
-            1,
-        )
-        yield single_series(
-            GaugeMetricFamily,
-            "neuron_exporter_build_info",
-            "Versions of the exporter and of what it runs with",
-            {**labels, **build_labels()},
-            1,
-        )
-        family = CounterMetricFamily(
-            "neuron_exporter_collection_errors",
-            "Failures inside the exporter, by stage (step hook, scrape, spool write)",
-            labels=list(labels) + ["stage"],
-        )
-        for stage in STAGES:
-            family.add_metric(list(labels.values()) + [stage], self.stats.errors[stage])
-        yield family
-        started = GaugeMetricFamily(
-            "neuron_exporter_source_started",
-            "1 once a source's hooks are in, 0 while its library is imported but it could not start (it tries again "
-            f"when an optimizer is created or steps, up to {START_TRIES} times)",
-            labels=list(labels) + ["source"],
-        )
-        for source, ok in sorted(self.stats.sources.items()):
-            started.add_metric(list(labels.values()) + [source], int(ok))
-        yield started
-        yield single_series(
-            CounterMetricFamily,
-            "neuron_exporter_step_hook_seconds",
-            "Time the exporter spent in its step hook, on the training thread",
-            labels,
-            self.stats.hook_seconds,
-        )
+        yield single_series(catalogue.RANK_INFO, {**labels, **workload_labels()}, 1)
+        yield single_series(catalogue.BUILD_INFO, {**labels, **build_labels()}, 1)
+        errors = [((stage,), self.stats.errors[stage]) for stage in STAGES]
+        yield labelled_family(catalogue.COLLECTION_ERRORS, labels, errors)
+        started = [((source,), int(ok)) for source, ok in sorted(self.stats.sources.items())]
+        yield labelled_family(catalogue.SOURCE_STARTED, labels, started)
+        yield single_series(catalogue.STEP_HOOK_SECONDS, labels, self.stats.hook_seconds)
+
+
+PROCESS_NAMES = (catalogue.PROCESS_MEMORY, catalogue.PROCESS_CPU, catalogue.PROCESS_THREADS)
+OLD_PROCESS_NAMES = (catalogue.OLD_PROCESS_MEMORY, catalogue.OLD_PROCESS_CPU, catalogue.OLD_PROCESS_THREADS)

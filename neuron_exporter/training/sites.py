@@ -29,19 +29,26 @@ MAX_CODES = 20_000  # live code objects remembered (one dead is forgotten at onc
 MAX_LINES = 20_000  # sites' lines remembered, over all live code objects
 
 
-def _directory(module) -> str:
-    """The directory of a module or of a module spec, with a trailing separator."""
-    return os.path.dirname(os.path.abspath(getattr(module, "__file__", None) or module.origin)) + os.sep
+def module_directory(module) -> str | None:
+    """The directory of a module or of a module spec, with a trailing separator: where its file is, or a namespace
+    package's first directory; None for one that has neither (made in memory)."""
+    path = getattr(module, "__file__", None) or getattr(module, "origin", None)
+    if isinstance(path, str) and path:
+        return os.path.dirname(os.path.abspath(path)) + os.sep
+    spec = getattr(module, "__spec__", None)
+    locations = getattr(module, "__path__", None) or getattr(spec or module, "submodule_search_locations", None)
+    for location in locations or ():
+        return os.path.abspath(location) + os.sep
+    return None
 
 
 def _skipped_packages() -> tuple[str, ...]:
     import neuron_exporter
 
-    directories = [_directory(torch), _directory(neuron_exporter)]
-    for library in ("torch_xla", "torch_neuronx"):  # a device's own Python code, when it runs here
-        if library in sys.modules:
-            directories.append(_directory(sys.modules[library]))
-    return tuple(directories) + _wrapper_paths()
+    modules = [torch, neuron_exporter]
+    modules += [sys.modules[library] for library in ("torch_xla", "torch_neuronx") if library in sys.modules]
+    directories = [module_directory(module) for module in modules]  # a device's own Python code, when it runs here
+    return tuple(directory for directory in directories if directory) + _wrapper_paths()
 
 
 def _wrapper_paths() -> tuple[str, ...]:
@@ -55,7 +62,8 @@ def _wrapper_paths() -> tuple[str, ...]:
         if spec is None or not spec.origin or not os.path.isabs(spec.origin):
             continue
         # A package is skipped as a whole, a single-file module (typing_extensions.py) as that file.
-        paths.append(_directory(spec) if spec.submodule_search_locations else os.path.abspath(spec.origin))
+        origin = os.path.abspath(spec.origin)
+        paths.append(os.path.dirname(origin) + os.sep if spec.submodule_search_locations else origin)
     return tuple(paths)
 
 

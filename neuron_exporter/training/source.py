@@ -1,7 +1,8 @@
 """What a source of the training process is, and the handle's list of them.
 
 A *source* reads one library: the training steps of ``torch.optim`` (``steps/``), dynamo's records
-(``torch_compile/``), torch_xla's step markers, host reads and fallbacks (``xla/``). Each room declares itself with a
+(``torch_compile/``), torch_xla's step markers, host reads and fallbacks (``xla/``), TorchNeuron's fallbacks, compile
+cache, host reads and memory (``neuron/``). Each room declares itself with a
 ``SourceKind`` in its ``__init__`` (which imports nothing of the library): its name (the ``source`` label), the module
 whose import starts it, and ``start(sources)``, which builds it then and only then, so a process without torch_xla
 never loads the XLA source. ``Sources`` runs them all the same way:
@@ -13,12 +14,17 @@ never loads the XLA source. ``Sources`` runs them all the same way:
 - its collector parts join the rank's collector once it has started;
 - optimizer events, the fork of the process, the diagnosis document and ``detach()`` go to every started source.
 
-Sibling sources never import each other (``tests/test_layout.py``); what two of them share lives at ``training/``.
+Sibling sources never import each other (``tests/test_layout.py``) nor ask for each other by name; what two of them
+share lives at ``training/``. A source whose device runs an optimizer's work later (torch_xla's) declares that device
+(``Source.device``) and counts the steps that end there (``step_counts``); the training steps ask ``Sources`` for the
+steps of a device, not of a source.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
@@ -33,6 +39,8 @@ from .rank_collector import RankCollector
 from .self_metrics import START_TRIES, SelfStats
 from .time_phases import TimePhases
 
+log = logging.getLogger("neuron_exporter")
+
 Collect = Callable[[dict[str, str]], Iterator[Metric]]
 
 
@@ -44,31 +52,45 @@ class StepCounts(Protocol):
     optimizer_steps: bool  # whether the steps are training steps (an optimizer stepped), not only device steps
 
 
-class Source:
-    """The contract of a source, with what a source that has nothing of a kind does."""
+class Source(ABC):
+    """The contract of a source, with what a source that has nothing of a kind does. ``install`` and ``uninstall``
+    are each source's own; the rest is optional."""
 
+    stats: SelfStats | None = None  # where its failures are counted; replaced in a forked child
+    device: str | None = None  # the lazy device whose training steps it ends and counts itself (``step_counts``)
+
+    @abstractmethod
     def install(self) -> bool:
-        """Put the hooks in. False if they could not go in, having counted why (``SelfStats.record_error``) and left
-        nothing installed; it may be called again on a new instance."""
-        return True
+        """Put the hooks in. False if they could not go in, having counted why (``step_error``) and left nothing
+        installed; it may be called again on a new instance."""
 
+    @abstractmethod
     def uninstall(self) -> None:
         """Take the hooks out (``detach()``); what was counted is still served."""
 
-    def after_fork(self, stats: SelfStats) -> None:
+    def step_error(self, error: BaseException) -> None:
+        """Every source's one path for a failure of its own on the training thread or in a hook: counted in
+        ``neuron_exporter_collection_errors_total{stage="step"}`` and logged once (``SelfStats``); the training goes
+        on. A failure while a scrape reads it is the rank collector's (``stage="scrape"``)."""
+        if self.stats is not None:
+            self.stats.record_error("step", error)
+        else:
+            log.debug("neuron-exporter: %s failed: %s", type(self).__name__, error)
+
+    def after_fork(self, stats: SelfStats) -> None:  # noqa: B027 (optional: nothing to do)
         """In a forked child: count from zero, as the child's own, into ``stats``; the hooks stay."""
 
     def parts(self) -> dict[str, Collect]:
         """Its parts of the rank's collector, by name (``neuron_exporter_collector_success{collector}``)."""
         return {}
 
-    def diagnosis(self, rank: dict) -> None:
+    def diagnosis(self, rank: dict) -> None:  # noqa: B027 (optional: nothing to do)
         """Add its part to this rank's diagnosis document (``neuron_exporter.diagnosis``)."""
 
-    def on_optimizer_created(self) -> None:
+    def on_optimizer_created(self) -> None:  # noqa: B027 (optional: nothing to do)
         """A ``torch.optim`` optimizer was made (training thread; never raises)."""
 
-    def on_optimizer_step(self, optimizer) -> None:
+    def on_optimizer_step(self, optimizer) -> None:  # noqa: B027 (optional: nothing to do)
         """After an optimizer's ``step()``, on the thread that stepped it: the cheapest thing possible."""
 
     @property
@@ -82,7 +104,7 @@ class Source:
         return False
 
     def step_counts(self) -> StepCounts | None:
-        """The training steps it counts itself (those of an optimizer on its lazy device), None if none."""
+        """The training steps of optimizers on its ``device``, which it counts itself; None without a device."""
         return None
 
 
@@ -166,11 +188,12 @@ class Sources:
     def get(self, name: str) -> Source | None:
         return self.by_name.get(name)
 
-    def step_counts(self) -> StepCounts | None:
+    def step_counts(self, device: str) -> StepCounts | None:
+        """The training steps of optimizers on the lazy ``device`` (a device type), from the source that counts them;
+        None if no source started counts them."""
         for source in self.started:
-            counts = source.step_counts()
-            if counts is not None:
-                return counts
+            if source.device == device:
+                return source.step_counts()
         return None
 
     # -- what the handle asks of all -----------------------------------------------------------------------

@@ -15,9 +15,6 @@ from tests.support.contract import CONTRACT_METRICS, metric_names
 from tests.support.paths import DASHBOARDS
 
 
-# The metric contract: every name the exporter serves (the training process and the node endpoint), plus
-# Prometheus' own `up`. Histograms are listed by their base name.
-# TODO(owner): move to neuron_exporter/metric_names.py once it exists, and import it here.
 def load(name: str) -> dict:
     return json.loads((DASHBOARDS / name).read_text())
 

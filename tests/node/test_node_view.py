@@ -13,7 +13,7 @@ from neuron_exporter.config import resolve_options
 from neuron_exporter.node.node_view import STATES, NodeView, merge_families, split_families
 from neuron_exporter.node.spool import RankMeta
 from tests.scripts.spool_writer import rank_exposition
-from tests.support.exposition import samples, value
+from tests.support.exposition import samples, uncatalogued, value
 from tests.support.paths import ROOT
 from tests.support.processes import wait_until
 from tests.support.rank_files import rank_file
@@ -85,6 +85,7 @@ def test_every_live_rank_is_served_and_running(tmp_path):
         <= value(text, "neuron_exporter_host_memory_total_bytes")
     )
     assert value(text, "neuron_exporter_host_cpu_seconds_total", mode="idle") > 0
+    assert uncatalogued(text, check_help=False) == []
     promtool_check(text)
 
 

@@ -6,7 +6,9 @@ Scenarios:
 - loader: MpDeviceLoader feeding a loop that steps with xm.optimizer_step (no barrier: the loader's next batch ends
   the step);
 - accumulation: gradient accumulation, 4 micro-batches per optimizer step, a step marker after each micro-batch;
-- closure_logging: a step closure every step, and a logging .item() of the loss every 5 steps before the marker.
+- closure_logging: a step closure every step, and a logging .item() of the loss every 5 steps before the marker;
+- cpu_then_xla: STEPS steps of a model on the CPU, then STEPS of another, with an optimizer of its own, on the XLA
+  device.
 
 Prints one JSON line with the endpoint's URL when the loop is done, then waits for stdin to close.
 """
@@ -60,6 +62,20 @@ elif scenario == "closure_logging":
         if step % 5 == 4:
             logged.append(loss.item())  # a logging step: cuts the graph before the marker
         xm.add_step_closure(lambda loss=loss: logged.append(float(loss)))
+        torch_xla.sync()
+elif scenario == "cpu_then_xla":
+    on_cpu = torch.nn.Linear(16, 4)
+    cpu_optimizer = torch.optim.SGD(on_cpu.parameters(), lr=0.01)
+    for _ in range(steps):
+        cpu_optimizer.zero_grad()
+        loss_fn(on_cpu(torch.randn(8, 16)), torch.randint(0, 4, (8,))).backward()
+        cpu_optimizer.step()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    for _ in range(steps):
+        x, y = torch.randn(8, 16).to(device), torch.randint(0, 4, (8,)).to(device)
+        optimizer.zero_grad()
+        loss_fn(model(x), y).backward()
+        optimizer.step()
         torch_xla.sync()
 else:
     raise SystemExit(f"unknown scenario {scenario}")

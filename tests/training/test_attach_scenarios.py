@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from tests.support.exposition import samples, scrape, total, value
+from tests.support.exposition import samples, scrape, total, uncatalogued, value
 from tests.support.processes import TrainingRun
 
 pytestmark = pytest.mark.training
@@ -108,6 +108,7 @@ def test_attach_does_not_change_what_torch_xla_compiles_or_executes():
 
 def test_a_real_scrape_passes_promtool_check_metrics():
     exposition, _ = run_scenario("fallback")
+    assert uncatalogued(exposition) == []
     check = subprocess.run(["promtool", "check", "metrics"], input=exposition, capture_output=True, text=True)
     assert check.returncode == 0, check.stdout + check.stderr
     assert check.stdout + check.stderr == ""

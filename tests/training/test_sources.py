@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import types
 
+import pytest
+
 from neuron_exporter.config import resolve_options
 from neuron_exporter.training.patching import Patch
 from neuron_exporter.training.rank_collector import RankCollector
@@ -58,3 +60,29 @@ def test_a_source_that_fails_half_way_is_taken_out_and_its_next_try_hooks_once()
     assert library.call() == "hooked original"  # once, not twice
     sources.stop()
     assert library.call is original
+
+
+def test_a_source_must_say_how_its_hooks_go_in_and_come_out():
+    class Incomplete(Source):
+        def install(self) -> bool:
+            return True
+
+    with pytest.raises(TypeError, match="uninstall"):
+        Incomplete()  # type: ignore[abstract]
+
+
+def test_the_texts_that_list_the_sources_name_every_one():
+    import neuron_exporter.training as training
+    from neuron_exporter.training import attach, source
+
+    rooms = {f"``{kind.start.__module__.rpartition('.')[2]}/``" for kind in attach.SOURCES}
+    assert len(rooms) == 4
+    for module in (training, source, attach):
+        assert {room for room in rooms if room not in (module.__doc__ or "")} == set(), module.__name__
+
+
+def test_the_help_of_source_started_says_how_often_a_source_is_tried():
+    from neuron_exporter.catalogue import SOURCE_STARTED
+    from neuron_exporter.training.self_metrics import START_TRIES
+
+    assert f"up to {START_TRIES} times" in SOURCE_STARTED.help

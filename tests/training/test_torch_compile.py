@@ -20,7 +20,7 @@ from collections import Counter
 
 import pytest
 
-from tests.support.exposition import scrape, series, total
+from tests.support.exposition import scrape, series, total, uncatalogued
 from tests.support.paths import ROOT, SCRIPTS
 from tests.support.processes import TrainingRun, marked_line, xla_env
 
@@ -206,6 +206,7 @@ def test_a_function_at_the_recompile_limit_is_counted_once_at_its_line():
     assert found["torch"]["limit_hits"] == [function]
     assert series(found["metrics"], "torch_compile_recompile_limit_hits_total") == {(function,): 1}
     assert series(found["metrics"], "torch_compile_recompilations_total") == {(function, "value_changed"): 1}
+    assert uncatalogued(found["metrics"]) == []
     assert series(found["metrics"], "torch_compile_compilations_total") == {(function,): 2}
     command = found["command"]
     assert command.returncode == 0, command.stderr

@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 from neuron_exporter.diagnosis.advice import findings
-from tests.support.exposition import samples, scrape, series, value
+from tests.support.exposition import samples, scrape, series, uncatalogued, value
 from tests.support.paths import SCRIPTS
 from tests.support.processes import TrainingRun, marked_line
 from tests.support.torchneuron import emulation_problem
@@ -140,6 +140,7 @@ def test_every_record_is_readable(attached):
     exposition, _, _ = attached
     readable = series(exposition, "neuron_exporter_torchneuron_readable")
     assert readable and set(readable.values()) == {1.0}
+    assert uncatalogued(exposition) == []
 
 
 def test_the_exporter_adds_no_device_sync(attached, bare):

@@ -13,14 +13,15 @@ import types
 import pytest
 
 from neuron_exporter.config import resolve_options
+from neuron_exporter.metric_family import MonotonicTotals
 from neuron_exporter.training.neuron import names
 from neuron_exporter.training.neuron.compiles import GraphFallbacks, failure_reason
-from neuron_exporter.training.neuron.families import Totals
+from neuron_exporter.training.neuron.families import ROUNDING
 from neuron_exporter.training.self_metrics import SelfStats
 
 pytestmark = pytest.mark.neuron
 
-STATS = dict.fromkeys(names.CACHE_KEYS, 0)
+STATS = dict.fromkeys((*names.SPLIT_KEYS, *names.COMPILATION_KEYS), 0)
 
 
 def readable_series(source) -> dict[str, float]:
@@ -86,14 +87,14 @@ def test_a_failure_reason_is_short_and_bounded():
 
 
 def test_counters_read_from_torchneuron_never_go_back_when_it_resets_them():
-    totals = Totals()
+    totals = MonotonicTotals(ROUNDING)
     assert totals.read(lambda: {"hits": 5}) == {"hits": 5}
     assert totals.read(lambda: {"hits": 2}) == {"hits": 7}  # reset, then 2 more
     assert totals.read(lambda: {"hits": 4}) == {"hits": 9}
 
 
 def test_a_derived_total_lower_by_a_rounding_error_is_not_a_reset():
-    totals = Totals()
+    totals = MonotonicTotals(ROUNDING)
     compile_ms, graph_ms = 1733.7 * 3 + 48211.7, 48211.7  # three eager compilations and a graph's, in ms
     before = totals.read(lambda: {"eager_op_seconds": 1733.7 * 3 / 1000})["eager_op_seconds"]
     after = totals.read(lambda: {"eager_op_seconds": (compile_ms - graph_ms) / 1000})["eager_op_seconds"]
@@ -129,3 +130,60 @@ def test_a_graph_that_fell_back_is_counted_with_the_reason_logged_before_it():
     counts, messages = counter.snapshot()
     assert counts == {"NEFF load error N": 1, "unknown": 1}
     assert messages["NEFF load error N"] == "NEFF load error 17"
+
+
+@pytest.fixture(params=["namespace package", "made in memory"])
+def fileless_torchneuron(request, odd_torchneuron, tmp_path):
+    """The same torch_neuronx without ``__file__``: a namespace (or zip-imported) package, or a stand-in."""
+    import importlib.machinery
+
+    del odd_torchneuron.__file__
+    if request.param == "namespace package":
+        odd_torchneuron.__path__ = [str(tmp_path / "torch_neuronx")]
+        odd_torchneuron.__spec__ = importlib.machinery.ModuleSpec("torch_neuronx", None, is_package=True)
+    return odd_torchneuron
+
+
+def test_a_torchneuron_without_a_file_costs_no_record(fileless_torchneuron):
+    from neuron_exporter.training.neuron.source import NeuronSource
+    from neuron_exporter.training.sites import SiteFinder
+
+    assert SiteFinder().site(sys._getframe()).startswith("tests/training/test_torchneuron_probes.py:")
+    stats = SelfStats()
+    source = NeuronSource(resolve_options(overrides={}), stats)
+    assert source.install()
+    try:
+        assert readable_series(source)["compile_cache"] == 1
+        assert stats.errors["step"] == stats.errors["scrape"] == 0
+    finally:
+        source.uninstall()
+
+
+def test_a_build_with_only_the_sums_of_the_cache_tiers_serves_them(odd_torchneuron):
+    from neuron_exporter.training.neuron.source import NeuronSource
+
+    aggregate = {"cache_hits": 7, "cache_misses": 2, "total_compilations": 2, "total_compilation_time_ms": 500}
+    odd_torchneuron._C._get_compilation_cache_stats = lambda: dict(aggregate)
+    stats = SelfStats()
+    source = NeuronSource(resolve_options(overrides={}), stats)
+    assert source.install()
+    try:
+        assert readable_series(source)["compile_cache"] == 1
+        served = {
+            (sample.name, sample.labels.get("tier")): sample.value
+            for family in source.families.collect({})
+            for sample in family.samples
+            if family.name.startswith("torchneuron_compile_cache")
+        }
+        assert served == {
+            ("torchneuron_compile_cache_hits_total", "unknown"): 7,
+            ("torchneuron_compile_cache_misses_total", None): 2,
+        }
+        assert stats.errors["scrape"] == 0
+    finally:
+        source.uninstall()
+
+
+def test_the_split_by_tier_is_read_where_the_build_has_it():
+    split = {"in_memory_hits": 5, "in_memory_misses": 3, "persistent_hits": 1, "cache_hits": 6, "cache_misses": 5}
+    assert names.cache_lookups(split) == {"memory": 5, "persistent": 1, "misses": 2}

@@ -7,10 +7,32 @@ from __future__ import annotations
 from grafana_foundation_sdk.builders.dashboard import Dashboard, Row
 from grafana_foundation_sdk.models import dashboard as model
 
+from ...catalogue import (
+    NEURON_HOST_READS,
+    TRAINING_STEPS,
+    XLA_COMPILATIONS,
+    XLA_COMPILE_SECONDS,
+    XLA_DEVICE_TO_HOST,
+    XLA_FALLBACK_OPS,
+    XLA_FALLBACK_SITES,
+    XLA_FRAGMENTED_STEPS,
+    XLA_FROM_DEVICE_SECONDS,
+    XLA_GRAPH_CACHE_HITS,
+    XLA_GRAPH_CUTS,
+    XLA_GRAPHS_PER_STEP,
+    XLA_HOST_READS,
+    XLA_HOST_SCALAR_READS,
+    XLA_HOST_TO_DEVICE,
+    XLA_NEW_GRAPHS,
+    XLA_RECOMPILATIONS,
+    XLA_STEP_DURATION,
+    XLA_STEP_MARKERS,
+    XLA_STEPS,
+)
 from ..config import DEFAULTS, Config
 from .panels import RANK_LEGEND, Queries, dashboard_links, finish, graph, instant_table, merged_table, note, variables
 
-ALL_STEPS = "training_steps_total"  # the training steps of every backend (TorchNeuron's host reads are per these)
+ALL_STEPS = TRAINING_STEPS.name  # the training steps of every backend (TorchNeuron's host reads are per these)
 UID = "neuron-exporter-fragmentation"
 
 OP_LEGEND = "{{op}}, " + RANK_LEGEND
@@ -90,8 +112,8 @@ def fallback_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                 "steps: 1 = once in every step of every rank) and how many ranks called it.",
                 "suffix:calls/step",
                 {"run_id": "Run", "op": "Operator"},
-                (q.per_run_step("xla_cpu_fallback_ops_total", "op", matchers=op), "Calls per step", None),
-                (q.ranks_with("xla_cpu_fallback_ops_total", "op", matchers=op), "Ranks", "short"),
+                (q.per_run_step(XLA_FALLBACK_OPS.name, "op", matchers=op), "Calls per step", None),
+                (q.ranks_with(XLA_FALLBACK_OPS.name, "op", matchers=op), "Ranks", "short"),
             )
         )
         .with_panel(
@@ -102,7 +124,7 @@ def fallback_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                 "line that called backward(). Only ranks that run with fallback_sites on "
                 "(NEURON_EXPORTER_FALLBACK_SITES=1) report it: it watches one step when an operator first falls back.",
                 "short",
-                f"count by (run_id, op, location, pass) (last_over_time(xla_cpu_fallback_site_info{{{op}}}[$__range]))",
+                f"count by (run_id, op, location, pass) (last_over_time({XLA_FALLBACK_SITES.name}{{{op}}}[$__range]))",
                 {"run_id": "Run", "op": "Operator", "location": "Line", "pass": "Pass"},
                 "Ranks",
             )
@@ -113,7 +135,7 @@ def fallback_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                 "Calls of each operator without an XLA lowering in the "
                 "selected time range, per run, rank and operator.",
                 "short",
-                q.increase("xla_cpu_fallback_ops_total", "run_id, rank, op", matchers=op),
+                q.increase(XLA_FALLBACK_OPS.name, "run_id, rank, op", matchers=op),
                 {"run_id": "Run", "rank": "Rank", "op": "Operator"},
                 "Calls in range",
             )
@@ -125,8 +147,8 @@ def fallback_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                 "1 means the operator runs once in every step.",
                 "suffix:calls/step",
                 (
-                    f"{q.rate('xla_cpu_fallback_ops_total', by='run_id, rank, op', matchers=op)}"
-                    f" / on (run_id, rank) group_left {q.rate('xla_steps_total')}",
+                    f"{q.rate(XLA_FALLBACK_OPS.name, by='run_id, rank, op', matchers=op)}"
+                    f" / on (run_id, rank) group_left {q.rate(XLA_STEPS.name)}",
                     OP_LEGEND,
                 ),
             )
@@ -136,7 +158,7 @@ def fallback_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                 "Fallback calls per second",
                 "Calls per second of each CPU-fallback operator, per rank.",
                 "suffix:calls/s",
-                (q.rate("xla_cpu_fallback_ops_total", by="run_id, rank, op", matchers=op), OP_LEGEND),
+                (q.rate(XLA_FALLBACK_OPS.name, by="run_id, rank, op", matchers=op), OP_LEGEND),
             )
         )
     )
@@ -163,8 +185,8 @@ def graph_cut_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                 "there. " + SITES,
                 "suffix:cuts/step",
                 CAUSE_SITE_COLUMNS,
-                (q.per_run_step("xla_graph_cuts_total", "cause, location"), "Cuts per step", None),
-                (q.ranks_with("xla_graph_cuts_total", "cause, location"), "Ranks", "short"),
+                (q.per_run_step(XLA_GRAPH_CUTS.name, "cause, location"), "Cuts per step", None),
+                (q.ranks_with(XLA_GRAPH_CUTS.name, "cause, location"), "Ranks", "short"),
             )
         )
         .with_panel(
@@ -177,15 +199,15 @@ def graph_cut_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                 "suffix:reads/step",
                 CAUSE_SITE_COLUMNS,
                 (
-                    f"({q.per_run_step('xla_host_reads_total', 'cause, location')}) or "
-                    f"({q.per_run_step('torchneuron_host_reads_total', 'cause, location', steps=ALL_STEPS)})",
+                    f"({q.per_run_step(XLA_HOST_READS.name, 'cause, location')}) or "
+                    f"({q.per_run_step(NEURON_HOST_READS.name, 'cause, location', steps=ALL_STEPS)})",
                     "Reads per step",
                     None,
                 ),
                 (
                     "count by (run_id, cause, location) ("
-                    f"{q.increase('xla_host_reads_total', 'run_id, rank, cause, location')} > 0 or "
-                    f"{q.increase('torchneuron_host_reads_total', 'run_id, rank, cause, location')} > 0)",
+                    f"{q.increase(XLA_HOST_READS.name, 'run_id, rank, cause, location')} > 0 or "
+                    f"{q.increase(NEURON_HOST_READS.name, 'run_id, rank, cause, location')} > 0)",
                     "Ranks",
                     "short",
                 ),
@@ -198,7 +220,7 @@ def graph_cut_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                 "print, an if on a tensor or a CPU fallback) per training step, per rank. The dashed line is the "
                 "fragmentation alert threshold.",
                 "suffix:cuts/step",
-                (q.ratio("xla_graph_cuts_total", "xla_steps_total"), RANK_LEGEND),
+                (q.ratio(XLA_GRAPH_CUTS.name, XLA_STEPS.name), RANK_LEGEND),
                 width=8,
                 threshold=c.graph_cuts_per_step,
             )
@@ -210,7 +232,7 @@ def graph_cut_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                 "rank: 1 for one mark_step/sync per step, more with gradient accumulation or a marker after "
                 "backward. Markers are not cuts.",
                 "suffix:markers/step",
-                (q.ratio("xla_step_markers_total", "xla_steps_total"), RANK_LEGEND),
+                (q.ratio(XLA_STEP_MARKERS.name, XLA_STEPS.name), RANK_LEGEND),
                 width=8,
             )
         )
@@ -220,7 +242,7 @@ def graph_cut_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                 "Average number of XLA graphs run per training step, per rank: the "
                 "graphs at step markers plus the graph cuts.",
                 "suffix:graphs/step",
-                (q.ratio("xla_graphs_per_step_sum", "xla_graphs_per_step_count"), RANK_LEGEND),
+                (q.ratio(f"{XLA_GRAPHS_PER_STEP.name}_sum", f"{XLA_GRAPHS_PER_STEP.name}_count"), RANK_LEGEND),
                 width=8,
             )
         )
@@ -229,7 +251,7 @@ def graph_cut_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                 "Fragmented steps",
                 "Share of training steps with at least one graph cut, per rank.",
                 "percentunit",
-                (q.ratio("xla_fragmented_steps_total", "xla_steps_total"), RANK_LEGEND),
+                (q.ratio(XLA_FRAGMENTED_STEPS.name, XLA_STEPS.name), RANK_LEGEND),
                 width=8,
             )
         )
@@ -239,8 +261,8 @@ def graph_cut_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                 "Device-to-host transfers per training step (all reads, CPU fallbacks "
                 "included) and .item() calls per step, per rank.",
                 "suffix:reads/step",
-                (q.ratio("xla_device_to_host_transfers_total", "xla_steps_total"), "all reads, " + RANK_LEGEND),
-                (q.ratio("xla_host_scalar_reads_total", "xla_steps_total"), ".item(), " + RANK_LEGEND),
+                (q.ratio(XLA_DEVICE_TO_HOST.name, XLA_STEPS.name), "all reads, " + RANK_LEGEND),
+                (q.ratio(XLA_HOST_SCALAR_READS.name, XLA_STEPS.name), ".item(), " + RANK_LEGEND),
                 width=8,
                 threshold=c.host_reads_per_step,
             )
@@ -250,7 +272,7 @@ def graph_cut_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                 "Time reading from the device",
                 "Share of the step wall time spent in device-to-host transfers (TransferFromDeviceTime), per rank.",
                 "percentunit",
-                (q.ratio("xla_transfer_from_device_seconds_total", "xla_step_duration_seconds_sum"), RANK_LEGEND),
+                (q.ratio(XLA_FROM_DEVICE_SECONDS.name, f"{XLA_STEP_DURATION.name}_sum"), RANK_LEGEND),
                 width=8,
             )
         )
@@ -260,7 +282,7 @@ def graph_cut_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                 "Uploads per training step, per rank: input batches, and the "
                 "results of CPU-fallback operators going back to the device.",
                 "suffix:transfers/step",
-                (q.ratio("xla_host_to_device_transfers_total", "xla_steps_total"), RANK_LEGEND),
+                (q.ratio(XLA_HOST_TO_DEVICE.name, XLA_STEPS.name), RANK_LEGEND),
                 width=24,
             )
         )
@@ -288,9 +310,9 @@ def recompile_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                 "page. " + SITES,
                 "short",
                 SITE_COLUMNS,
-                (f"{q.increase('xla_recompilations_total', 'run_id, location')} > 0", "Recompilations in range", None),
-                (q.per_run_step("xla_recompilations_total", "location"), "Per step", "suffix:/step"),
-                (q.ranks_with("xla_recompilations_total", "location"), "Ranks", None),
+                (f"{q.increase(XLA_RECOMPILATIONS.name, 'run_id, location')} > 0", "Recompilations in range", None),
+                (q.per_run_step(XLA_RECOMPILATIONS.name, "location"), "Per step", "suffix:/step"),
+                (q.ranks_with(XLA_RECOMPILATIONS.name, "location"), "Ranks", None),
             )
         )
         .with_panel(
@@ -298,7 +320,7 @@ def recompile_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                 "Recompilations per minute by site",
                 "Recompilations per minute of the 10 busiest sites, per run (summed over the selected ranks).",
                 "suffix:compiles/min",
-                (f"topk(10, 60 * {q.rate('xla_recompilations_total', by='run_id, location')})", SITE_LEGEND),
+                (f"topk(10, 60 * {q.rate(XLA_RECOMPILATIONS.name, by='run_id, location')})", SITE_LEGEND),
             )
         )
         .with_panel(
@@ -308,7 +330,7 @@ def recompile_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                 "before, for other shapes or values) per training step, per rank. The dashed line is the "
                 "recompilation-storm alert threshold.",
                 "suffix:compiles/step",
-                (q.ratio("xla_recompilations_total", "xla_steps_total"), RANK_LEGEND),
+                (q.ratio(XLA_RECOMPILATIONS.name, XLA_STEPS.name), RANK_LEGEND),
                 width=8,
                 threshold=c.recompilations_per_step,
             )
@@ -319,7 +341,7 @@ def recompile_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                 "Share of the step wall time spent compiling, per rank. The dashed "
                 "line is the compile-time alert threshold.",
                 "percentunit",
-                (q.ratio("xla_compile_seconds_total", "xla_step_duration_seconds_sum"), RANK_LEGEND),
+                (q.ratio(XLA_COMPILE_SECONDS.name, f"{XLA_STEP_DURATION.name}_sum"), RANK_LEGEND),
                 width=8,
                 threshold=c.compile_time_share,
             )
@@ -331,8 +353,8 @@ def recompile_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                 "per rank: what each recompilation costs.",
                 "s",
                 (
-                    f"sum by (run_id, rank) (xla_compile_seconds_total{{{q.rank}}})"
-                    f" / sum by (run_id, rank) (xla_compilations_total{{{q.rank}}})",
+                    f"sum by (run_id, rank) ({XLA_COMPILE_SECONDS.name}{{{q.rank}}})"
+                    f" / sum by (run_id, rank) ({XLA_COMPILATIONS.name}{{{q.rank}}})",
                     RANK_LEGEND,
                 ),
                 width=8,
@@ -349,13 +371,14 @@ def recompile_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                 "short",
                 SITE_COLUMNS,
                 (
-                    f"avg by (run_id, location) (sum by (run_id, rank, location) (xla_new_graphs_total{{{q.rank}}}))",
+                    f"avg by (run_id, location) (sum by (run_id, rank, location) ({XLA_NEW_GRAPHS.name}{{{q.rank}}}))",
                     "Per rank",
                     None,
                 ),
-                (q.increase("xla_new_graphs_total", "run_id, location"), "In range", None),
+                (q.increase(XLA_NEW_GRAPHS.name, "run_id, location"), "In range", None),
                 (
-                    f"count by (run_id, location) (sum by (run_id, rank, location) (xla_new_graphs_total{{{q.rank}}}))",
+                    "count by (run_id, location) "
+                    f"(sum by (run_id, rank, location) ({XLA_NEW_GRAPHS.name}{{{q.rank}}}))",
                     "Ranks",
                     None,
                 ),
@@ -367,7 +390,7 @@ def recompile_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                 "Recompilations (compilations of a computation that compiled "
                 "before) in the selected time range, per run and rank, summed over their sites.",
                 "short",
-                q.increase("xla_recompilations_total", "run_id, rank"),
+                q.increase(XLA_RECOMPILATIONS.name, "run_id, rank"),
                 {"run_id": "Run", "rank": "Rank"},
                 "Recompilations in range",
             )
@@ -378,8 +401,8 @@ def recompile_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                 "Graphs served from the compile cache and graphs compiled (new graphs and "
                 "recompilations), per second, per rank.",
                 "suffix:graphs/s",
-                (q.rate("xla_graph_cache_hits_total"), "cache hits, " + RANK_LEGEND),
-                (q.rate("xla_compilations_total"), "compiled, " + RANK_LEGEND),
+                (q.rate(XLA_GRAPH_CACHE_HITS.name), "cache hits, " + RANK_LEGEND),
+                (q.rate(XLA_COMPILATIONS.name), "compiled, " + RANK_LEGEND),
                 width=24,
             )
         )

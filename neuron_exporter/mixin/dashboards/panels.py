@@ -11,6 +11,7 @@ from grafana_foundation_sdk.models import dashboard as model
 from grafana_foundation_sdk.models import prometheus as prom_model
 from grafana_foundation_sdk.models.common import DataSourceRef
 
+from ...catalogue import BUILD_INFO, TRAINING_STEPS, XLA_FALLBACK_OPS, XLA_STEPS
 from ..config import Config
 
 DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")
@@ -52,7 +53,7 @@ class Queries:
         return f"sum by ({by}) (increase({metric}{{{matchers or self.rank}}}[{window}]))"
 
     # Per site (or operator) of each run, over the time range: ``by`` is "cause, location", "location" or "op".
-    def per_run_step(self, metric: str, by: str, matchers: str | None = None, steps: str = "xla_steps_total") -> str:
+    def per_run_step(self, metric: str, by: str, matchers: str | None = None, steps: str = XLA_STEPS.name) -> str:
         """A site's events per training step of its run in the time range, where it had any: summed over the
         selected ranks and divided by the run's training steps (``steps``: torch_xla's, or ``training_steps_total``
         of every backend) summed over the same ranks, so the sites of a run add up to the run's own ratio."""
@@ -271,30 +272,28 @@ def variables(board: dashboard.Dashboard, q: Queries, with_op: bool = False) -> 
     board = (
         board.with_variable(dashboard.DatasourceVariable("datasource").label("Data source").type("prometheus"))
         .with_variable(
-            label_variable("cluster", "Cluster", f"label_values(neuron_exporter_build_info{{{q.selector}}}, cluster)")
+            label_variable("cluster", "Cluster", f"label_values({BUILD_INFO.name}{{{q.selector}}}, cluster)")
         )
         .with_variable(
             label_variable(
                 "namespace",
                 "Namespace",
-                f'label_values(neuron_exporter_build_info{{{base}cluster=~"$cluster"}}, namespace)',
+                f'label_values({BUILD_INFO.name}{{{base}cluster=~"$cluster"}}, namespace)',
             )
         )
-        .with_variable(
-            label_variable("job", "Job", f"label_values(neuron_exporter_build_info{{{place}}}, job)", multi=False)
-        )
+        .with_variable(label_variable("job", "Job", f"label_values({BUILD_INFO.name}{{{place}}}, job)", multi=False))
         # Runs and ranks of every backend: training_steps_total is served by every attached process.
-        .with_variable(label_variable("run_id", "Run", f"label_values(training_steps_total{{{q.scope}}}, run_id)"))
+        .with_variable(label_variable("run_id", "Run", f"label_values({TRAINING_STEPS.name}{{{q.scope}}}, run_id)"))
         .with_variable(
             label_variable(
-                "instance", "Instance", f'label_values(training_steps_total{{{q.scope}, run_id=~"$run_id"}}, instance)'
+                "instance", "Instance", f'label_values({TRAINING_STEPS.name}{{{q.scope}, run_id=~"$run_id"}}, instance)'
             )
         )
-        .with_variable(label_variable("rank", "Rank", f"label_values(training_steps_total{{{q.run}}}, rank)"))
+        .with_variable(label_variable("rank", "Rank", f"label_values({TRAINING_STEPS.name}{{{q.run}}}, rank)"))
     )
     if with_op:
         board = board.with_variable(
-            label_variable("op", "Operator", f"label_values(xla_cpu_fallback_ops_total{{{q.rank}}}, op)")
+            label_variable("op", "Operator", f"label_values({XLA_FALLBACK_OPS.name}{{{q.rank}}}, op)")
         )
     return board
 

@@ -6,6 +6,15 @@ from __future__ import annotations
 from grafana_foundation_sdk.builders.dashboard import Dashboard, Row
 from grafana_foundation_sdk.models import dashboard as model
 
+from ...catalogue import (
+    COMPILE_COMPILATIONS,
+    COMPILE_GRAPH_BREAKS,
+    COMPILE_LIMIT_HITS,
+    COMPILE_RECOMPILATIONS,
+    COMPILE_SECONDS,
+    TRAINING_STEP_DURATION,
+    TRAINING_STEPS,
+)
 from ..config import DEFAULTS, Config
 from .panels import (
     BY_RANK,
@@ -51,7 +60,7 @@ error while you remove them. `neuron-exporter diagnose URL` shows the guards and
 def watched(q: Queries, by: str) -> str:
     """0 for each run (or rank) whose ranks report torch.compile, from the series every such rank exports
     (``torch_compile_compile_seconds_total``, 0 until something compiles)."""
-    return f"0 * sum by ({by}) (torch_compile_compile_seconds_total{{{q.rank}}})"
+    return f"0 * sum by ({by}) ({COMPILE_SECONDS.name}{{{q.rank}}})"
 
 
 def or_none_found(q: Queries, expr: str, by: str = "run_id") -> str:
@@ -72,7 +81,7 @@ def summary_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                 "Frames compiled by torch.compile in the selected time range, all "
                 "selected ranks: first compilations and recompilations.",
                 "short",
-                in_range("torch_compile_compilations_total"),
+                in_range(COMPILE_COMPILATIONS.name),
                 width=6,
             )
         )
@@ -82,7 +91,7 @@ def summary_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                 "Recompilations (a guard of the compiled code failed) in "
                 "the selected time range, all selected ranks. A stable training loop has none after warm-up.",
                 "short",
-                in_range("torch_compile_recompilations_total"),
+                in_range(COMPILE_RECOMPILATIONS.name),
                 steps=((None, "green"), (1, "orange"), (10, "red")),
                 width=6,
             )
@@ -93,7 +102,7 @@ def summary_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                 "Graph breaks found while compiling in the selected time range, all "
                 "selected ranks. Each one splits a compiled function at every call.",
                 "short",
-                in_range("torch_compile_graph_breaks_total"),
+                in_range(COMPILE_GRAPH_BREAKS.name),
                 steps=((None, "green"), (1, "orange")),
                 width=6,
             )
@@ -104,7 +113,7 @@ def summary_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                 "Compiled functions that hit the recompile limit on the "
                 "selected ranks and run without compiling from then on (counted once per function and process).",
                 "short",
-                f"sum(torch_compile_recompile_limit_hits_total{{{q.rank}}}) or vector(0)",
+                f"sum({COMPILE_LIMIT_HITS.name}{{{q.rank}}}) or vector(0)",
                 steps=((None, "green"), (1, "red")),
                 width=6,
             )
@@ -132,14 +141,12 @@ def where_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                 "short",
                 SITE_REASON_COLUMNS,
                 (
-                    or_none_found(
-                        q, f"{q.increase('torch_compile_recompilations_total', 'run_id, location, reason')} > 0"
-                    ),
+                    or_none_found(q, f"{q.increase(COMPILE_RECOMPILATIONS.name, 'run_id, location, reason')} > 0"),
                     "Recompilations in range",
                     None,
                 ),
                 (
-                    or_none_found(q, q.ranks_with("torch_compile_recompilations_total", "location, reason")),
+                    or_none_found(q, q.ranks_with(COMPILE_RECOMPILATIONS.name, "location, reason")),
                     "Ranks",
                     None,
                 ),
@@ -154,13 +161,11 @@ def where_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                 "short",
                 SITE_REASON_COLUMNS,
                 (
-                    or_none_found(
-                        q, f"{q.increase('torch_compile_graph_breaks_total', 'run_id, location, reason')} > 0"
-                    ),
+                    or_none_found(q, f"{q.increase(COMPILE_GRAPH_BREAKS.name, 'run_id, location, reason')} > 0"),
                     "Graph breaks in range",
                     None,
                 ),
-                (or_none_found(q, q.ranks_with("torch_compile_graph_breaks_total", "location, reason")), "Ranks", None),
+                (or_none_found(q, q.ranks_with(COMPILE_GRAPH_BREAKS.name, "location, reason")), "Ranks", None),
             )
         )
         .with_panel(
@@ -174,7 +179,7 @@ def where_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                     or_none_found(
                         q,
                         f"count by (run_id, location) (sum by (run_id, rank, location) "
-                        f"(torch_compile_recompile_limit_hits_total{{{q.rank}}}) > 0)",
+                        f"({COMPILE_LIMIT_HITS.name}{{{q.rank}}}) > 0)",
                     ),
                     "Ranks",
                     None,
@@ -193,13 +198,13 @@ def where_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                     or_none_found(
                         q,
                         f"avg by (run_id, location) (sum by (run_id, rank, location) "
-                        f"(torch_compile_compilations_total{{{q.rank}}}))",
+                        f"({COMPILE_COMPILATIONS.name}{{{q.rank}}}))",
                     ),
                     "Per rank",
                     None,
                 ),
                 (
-                    or_none_found(q, q.increase("torch_compile_compilations_total", "run_id, location")),
+                    or_none_found(q, q.increase(COMPILE_COMPILATIONS.name, "run_id, location")),
                     "In range",
                     None,
                 ),
@@ -207,7 +212,7 @@ def where_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                     or_none_found(
                         q,
                         f"count by (run_id, location) (sum by (run_id, rank, location) "
-                        f"(torch_compile_compilations_total{{{q.rank}}}))",
+                        f"({COMPILE_COMPILATIONS.name}{{{q.rank}}}))",
                     ),
                     "Ranks",
                     None,
@@ -222,7 +227,7 @@ def steps_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
     torch_xla series at all gets its steps, step time and what compiling costs each step."""
 
     def per_step(metric: str) -> str:
-        return f"{q.rate(metric)} / ({q.rate('training_steps_total')} > 0)"
+        return f"{q.rate(metric)} / ({q.rate(TRAINING_STEPS.name)} > 0)"
 
     return (
         board.with_row(Row("Per training step"))
@@ -232,7 +237,7 @@ def steps_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                 "Training steps (rounds of torch.optim optimizer steps) per "
                 "second on each rank, whatever runs the model.",
                 "suffix:steps/s",
-                (q.rate("training_steps_total"), RANK_LEGEND),
+                (q.rate(TRAINING_STEPS.name), RANK_LEGEND),
                 width=8,
             )
         )
@@ -241,7 +246,7 @@ def steps_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                 "Step time by rank",
                 "Average wall time of a training step on each rank.",
                 "s",
-                (q.ratio("training_step_duration_seconds_sum", "training_step_duration_seconds_count"), RANK_LEGEND),
+                (q.ratio(f"{TRAINING_STEP_DURATION.name}_sum", f"{TRAINING_STEP_DURATION.name}_count"), RANK_LEGEND),
                 width=8,
             )
         )
@@ -251,7 +256,7 @@ def steps_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                 "Seconds spent compiling (dynamo and the backend) per "
                 "training step on each rank: what recompiling costs each step.",
                 "s",
-                (per_step("torch_compile_compile_seconds_total"), RANK_LEGEND),
+                (per_step(COMPILE_SECONDS.name), RANK_LEGEND),
                 width=8,
             )
         )
@@ -260,7 +265,7 @@ def steps_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                 "torch.compile recompilations per training step by rank",
                 "Recompilations per training step on each rank. After warm-up the line should stay at 0.",
                 "suffix:compiles/step",
-                (or_none_found(q, per_step("torch_compile_recompilations_total"), BY_RANK), RANK_LEGEND),
+                (or_none_found(q, per_step(COMPILE_RECOMPILATIONS.name), BY_RANK), RANK_LEGEND),
                 width=12,
             )
         )
@@ -270,7 +275,7 @@ def steps_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                 "Graph breaks found per training step on each rank (only "
                 "while dynamo compiles: a new shape or function).",
                 "suffix:breaks/step",
-                (or_none_found(q, per_step("torch_compile_graph_breaks_total"), BY_RANK), RANK_LEGEND),
+                (or_none_found(q, per_step(COMPILE_GRAPH_BREAKS.name), BY_RANK), RANK_LEGEND),
                 width=12,
             )
         )
@@ -287,7 +292,7 @@ def rank_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                 "warm-up the line should stay at 0; the recompilation alert fires when it does not for "
                 f"{c.torch_compile_recompile_for}.",
                 "suffix:compiles/min",
-                (or_none_found(q, f"60 * {q.rate('torch_compile_recompilations_total')}", BY_RANK), RANK_LEGEND),
+                (or_none_found(q, f"60 * {q.rate(COMPILE_RECOMPILATIONS.name)}", BY_RANK), RANK_LEGEND),
                 width=8,
             )
         )
@@ -296,7 +301,7 @@ def rank_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                 "Graph breaks per minute by rank",
                 "Graph breaks found per minute on each rank (at compile time, so only while dynamo compiles).",
                 "suffix:breaks/min",
-                (or_none_found(q, f"60 * {q.rate('torch_compile_graph_breaks_total')}", BY_RANK), RANK_LEGEND),
+                (or_none_found(q, f"60 * {q.rate(COMPILE_GRAPH_BREAKS.name)}", BY_RANK), RANK_LEGEND),
                 width=8,
             )
         )
@@ -305,7 +310,7 @@ def rank_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                 "torch.compile compilations per minute by rank",
                 "Frames compiled per minute on each rank: first compilations and recompilations.",
                 "suffix:compiles/min",
-                (or_none_found(q, f"60 * {q.rate('torch_compile_compilations_total')}", BY_RANK), RANK_LEGEND),
+                (or_none_found(q, f"60 * {q.rate(COMPILE_COMPILATIONS.name)}", BY_RANK), RANK_LEGEND),
                 width=8,
             )
         )
@@ -315,7 +320,7 @@ def rank_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                 "Seconds spent compiling (dynamo and the backend, forward and "
                 "backward graphs) per second of wall time, on each rank.",
                 "percentunit",
-                (q.rate("torch_compile_compile_seconds_total"), RANK_LEGEND),
+                (q.rate(COMPILE_SECONDS.name), RANK_LEGEND),
                 width=12,
             )
         )
@@ -325,7 +330,7 @@ def rank_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                 "Seconds spent compiling since the process started, on "
                 "each rank (dynamo and the backend); divided by Compilations by function, what a compilation costs.",
                 "s",
-                (f"sum by (run_id, rank) (torch_compile_compile_seconds_total{{{q.rank}}})", RANK_LEGEND),
+                (f"sum by (run_id, rank) ({COMPILE_SECONDS.name}{{{q.rank}}})", RANK_LEGEND),
                 width=12,
             )
         )

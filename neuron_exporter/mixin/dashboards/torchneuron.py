@@ -7,11 +7,29 @@ from __future__ import annotations
 from grafana_foundation_sdk.builders.dashboard import Dashboard, Row
 from grafana_foundation_sdk.models import dashboard as model
 
+from ...catalogue import (
+    NEURON_CACHE_HITS,
+    NEURON_CACHE_MISSES,
+    NEURON_COMPILATIONS,
+    NEURON_COMPILE_SECONDS,
+    NEURON_COMPILED_GRAPHS,
+    NEURON_FALLBACK_CALLS,
+    NEURON_FALLBACK_OPS_SEEN,
+    NEURON_FALLBACK_SITES,
+    NEURON_GRAPH_FALLBACKS,
+    NEURON_GRAPHS_WITH_COLLECTIVES,
+    NEURON_HOST_READS,
+    NEURON_MEMORY_ACTIVE_PEAK,
+    NEURON_MEMORY_ALLOCATED,
+    NEURON_MEMORY_OOMS,
+    NEURON_MEMORY_RETRIES,
+    TRAINING_STEPS,
+)
 from ..config import DEFAULTS, Config
 from .panels import RANK_LEGEND, Queries, dashboard_links, finish, graph, merged_table, note, single_stat, variables
 
 UID = "neuron-exporter-torchneuron"
-STEPS = "training_steps_total"
+STEPS = TRAINING_STEPS.name
 
 OP_COLUMNS = {"run_id": "Run", "op": "Operator"}
 CALL_COLUMNS = {"run_id": "Run", "op": "Operator", "location": "Site", "pass": "Pass"}
@@ -57,7 +75,7 @@ def summary_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                 "Calls of operators TorchNeuron ran on the CPU and counts per call, in the selected time range, all "
                 "selected ranks.",
                 "short",
-                in_range("torchneuron_cpu_fallback_op_calls_total"),
+                in_range(NEURON_FALLBACK_CALLS.name),
                 steps=((None, "green"), (1, "red")),
                 width=6,
             )
@@ -67,7 +85,7 @@ def summary_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                 "Operators seen on the CPU",
                 "Operators in TorchNeuron's set of those it ran on the CPU, over the selected ranks (no counts).",
                 "short",
-                f"count(count by (op) (torchneuron_cpu_fallback_ops_seen{{{q.rank}}})) or vector(0)",
+                f"count(count by (op) ({NEURON_FALLBACK_OPS_SEEN.name}{{{q.rank}}})) or vector(0)",
                 steps=((None, "green"), (1, "orange")),
                 width=6,
             )
@@ -78,7 +96,7 @@ def summary_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                 "Reads of neuron tensors by the host per training step, over the selected ranks; red at the "
                 "host-read alert threshold.",
                 "suffix:reads/step",
-                f"{q.rate('torchneuron_host_reads_total', by='')} / ({q.rate(STEPS, by='')} > 0)",
+                f"{q.rate(NEURON_HOST_READS.name, by='')} / ({q.rate(STEPS, by='')} > 0)",
                 steps=((None, "green"), (c.host_reads_per_step, "red")),
                 width=6,
             )
@@ -105,10 +123,9 @@ def fallback_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                 "exporter's label budget is full.",
                 "suffix:calls/step",
                 OP_COLUMNS,
-                (q.per_run_step("torchneuron_cpu_fallback_op_calls_total", "op", steps=STEPS), "Calls per step", None),
+                (q.per_run_step(NEURON_FALLBACK_CALLS.name, "op", steps=STEPS), "Calls per step", None),
                 (
-                    f"count by (run_id, op) (max by (run_id, rank, op) "
-                    f"(torchneuron_cpu_fallback_ops_seen{{{q.rank}}}))",
+                    f"count by (run_id, op) (max by (run_id, rank, op) ({NEURON_FALLBACK_OPS_SEEN.name}{{{q.rank}}}))",
                     "Ranks (seen)",
                     "short",
                 ),
@@ -123,7 +140,7 @@ def fallback_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                 CALL_COLUMNS,
                 (
                     f"count by (run_id, op, location, pass) "
-                    f"(max by (run_id, rank, op, location, pass) (torchneuron_cpu_fallback_site_info{{{q.rank}}}))",
+                    f"(max by (run_id, rank, op, location, pass) ({NEURON_FALLBACK_SITES.name}{{{q.rank}}}))",
                     "Ranks",
                     None,
                 ),
@@ -137,11 +154,11 @@ def fallback_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                 "suffix:reads/step",
                 CAUSE_SITE_COLUMNS,
                 (
-                    q.per_run_step("torchneuron_host_reads_total", "cause, location", steps=STEPS),
+                    q.per_run_step(NEURON_HOST_READS.name, "cause, location", steps=STEPS),
                     "Reads per step",
                     None,
                 ),
-                (q.ranks_with("torchneuron_host_reads_total", "cause, location"), "Ranks", "short"),
+                (q.ranks_with(NEURON_HOST_READS.name, "cause, location"), "Ranks", "short"),
             )
         )
         .with_panel(
@@ -150,8 +167,8 @@ def fallback_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                 "Per training step on each rank: calls of operators TorchNeuron ran on the CPU (counted per call), "
                 "and host reads of neuron tensors. The dashed line is the host-read alert threshold.",
                 "short",
-                (per_step(q, "torchneuron_cpu_fallback_op_calls_total"), "fallback calls " + RANK_LEGEND),
-                (per_step(q, "torchneuron_host_reads_total"), "host reads " + RANK_LEGEND),
+                (per_step(q, NEURON_FALLBACK_CALLS.name), "fallback calls " + RANK_LEGEND),
+                (per_step(q, NEURON_HOST_READS.name), "host reads " + RANK_LEGEND),
                 threshold=c.host_reads_per_step,
             )
         )
@@ -159,8 +176,8 @@ def fallback_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
 
 
 def compile_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
-    hits = f"sum by (run_id, rank) (rate(torchneuron_compile_cache_hits_total{{{q.rank}}}[$__rate_interval]))"
-    misses = f"sum by (run_id, rank) (rate(torchneuron_compile_cache_misses_total{{{q.rank}}}[$__rate_interval]))"
+    hits = f"sum by (run_id, rank) (rate({NEURON_CACHE_HITS.name}{{{q.rank}}}[$__rate_interval]))"
+    misses = f"sum by (run_id, rank) (rate({NEURON_CACHE_MISSES.name}{{{q.rank}}}[$__rate_interval]))"
     return (
         board.with_row(Row("Compilation"))
         .with_panel(
@@ -180,7 +197,7 @@ def compile_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                 "operators' kernels. After warm-up both should be 0.",
                 "short",
                 (
-                    f"sum by (run_id, rank, kind) (rate(torchneuron_compilations_total{{{q.rank}}}[$__rate_interval]))"
+                    f"sum by (run_id, rank, kind) (rate({NEURON_COMPILATIONS.name}{{{q.rank}}}[$__rate_interval]))"
                     f" / on (run_id, rank) group_left () ({q.rate(STEPS)} > 0)",
                     "{{kind}} rank {{rank}} ({{run_id}})",
                 ),
@@ -192,7 +209,7 @@ def compile_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                 "Compile time per step by rank",
                 "Seconds neuronx-cc spent compiling per training step on each rank.",
                 "s",
-                (per_step(q, "torchneuron_compile_seconds_total"), RANK_LEGEND),
+                (per_step(q, NEURON_COMPILE_SECONDS.name), RANK_LEGEND),
                 width=8,
             )
         )
@@ -202,8 +219,8 @@ def compile_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                 "Graphs the neuron backend of torch.compile compiled per second on each rank (forward and backward, "
                 "from its cache or not), and those with collectives.",
                 "short",
-                (q.rate("torchneuron_compiled_graphs_total"), "graphs " + RANK_LEGEND),
-                (q.rate("torchneuron_graphs_with_collectives_total"), "with collectives " + RANK_LEGEND),
+                (q.rate(NEURON_COMPILED_GRAPHS.name), "graphs " + RANK_LEGEND),
+                (q.rate(NEURON_GRAPHS_WITH_COLLECTIVES.name), "with collectives " + RANK_LEGEND),
             )
         )
         .with_panel(
@@ -213,8 +230,8 @@ def compile_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                 "the failure TorchNeuron logged, and on how many ranks.",
                 "short",
                 REASON_COLUMNS,
-                (f"{q.increase('torchneuron_graph_fallbacks_total', 'run_id, reason')} > 0", "In range", None),
-                (q.ranks_with("torchneuron_graph_fallbacks_total", "reason"), "Ranks", None),
+                (f"{q.increase(NEURON_GRAPH_FALLBACKS.name, 'run_id, reason')} > 0", "In range", None),
+                (q.ranks_with(NEURON_GRAPH_FALLBACKS.name, "reason"), "Ranks", None),
             )
         )
     )
@@ -231,8 +248,8 @@ def memory_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                 "Device memory by rank",
                 "Neuron device memory allocated by tensors now, and the peak in active use, on each rank.",
                 "bytes",
-                (by_rank("torchneuron_memory_allocated_bytes"), "allocated " + RANK_LEGEND),
-                (by_rank("torchneuron_memory_active_peak_bytes"), "active peak " + RANK_LEGEND),
+                (by_rank(NEURON_MEMORY_ALLOCATED.name), "allocated " + RANK_LEGEND),
+                (by_rank(NEURON_MEMORY_ACTIVE_PEAK.name), "active peak " + RANK_LEGEND),
             )
         )
         .with_panel(
@@ -241,8 +258,8 @@ def memory_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                 "Device allocations that failed for want of memory (OOMs) and those that succeeded only after "
                 "freeing cached memory, per minute on each rank.",
                 "short",
-                (q.rate("torchneuron_memory_ooms_total") + " * 60", "OOMs " + RANK_LEGEND),
-                (q.rate("torchneuron_memory_alloc_retries_total") + " * 60", "retries " + RANK_LEGEND),
+                (q.rate(NEURON_MEMORY_OOMS.name) + " * 60", "OOMs " + RANK_LEGEND),
+                (q.rate(NEURON_MEMORY_RETRIES.name) + " * 60", "retries " + RANK_LEGEND),
             )
         )
     )

@@ -6,6 +6,30 @@ from __future__ import annotations
 from grafana_foundation_sdk.builders.dashboard import Dashboard, Row
 from grafana_foundation_sdk.models import dashboard as model
 
+from ...catalogue import (
+    COLLECTION_ERRORS,
+    COLLECTOR_SUCCESS,
+    PROCESS_MEMORY,
+    RANK_LAST_REPORT,
+    RANK_STATE,
+    SPOOL_DIRECTORY_OK,
+    SPOOL_REJECTED,
+    STEP_HOOK_SECONDS,
+    TRAINING_TIME,
+    XLA_COMPILATIONS,
+    XLA_COMPILE_SECONDS,
+    XLA_DEVICE_TO_HOST,
+    XLA_EXECUTE_SECONDS,
+    XLA_FALLBACK_OPS,
+    XLA_GRAPH_CUTS,
+    XLA_GRAPHS_PER_STEP,
+    XLA_HOST_SCALAR_READS,
+    XLA_NEW_GRAPHS,
+    XLA_RECOMPILATIONS,
+    XLA_STEP_DURATION,
+    XLA_STEP_MARKERS,
+    XLA_STEPS,
+)
 from ..config import DEFAULTS, Config
 from .panels import (
     BY_RUN,
@@ -27,7 +51,7 @@ UID = "neuron-exporter-training"
 def percentile(q: Queries, quantile: float) -> str:
     return (
         f"histogram_quantile({quantile}, sum by (le) "
-        f"(rate(xla_step_duration_seconds_bucket{{{q.rank}}}[$__rate_interval])))"
+        f"(rate({XLA_STEP_DURATION.name}_bucket{{{q.rank}}}[$__rate_interval])))"
     )
 
 
@@ -39,7 +63,7 @@ def summary_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                 "Steps per second",
                 "Training steps (optimizer steps) ended per second, averaged over the selected ranks.",
                 "suffix:steps/s",
-                f"avg({q.rate('xla_steps_total', by='run_id, instance, rank')})",
+                f"avg({q.rate(XLA_STEPS.name, by='run_id, instance, rank')})",
             )
         )
         .with_panel(
@@ -49,7 +73,7 @@ def summary_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                 "ranks: an .item(), print, if on a tensor or CPU-fallback operator needed a value before the step "
                 "ended. 0 is ideal; red at the fragmentation alert threshold.",
                 "suffix:cuts/step",
-                q.ratio("xla_graph_cuts_total", "xla_steps_total", by=""),
+                q.ratio(XLA_GRAPH_CUTS.name, XLA_STEPS.name, by=""),
                 steps=((None, "green"), (0.05, "orange"), (c.graph_cuts_per_step, "red")),
             )
         )
@@ -59,7 +83,7 @@ def summary_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                 "Calls of operators without an XLA lowering (run on the CPU) in the "
                 "selected time range, all ranks. Anything above 0 fragments the graph.",
                 "short",
-                f"sum(increase(xla_cpu_fallback_ops_total{{{q.rank}}}[$__range])) or vector(0)",
+                f"sum(increase({XLA_FALLBACK_OPS.name}{{{q.rank}}}[$__range])) or vector(0)",
                 steps=((None, "green"), (1, "red")),
             )
         )
@@ -69,7 +93,7 @@ def summary_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                 "Compiler runs after the warm-up steps in the selected time "
                 "range, all ranks. A stable training loop has 0.",
                 "short",
-                f"sum(increase(xla_recompilations_total{{{q.rank}}}[$__range])) or vector(0)",
+                f"sum(increase({XLA_RECOMPILATIONS.name}{{{q.rank}}}[$__range])) or vector(0)",
                 steps=((None, "green"), (1, "orange"), (10, "red")),
             )
         )
@@ -79,7 +103,7 @@ def summary_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                 "Device-to-host transfers (.item(), print, .cpu(), CPU fallbacks) per "
                 "training step over the selected ranks. Each one makes the host wait for the device.",
                 "suffix:reads/step",
-                q.ratio("xla_device_to_host_transfers_total", "xla_steps_total", by=""),
+                q.ratio(XLA_DEVICE_TO_HOST.name, XLA_STEPS.name, by=""),
                 steps=((None, "green"), (c.host_reads_per_step, "red")),
             )
         )
@@ -88,7 +112,7 @@ def summary_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                 "Ranks not running",
                 "Ranks the node endpoint reports as hung or dead.",
                 "short",
-                f'count(neuron_exporter_rank_state{{{q.rank}, state!="running"}} == 1) or vector(0)',
+                f'count({RANK_STATE.name}{{{q.rank}, state!="running"}} == 1) or vector(0)',
                 steps=((None, "green"), (1, "red")),
             )
         )
@@ -102,8 +126,8 @@ PHASE_COLUMNS = {"data": "Data", "compile": "Compile", "host_sync": "Host sync",
 def time_share(q: Queries, by: str, phase: str, window: str = "$__rate_interval") -> str:
     """The share of the training thread's time spent in ``phase`` (a matcher: ``phase="step"``), by ``by``."""
     return (
-        f"{q.rate('training_time_seconds_total', by=by, matchers=f'{q.rank}, {phase}', window=window)}"
-        f" / on ({by}) group_left () ({q.rate('training_time_seconds_total', by=by, window=window)} > 0)"
+        f"{q.rate(TRAINING_TIME.name, by=by, matchers=f'{q.rank}, {phase}', window=window)}"
+        f" / on ({by}) group_left () ({q.rate(TRAINING_TIME.name, by=by, window=window)} > 0)"
     )
 
 
@@ -163,7 +187,7 @@ def runs_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                 "Ranks by run",
                 "Ranks reporting training steps in each run of the selected job.",
                 "short",
-                (f"count by ({BY_RUN}) (sum by ({BY_RUN}, instance, rank) (xla_steps_total{{{q.rank}}}))", RUN_LEGEND),
+                (f"count by ({BY_RUN}) (sum by ({BY_RUN}, instance, rank) ({XLA_STEPS.name}{{{q.rank}}}))", RUN_LEGEND),
                 width=6,
             )
         )
@@ -173,7 +197,7 @@ def runs_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                 "Training steps ended per second in each run, averaged over its ranks "
                 "(the ranks of a run step together).",
                 "suffix:steps/s",
-                (f"avg by ({BY_RUN}) ({q.rate('xla_steps_total', by=f'{BY_RUN}, instance, rank')})", RUN_LEGEND),
+                (f"avg by ({BY_RUN}) ({q.rate(XLA_STEPS.name, by=f'{BY_RUN}, instance, rank')})", RUN_LEGEND),
                 width=6,
             )
         )
@@ -184,7 +208,7 @@ def runs_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                 "an if on a tensor, a CPU fallback) per training step in each run, over its ranks. The dashed line "
                 "is the fragmentation alert threshold, which fires when any one rank reaches it.",
                 "suffix:cuts/step",
-                (q.ratio("xla_graph_cuts_total", "xla_steps_total", by=BY_RUN), RUN_LEGEND),
+                (q.ratio(XLA_GRAPH_CUTS.name, XLA_STEPS.name, by=BY_RUN), RUN_LEGEND),
                 width=6,
                 threshold=c.graph_cuts_per_step,
             )
@@ -196,7 +220,7 @@ def runs_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                 "loaders) per training step in each run. 1 is a marker per step; gradient accumulation with a "
                 "marker per micro-batch shows one per micro-batch, which is not fragmentation.",
                 "suffix:markers/step",
-                (q.ratio("xla_step_markers_total", "xla_steps_total", by=BY_RUN), RUN_LEGEND),
+                (q.ratio(XLA_STEP_MARKERS.name, XLA_STEPS.name, by=BY_RUN), RUN_LEGEND),
                 width=6,
             )
         )
@@ -215,8 +239,8 @@ def where_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                 "Fragmentation & recompiles dashboard.",
                 "suffix:cuts/step",
                 {"run_id": "Run", "cause": "Cause", "location": "Site"},
-                (q.per_run_step("xla_graph_cuts_total", "cause, location"), "Cuts per step", None),
-                (q.ranks_with("xla_graph_cuts_total", "cause, location"), "Ranks", "short"),
+                (q.per_run_step(XLA_GRAPH_CUTS.name, "cause, location"), "Cuts per step", None),
+                (q.ranks_with(XLA_GRAPH_CUTS.name, "cause, location"), "Ranks", "short"),
                 height=7,
                 limit=5,
             )
@@ -229,8 +253,8 @@ def where_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                 "there. Which upload changed shape: neuron-exporter diagnose URL.",
                 "short",
                 {"run_id": "Run", "location": "Site"},
-                (f"{q.increase('xla_recompilations_total', 'run_id, location')} > 0", "Recompilations in range", None),
-                (q.ranks_with("xla_recompilations_total", "location"), "Ranks", None),
+                (f"{q.increase(XLA_RECOMPILATIONS.name, 'run_id, location')} > 0", "Recompilations in range", None),
+                (q.ranks_with(XLA_RECOMPILATIONS.name, "location"), "Ranks", None),
                 height=7,
                 limit=5,
             )
@@ -247,7 +271,7 @@ def throughput_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                 "Training steps ended per second on each rank. A rank that falls "
                 "behind the others slows every collective operation.",
                 "suffix:steps/s",
-                (q.rate("xla_steps_total"), RANK_LEGEND),
+                (q.rate(XLA_STEPS.name), RANK_LEGEND),
             )
         )
         .with_panel(
@@ -259,7 +283,7 @@ def throughput_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                 (percentile(q, 0.5), "p50"),
                 (percentile(q, 0.9), "p90"),
                 (percentile(q, 0.99), "p99"),
-                (q.ratio("xla_step_duration_seconds_sum", "xla_step_duration_seconds_count", by=""), "mean"),
+                (q.ratio(f"{XLA_STEP_DURATION.name}_sum", f"{XLA_STEP_DURATION.name}_count", by=""), "mean"),
             )
         )
     )
@@ -274,8 +298,8 @@ def compile_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                 "Share of each rank's step wall time spent compiling "
                 "graphs (CompileTime) and executing them (ExecuteTime). Compilation should vanish after warm-up.",
                 "percentunit",
-                (q.ratio("xla_compile_seconds_total", "xla_step_duration_seconds_sum"), "compile, " + RANK_LEGEND),
-                (q.ratio("xla_execute_seconds_total", "xla_step_duration_seconds_sum"), "execute, " + RANK_LEGEND),
+                (q.ratio(XLA_COMPILE_SECONDS.name, f"{XLA_STEP_DURATION.name}_sum"), "compile, " + RANK_LEGEND),
+                (q.ratio(XLA_EXECUTE_SECONDS.name, f"{XLA_STEP_DURATION.name}_sum"), "execute, " + RANK_LEGEND),
                 width=8,
             )
         )
@@ -285,7 +309,7 @@ def compile_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                 "Average number of XLA graphs run per training step on each rank: the "
                 "graphs at step markers (several with gradient accumulation) plus the graph cuts.",
                 "suffix:graphs/step",
-                (q.ratio("xla_graphs_per_step_sum", "xla_graphs_per_step_count"), RANK_LEGEND),
+                (q.ratio(f"{XLA_GRAPHS_PER_STEP.name}_sum", f"{XLA_GRAPHS_PER_STEP.name}_count"), RANK_LEGEND),
                 width=8,
             )
         )
@@ -296,9 +320,9 @@ def compile_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                 "compilations of new graphs (a new code path: an eval loop, a logging step), and recompilations "
                 "after warm-up of graphs that compiled before, which mean the graph keeps changing.",
                 "suffix:compiles/min",
-                (f"60 * {q.rate('xla_recompilations_total')}", "recompilations, " + RANK_LEGEND),
-                (f"60 * {q.rate('xla_new_graphs_total')}", "new graphs, " + RANK_LEGEND),
-                (f"60 * {q.rate('xla_compilations_total')}", "all, " + RANK_LEGEND),
+                (f"60 * {q.rate(XLA_RECOMPILATIONS.name)}", "recompilations, " + RANK_LEGEND),
+                (f"60 * {q.rate(XLA_NEW_GRAPHS.name)}", "new graphs, " + RANK_LEGEND),
+                (f"60 * {q.rate(XLA_COMPILATIONS.name)}", "all, " + RANK_LEGEND),
                 width=8,
             )
         )
@@ -314,8 +338,8 @@ def host_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                 "Device-to-host transfers per training step (every read of device "
                 "data by the host, CPU fallbacks included) and .item() calls per step, on each rank.",
                 "suffix:reads/step",
-                (q.ratio("xla_device_to_host_transfers_total", "xla_steps_total"), "all reads, " + RANK_LEGEND),
-                (q.ratio("xla_host_scalar_reads_total", "xla_steps_total"), ".item(), " + RANK_LEGEND),
+                (q.ratio(XLA_DEVICE_TO_HOST.name, XLA_STEPS.name), "all reads, " + RANK_LEGEND),
+                (q.ratio(XLA_HOST_SCALAR_READS.name, XLA_STEPS.name), ".item(), " + RANK_LEGEND),
                 threshold=c.host_reads_per_step,
             )
         )
@@ -325,7 +349,7 @@ def host_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                 "Operators without an XLA lowering, by calls per second over the "
                 "selected time range, all selected ranks. Drill down in the Fragmentation & recompiles dashboard.",
                 "suffix:calls/s",
-                f"topk(10, sum by (op) (rate(xla_cpu_fallback_ops_total{{{q.rank}}}[$__range])))",
+                f"topk(10, sum by (op) (rate({XLA_FALLBACK_OPS.name}{{{q.rank}}}[$__range])))",
                 {"op": "Operator"},
                 "Calls per second",
             )
@@ -357,7 +381,7 @@ def health_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                 "Collector success",
                 "Whether each collector of the exporter succeeded on its last run.",
                 "none",
-                f"min by (collector) (neuron_exporter_collector_success{{{q.target}}})",
+                f"min by (collector) ({COLLECTOR_SUCCESS.name}{{{q.target}}})",
                 steps=((None, "red"), (1, "green")),
                 legend="{{collector}}",
                 width=8,
@@ -372,8 +396,7 @@ def health_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                 "(step, scrape, spool). The training loop is never interrupted by them.",
                 "short",
                 (
-                    f"sum by (stage) (increase(neuron_exporter_collection_errors_total{{{q.target}}}"
-                    f"[$__rate_interval]))",
+                    f"sum by (stage) (increase({COLLECTION_ERRORS.name}{{{q.target}}}[$__rate_interval]))",
                     "{{stage}}",
                 ),
             )
@@ -385,9 +408,9 @@ def health_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                 "the time since it last reported.",
                 "s",
                 f"(time() - max by (run_id, rank, local_rank) "
-                f"(neuron_exporter_rank_last_report_timestamp_seconds{{{q.rank}}}))"
+                f"({RANK_LAST_REPORT.name}{{{q.rank}}}))"
                 f" * on (run_id, rank, local_rank) group_left (state)"
-                f" (max by (run_id, rank, local_rank, state) (neuron_exporter_rank_state{{{q.rank}}}) == 1)",
+                f" (max by (run_id, rank, local_rank, state) ({RANK_STATE.name}{{{q.rank}}}) == 1)",
                 {"run_id": "Run", "rank": "Rank", "local_rank": "Local rank", "state": "State"},
                 "Since last report",
                 width=24,
@@ -400,7 +423,7 @@ def health_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                 "Time the exporter spends in its step hook, as a share of each "
                 "rank's step wall time: the monitoring overhead.",
                 "percentunit",
-                (q.ratio("neuron_exporter_step_hook_seconds_total", "xla_step_duration_seconds_sum"), RANK_LEGEND),
+                (q.ratio(STEP_HOOK_SECONDS.name, f"{XLA_STEP_DURATION.name}_sum"), RANK_LEGEND),
                 width=8,
             )
         )
@@ -409,7 +432,7 @@ def health_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                 "Resident memory by rank",
                 "Resident set size of each training process.",
                 "bytes",
-                (f"sum by (run_id, rank) (training_process_resident_memory_bytes{{{q.rank}}})", RANK_LEGEND),
+                (f"sum by (run_id, rank) ({PROCESS_MEMORY.name}{{{q.rank}}})", RANK_LEGEND),
                 width=8,
             )
         )
@@ -420,11 +443,11 @@ def health_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                 "(see its log), and node endpoints that cannot read their spool directory (1). Both should be 0.",
                 "short",
                 (
-                    f"max by (instance, reason) (neuron_exporter_spool_rejected_files{{{q.target}}})",
+                    f"max by (instance, reason) ({SPOOL_REJECTED.name}{{{q.target}}})",
                     "rejected files: {{reason}}, {{instance}}",
                 ),
                 (
-                    f"max by (instance) (1 - neuron_exporter_spool_directory_ok{{{q.target}}})",
+                    f"max by (instance) (1 - {SPOOL_DIRECTORY_OK.name}{{{q.target}}})",
                     "directory not read, {{instance}}",
                 ),
                 width=8,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ...catalogue import COLLECTION_ERRORS, COLLECTOR_SUCCESS, RANK_STATE, SPOOL_DIRECTORY_OK, SPOOL_REJECTED
 from ..config import Config
 from .promql import RANK, alert, fill, first_to_stop, labels, most, rank_lookup, run_name, select
 
@@ -19,7 +20,7 @@ def exporter_alerts(c: Config) -> list[dict]:
             """,
             run=labels(*c.run_labels),
             rank=labels(*c.rank_labels),
-            in_state=select(c, "neuron_exporter_rank_state", f'state="{state}"'),
+            in_state=select(c, RANK_STATE.name, f'state="{state}"'),
         )
 
     return [
@@ -75,7 +76,7 @@ def exporter_alerts(c: Config) -> list[dict]:
                 """,
                 run_stage=labels(*c.run_labels, "stage"),
                 rank_stage=labels(*c.rank_labels, "stage"),
-                errors=select(c, "neuron_exporter_collection_errors_total"),
+                errors=select(c, COLLECTION_ERRORS.name),
                 window=c.collection_errors_window,
             ),
             summary=fill("neuron-exporter fails to collect ({{ $labels.stage }}) in ${run_name}", run_name=the_run),
@@ -86,10 +87,10 @@ def exporter_alerts(c: Config) -> list[dict]:
                 run_name=the_run,
                 most_errors=most(
                     c,
-                    "topk(1, sum by (instance, rank, local_rank) "
-                    "(increase(neuron_exporter_collection_errors_total{${match}}[${window}])))",
+                    "topk(1, sum by (instance, rank, local_rank) (increase(${errors}{${match}}[${window}])))",
                     c.collection_errors_window,
                     "stage",
+                    errors=COLLECTION_ERRORS.name,
                 ),
             ),
         ),
@@ -106,7 +107,7 @@ def exporter_alerts(c: Config) -> list[dict]:
                 """,
                 run_collector=labels(*c.run_labels, "collector"),
                 rank_collector=labels(*c.rank_labels, "collector"),
-                success=select(c, "neuron_exporter_collector_success"),
+                success=select(c, COLLECTOR_SUCCESS.name),
             ),
             summary=fill("neuron-exporter collector {{ $labels.collector }} fails in ${run_name}", run_name=the_run),
             description=fill(
@@ -115,9 +116,10 @@ def exporter_alerts(c: Config) -> list[dict]:
                 run_name=the_run,
                 example=rank_lookup(
                     c,
-                    "topk(1, min by (instance, rank, local_rank) (neuron_exporter_collector_success{${match}}) == 0)",
+                    "topk(1, min by (instance, rank, local_rank) (${success}{${match}}) == 0)",
                     RANK,
                     "collector",
+                    success=COLLECTOR_SUCCESS.name,
                 ),
             ),
         ),
@@ -129,7 +131,7 @@ def exporter_alerts(c: Config) -> list[dict]:
             expr=fill(
                 "max by (${labels}) (${rejected}) > 0",
                 labels=labels(*c.aggregation_labels, "instance", "reason"),
-                rejected=select(c, "neuron_exporter_spool_rejected_files"),
+                rejected=select(c, SPOOL_REJECTED.name),
             ),
             summary="The node endpoint {{ $labels.instance }} refuses files in its spool directory "
             "({{ $labels.reason }})",
@@ -146,7 +148,7 @@ def exporter_alerts(c: Config) -> list[dict]:
             expr=fill(
                 "min by (${labels}) (${directory_ok}) == 0",
                 labels=labels(*c.aggregation_labels, "instance"),
-                directory_ok=select(c, "neuron_exporter_spool_directory_ok"),
+                directory_ok=select(c, SPOOL_DIRECTORY_OK.name),
             ),
             summary="The node endpoint {{ $labels.instance }} does not read its spool directory",
             description="The spool directory of {{ $labels.instance }} is missing, or more open than spool_mode "

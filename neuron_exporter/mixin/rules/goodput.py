@@ -3,6 +3,7 @@ time, with the phase that takes the most of the rest and what to do about it."""
 
 from __future__ import annotations
 
+from ...catalogue import TRAINING_TIME
 from ..config import Config
 from .promql import RANK, alert, fill, labels, rank_lookup, run_name
 from .recording import RANK_GOODPUT, ratio_of_time
@@ -33,13 +34,14 @@ def goodput_alerts(c: Config) -> list[dict]:
     )
     largest = rank_lookup(
         c,
-        'topk(1, sum by (phase) (rate(training_time_seconds_total{${match}, phase!="step"}[${window}])) '
-        "/ scalar(sum(rate(training_time_seconds_total{${match}}[${window}]))))",
+        'topk(1, sum by (phase) (rate(${time}{${match}, phase!="step"}[${window}])) '
+        "/ scalar(sum(rate(${time}{${match}}[${window}]))))",
         fill(
             ' The largest badput is {{ label "phase" . }}, {{ value . | humanizePercentage }} of the time: ${advice}.',
             advice=advice,
         ),
         window=c.goodput_window,
+        time=TRAINING_TIME.name,
     )
     lowest = rank_lookup(
         c,

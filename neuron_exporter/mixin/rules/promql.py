@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import textwrap
 
+from ...catalogue import RANK_LAST_REPORT, RANK_STATE
 from ..config import Config
 
 # The rank an alert's description names, from the first sample of a template query.
@@ -119,19 +120,21 @@ def first_to_stop(c: Config, state: str) -> str:
     """The rank in ``state`` whose last report is the oldest, in the alert's run."""
     return rank_lookup(
         c,
-        "bottomk(1, max by (instance, rank, local_rank) (neuron_exporter_rank_last_report_timestamp_seconds{${match}})"
+        "bottomk(1, max by (instance, rank, local_rank) (${last_report}{${match}})"
         " and on (instance, rank, local_rank) (max by (instance, rank, local_rank) "
-        '(neuron_exporter_rank_state{${match}, state="${state}"}) == 1))',
+        '(${states}{${match}, state="${state}"}) == 1))',
         RANK,
         state=state,
+        last_report=RANK_LAST_REPORT.name,
+        states=RANK_STATE.name,
     )
 
 
-def most(c: Config, query: str, window: str, *extra_labels: str) -> str:
+def most(c: Config, query: str, window: str, *extra_labels: str, **values: str) -> str:
     """The rank of the alert's run with the highest count over ``window``, and the count: ``query`` as in
     ``rank_lookup``, with ``${window}``."""
     body = fill('${rank} ({{ value . | printf "%.0f" }})', rank=RANK)
-    return rank_lookup(c, query, body, *extra_labels, window=window)
+    return rank_lookup(c, query, body, *extra_labels, with_selector=True, window=window, **values)
 
 
 def alert(c: Config, name: str, for_: str, severity: str, expr: str, summary: str, description: str) -> dict:

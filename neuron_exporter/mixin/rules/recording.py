@@ -3,6 +3,21 @@
 
 from __future__ import annotations
 
+from ...catalogue import (
+    TRAINING_TIME,
+    WARMUP_STEPS,
+    XLA_COMPILE_SECONDS,
+    XLA_DEVICE_TO_HOST,
+    XLA_EXECUTE_SECONDS,
+    XLA_FALLBACK_OPS,
+    XLA_FRAGMENTED_STEPS,
+    XLA_GRAPH_CUTS,
+    XLA_GRAPHS_PER_STEP,
+    XLA_RECOMPILATIONS,
+    XLA_STEP_DURATION,
+    XLA_STEP_MARKERS,
+    XLA_STEPS,
+)
 from ..config import DEFAULTS, Config
 from .promql import fill, labels, select
 
@@ -100,30 +115,30 @@ def recording_rules(c: Config = DEFAULTS) -> dict[str, str]:
          >= sum by (${rank}) (${warmup_steps}))
         """,
         rank=rank,
-        recompilations=select(c, "xla_recompilations_total"),
-        steps_total=select(c, "xla_steps_total"),
-        warmup_steps=select(c, "neuron_exporter_warmup_steps"),
+        recompilations=select(c, XLA_RECOMPILATIONS.name),
+        steps_total=select(c, XLA_STEPS.name),
+        warmup_steps=select(c, WARMUP_STEPS.name),
         window=WINDOW,
         steps=STEPS,
     )
     return {
-        STEPS: rate("xla_steps_total"),
-        GRAPHS_PER_STEP: ratio("xla_graphs_per_step_sum", "xla_graphs_per_step_count"),
-        CUTS_PER_STEP: per_step("xla_graph_cuts_total"),
-        MARKERS_PER_STEP: per_step("xla_step_markers_total"),
-        FRAGMENTED_STEPS: per_step("xla_fragmented_steps_total"),
+        STEPS: rate(XLA_STEPS.name),
+        GRAPHS_PER_STEP: ratio(f"{XLA_GRAPHS_PER_STEP.name}_sum", f"{XLA_GRAPHS_PER_STEP.name}_count"),
+        CUTS_PER_STEP: per_step(XLA_GRAPH_CUTS.name),
+        MARKERS_PER_STEP: per_step(XLA_STEP_MARKERS.name),
+        FRAGMENTED_STEPS: per_step(XLA_FRAGMENTED_STEPS.name),
         RECOMPILATIONS_PER_STEP: recompilations_after_warmup,
-        HOST_READS_PER_STEP: per_step("xla_device_to_host_transfers_total"),
-        COMPILE_TIME_SHARE: ratio("xla_compile_seconds_total", "xla_step_duration_seconds_sum"),
-        EXECUTE_TIME_SHARE: ratio("xla_execute_seconds_total", "xla_step_duration_seconds_sum"),
+        HOST_READS_PER_STEP: per_step(XLA_DEVICE_TO_HOST.name),
+        COMPILE_TIME_SHARE: ratio(XLA_COMPILE_SECONDS.name, f"{XLA_STEP_DURATION.name}_sum"),
+        EXECUTE_TIME_SHARE: ratio(XLA_EXECUTE_SECONDS.name, f"{XLA_STEP_DURATION.name}_sum"),
         FALLBACK_RATE: fill(
             "sum by (${rank_op}) (rate(${fallback_ops}[${window}]))",
             rank_op=labels(*c.rank_labels, "op"),
-            fallback_ops=select(c, "xla_cpu_fallback_ops_total"),
+            fallback_ops=select(c, XLA_FALLBACK_OPS.name),
             window=WINDOW,
         ),
-        SITE_CUTS_PER_STEP: per_run_step("xla_graph_cuts_total", "cause", "location"),
-        SITE_RECOMPILATIONS_PER_STEP: per_run_step("xla_recompilations_total", "location"),
+        SITE_CUTS_PER_STEP: per_run_step(XLA_GRAPH_CUTS.name, "cause", "location"),
+        SITE_RECOMPILATIONS_PER_STEP: per_run_step(XLA_RECOMPILATIONS.name, "location"),
         RANK_GOODPUT: ratio_of_time(c, rank, 'phase="step"'),
         RUN_GOODPUT: ratio_of_time(c, run, 'phase="step"'),
         RUN_BADPUT: ratio_of_time(c, run, 'phase!="step"', by_phase=True),
@@ -142,7 +157,7 @@ def ratio_of_time(c: Config, by: str, phases: str, by_phase: bool = False, windo
         by=by,
         group=" group_left ()" if by_phase else "",
         by_phase=labels(by, "phase") if by_phase else by,
-        phases=select(c, "training_time_seconds_total", phases),
-        all=select(c, "training_time_seconds_total"),
+        phases=select(c, TRAINING_TIME.name, phases),
+        all=select(c, TRAINING_TIME.name),
         window=window,
     )

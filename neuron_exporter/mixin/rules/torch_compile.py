@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ...catalogue import COMPILE_GRAPH_BREAKS, COMPILE_LIMIT_HITS, COMPILE_RECOMPILATIONS, PROCESS_CPU
 from ..config import Config
 from .promql import RANK, alert, fill, labels, rank_lookup, run_name, select
 
@@ -36,7 +37,7 @@ def torch_compile_alerts(c: Config) -> list[dict]:
             run=labels(*c.run_labels),
             rank=labels(*c.rank_labels),
             counter=select(c, metric),
-            cpu=select(c, "training_process_cpu_seconds_total"),
+            cpu=select(c, PROCESS_CPU.name),
             window=window,
             warmup=warmup,
         )
@@ -78,7 +79,7 @@ def torch_compile_alerts(c: Config) -> list[dict]:
             "TorchCompileRecompiling",
             c.torch_compile_recompile_for,
             c.torch_compile_recompile_severity,
-            expr=after_warmup("torch_compile_recompilations_total"),
+            expr=after_warmup(COMPILE_RECOMPILATIONS.name),
             summary=fill("torch.compile keeps recompiling after warm-up in ${run_name}", run_name=the_run),
             description=fill(
                 "torch.compile recompiled functions after a guard failed, in every ${window} for ${for_}, on ranks "
@@ -90,8 +91,8 @@ def torch_compile_alerts(c: Config) -> list[dict]:
                 for_=c.torch_compile_recompile_for,
                 warmup=warmup,
                 run_name=the_run,
-                most=most_gained("torch_compile_recompilations_total", "recompilations"),
-                top_line=top_line("torch_compile_recompilations_total", "recompilations"),
+                most=most_gained(COMPILE_RECOMPILATIONS.name, "recompilations"),
+                top_line=top_line(COMPILE_RECOMPILATIONS.name, "recompilations"),
             ),
         ),
         alert(
@@ -107,7 +108,7 @@ def torch_compile_alerts(c: Config) -> list[dict]:
                 """,
                 run_location=labels(*c.run_labels, "location"),
                 rank_location=labels(*c.rank_labels, "location"),
-                limit_hits=select(c, "torch_compile_recompile_limit_hits_total"),
+                limit_hits=select(c, COMPILE_LIMIT_HITS.name),
             ),
             summary=fill(
                 "A function at {{ $labels.location }} hit torch.compile's recompile limit in ${run_name}",
@@ -121,9 +122,10 @@ def torch_compile_alerts(c: Config) -> list[dict]:
                 run_name=the_run,
                 example=rank_lookup(
                     c,
-                    "topk(1, sum by (instance, rank, local_rank) (torch_compile_recompile_limit_hits_total{${match}}))",
+                    "topk(1, sum by (instance, rank, local_rank) (${limit_hits}{${match}}))",
                     RANK,
                     "location",
+                    limit_hits=COMPILE_LIMIT_HITS.name,
                 ),
             ),
         ),
@@ -132,7 +134,7 @@ def torch_compile_alerts(c: Config) -> list[dict]:
             "TorchCompileGraphBreaks",
             c.torch_compile_graph_break_for,
             c.torch_compile_graph_break_severity,
-            expr=after_warmup("torch_compile_graph_breaks_total"),
+            expr=after_warmup(COMPILE_GRAPH_BREAKS.name),
             summary=fill("torch.compile found new graph breaks after warm-up in ${run_name}", run_name=the_run),
             description=fill(
                 "torch.compile broke graphs in the last ${window} on ranks that have run for more than ${warmup} "
@@ -143,8 +145,8 @@ def torch_compile_alerts(c: Config) -> list[dict]:
                 window=window,
                 warmup=warmup,
                 run_name=the_run,
-                most=most_gained("torch_compile_graph_breaks_total", "graph breaks"),
-                top_line=top_line("torch_compile_graph_breaks_total", "graph breaks"),
+                most=most_gained(COMPILE_GRAPH_BREAKS.name, "graph breaks"),
+                top_line=top_line(COMPILE_GRAPH_BREAKS.name, "graph breaks"),
             ),
         ),
     ]

@@ -4,6 +4,7 @@ thresholds and runbook of their torch_xla counterparts. Its recompilations are t
 
 from __future__ import annotations
 
+from ...catalogue import NEURON_FALLBACK_CALLS, NEURON_FALLBACK_OPS_SEEN, NEURON_HOST_READS, TRAINING_STEPS
 from ..config import Config
 from .promql import RANK, alert, fill, labels, rank_lookup, run_name, select
 
@@ -21,8 +22,8 @@ def torchneuron_alerts(c: Config) -> list[dict]:
         (sum by (${rank}) (rate(${steps}[5m])) > 0)
         """,
         rank=rank,
-        host_reads=select(c, "torchneuron_host_reads_total"),
-        steps=select(c, "training_steps_total"),
+        host_reads=select(c, NEURON_HOST_READS.name),
+        steps=select(c, TRAINING_STEPS.name),
     )
     return [
         alert(
@@ -40,8 +41,8 @@ def torchneuron_alerts(c: Config) -> list[dict]:
                 """,
                 run_op=labels(*c.run_labels, "op"),
                 rank_op=labels(*c.rank_labels, "op"),
-                calls=select(c, "torchneuron_cpu_fallback_op_calls_total"),
-                seen=select(c, "torchneuron_cpu_fallback_ops_seen"),
+                calls=select(c, NEURON_FALLBACK_CALLS.name),
+                seen=select(c, NEURON_FALLBACK_OPS_SEEN.name),
                 window=c.fallback_window,
             ),
             summary=fill(
@@ -56,19 +57,21 @@ def torchneuron_alerts(c: Config) -> list[dict]:
                 window=c.fallback_window,
                 most_calls=rank_lookup(
                     c,
-                    "topk(1, sum by (instance, rank, local_rank) "
-                    "(increase(torchneuron_cpu_fallback_op_calls_total{${match}}[${window}])) > 0)",
+                    "topk(1, sum by (instance, rank, local_rank) (increase(${calls}{${match}}[${window}])) > 0)",
                     fill('; most calls: ${rank} ({{ value . | printf "%.0f" }})', rank=RANK),
                     "op",
                     window=c.fallback_window,
+                    calls=NEURON_FALLBACK_CALLS.name,
                 ),
                 seen_on=rank_lookup(
                     c,
-                    "topk(1, max by (instance, rank, local_rank) (torchneuron_cpu_fallback_ops_seen{${match}}) "
+                    "topk(1, max by (instance, rank, local_rank) (${seen}{${match}}) "
                     "unless on (instance, rank, local_rank) "
-                    "sum by (instance, rank, local_rank) (torchneuron_cpu_fallback_op_calls_total{${match}}))",
+                    "sum by (instance, rank, local_rank) (${calls}{${match}}))",
                     fill("; seen on ${rank}", rank=RANK),
                     "op",
+                    seen=NEURON_FALLBACK_OPS_SEEN.name,
+                    calls=NEURON_FALLBACK_CALLS.name,
                 ),
             ),
         ),
@@ -96,10 +99,12 @@ def torchneuron_alerts(c: Config) -> list[dict]:
                 run_name=the_run,
                 worst=rank_lookup(
                     c,
-                    "topk(1, sum by (instance, rank, local_rank) (rate(torchneuron_host_reads_total{${match}}[5m])) "
+                    "topk(1, sum by (instance, rank, local_rank) (rate(${reads}{${match}}[5m])) "
                     "/ on (instance, rank, local_rank) "
-                    "(sum by (instance, rank, local_rank) (rate(training_steps_total{${match}}[5m])) > 0))",
+                    "(sum by (instance, rank, local_rank) (rate(${steps}{${match}}[5m])) > 0))",
                     fill('${rank} with {{ value . | printf "%.2f" }} per step', rank=RANK),
+                    reads=NEURON_HOST_READS.name,
+                    steps=TRAINING_STEPS.name,
                 ),
             ),
         ),

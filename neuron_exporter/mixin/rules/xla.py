@@ -3,6 +3,7 @@ time, stalled training. They read the recording rules (recording.py)."""
 
 from __future__ import annotations
 
+from ...catalogue import RANK_STATE, XLA_FALLBACK_OPS, XLA_STEPS
 from ..config import Config
 from .promql import RANK, alert, fill, labels, most, rank_lookup, run_name, select, top_site, worst_recorded
 from .recording import (
@@ -48,7 +49,7 @@ def xla_alerts(c: Config) -> list[dict]:
                 """,
                 run_op=labels(*c.run_labels, "op"),
                 rank_op=labels(*c.rank_labels, "op"),
-                fallback_ops=select(c, "xla_cpu_fallback_ops_total"),
+                fallback_ops=select(c, XLA_FALLBACK_OPS.name),
                 window=c.fallback_window,
             ),
             summary=fill("Operator {{ $labels.op }} runs on the CPU in ${run_name}", run_name=the_run),
@@ -60,10 +61,10 @@ def xla_alerts(c: Config) -> list[dict]:
                 run_name=the_run,
                 most_calls=most(
                     c,
-                    "topk(1, sum by (instance, rank, local_rank) "
-                    "(increase(xla_cpu_fallback_ops_total{${match}}[${window}])))",
+                    "topk(1, sum by (instance, rank, local_rank) (increase(${fallback_ops}{${match}}[${window}])))",
                     c.fallback_window,
                     "op",
+                    fallback_ops=XLA_FALLBACK_OPS.name,
                 ),
             ),
         ),
@@ -149,9 +150,9 @@ def xla_alerts(c: Config) -> list[dict]:
                 """,
                 run=run,
                 rank=rank,
-                steps=select(c, "xla_steps_total"),
+                steps=select(c, XLA_STEPS.name),
                 window=c.stall_window,
-                hung_or_dead=select(c, "neuron_exporter_rank_state", 'state=~"hung|dead"'),
+                hung_or_dead=select(c, RANK_STATE.name, 'state=~"hung|dead"'),
             ),
             summary=fill("Training has stalled in ${run_name}", run_name=the_run),
             description=fill(
@@ -161,10 +162,10 @@ def xla_alerts(c: Config) -> list[dict]:
                 run_name=the_run,
                 example=rank_lookup(
                     c,
-                    "topk(1, sum by (instance, rank, local_rank) "
-                    "(increase(xla_steps_total{${match}}[${window}])) == 0)",
+                    "topk(1, sum by (instance, rank, local_rank) (increase(${steps}{${match}}[${window}])) == 0)",
                     RANK,
                     window=c.stall_window,
+                    steps=XLA_STEPS.name,
                 ),
             ),
         ),

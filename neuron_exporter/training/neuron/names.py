@@ -23,13 +23,11 @@ BACKEND_LOGGER = "torch_neuronx.neuron_dynamo_backend.backend"
 FALLBACK_LINE = "Falling back to original GraphModule execution"  # a compiled graph that failed runs eagerly
 FAILURE_PREFIX = "Execution failed: "  # the line before it, with the failure
 COUNTERS_KEY = "neuron"  # torch._dynamo.utils.counters["neuron"]
-CACHE_KEYS = (
-    "in_memory_hits",
-    "in_memory_misses",
-    "persistent_hits",
-    "total_compilations",
-    "total_compilation_time_ms",
-)
+# The compile cache's lookups, split by tier (newer builds), or only their sums, which every build has ("for backward
+# compatibility", and the keys a user's own callback reads); and its compilations.
+SPLIT_KEYS = ("in_memory_hits", "in_memory_misses", "persistent_hits")
+AGGREGATE_KEYS = ("cache_hits", "cache_misses")
+COMPILATION_KEYS = ("total_compilations", "total_compilation_time_ms")
 MEMORY_KEYS = ("allocated_bytes", "active_bytes", "num_ooms", "num_alloc_retries")
 
 
@@ -71,8 +69,28 @@ def _probe_cache() -> str | None:
     if not callable(read):
         return "torch_neuronx._C._get_compilation_cache_stats is missing"
     stats = read()
-    missing = [key for key in CACHE_KEYS if not isinstance(stats, dict) or not _number(stats.get(key))]
+    if not isinstance(stats, dict):
+        return f"_get_compilation_cache_stats() returned {type(stats).__name__}, not a dict"
+    lookups = min(
+        ([key for key in keys if not _number(stats.get(key))] for keys in (SPLIT_KEYS, AGGREGATE_KEYS)), key=len
+    )
+    missing = lookups + [key for key in COMPILATION_KEYS if not _number(stats.get(key))]
     return f"_get_compilation_cache_stats() lacks {', '.join(missing)}" if missing else None
+
+
+def cache_lookups(stats: dict) -> dict[str, float]:
+    """The hits of ``_get_compilation_cache_stats()`` by tier (``memory``, ``persistent``) and its ``misses``, NEFFs
+    found in neither and compiled: from the split by tier where the build has it (``in_memory_misses`` counts the
+    lookups that went on to the persistent cache, so a miss of both is one of those not found there), else from the
+    sums, whose hits are of an ``unknown`` tier."""
+    if any(key in stats for key in SPLIT_KEYS):
+        persistent = float(stats.get("persistent_hits") or 0)
+        return {
+            "memory": float(stats.get("in_memory_hits") or 0),
+            "persistent": persistent,
+            "misses": max(0.0, float(stats.get("in_memory_misses") or 0) - persistent),
+        }
+    return {"unknown": float(stats.get("cache_hits") or 0), "misses": float(stats.get("cache_misses") or 0)}
 
 
 def _probe_counters() -> str | None:

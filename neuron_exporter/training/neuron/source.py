@@ -15,7 +15,6 @@ log line says what, and ``neuron_exporter_torchneuron_readable{record}`` shows i
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import threading
 import time
@@ -26,7 +25,7 @@ from ...config import Options
 from ..attribution import Attribution
 from ..host_reads import HostReadHook
 from ..self_metrics import SelfStats
-from ..sites import SiteFinder
+from ..sites import SiteFinder, module_directory
 from ..source import Source
 from ..time_phases import TimePhases
 from .compiles import CacheWindow, GraphFallbacks
@@ -40,6 +39,8 @@ DEVICE = "neuron"
 
 
 class NeuronSource(Source):
+    stats: SelfStats
+
     def __init__(self, options: Options, stats: SelfStats, phases: Callable[[], TimePhases]):
         """``phases()``: the process's time ledger, told of the seconds TorchNeuron compiled kernels eagerly."""
         self.options = options
@@ -50,15 +51,16 @@ class NeuronSource(Source):
         self.neuronx = sys.modules[LIBRARY]
         # TorchNeuron's own Python code copies to the host when it runs an operator on the CPU (path b, the linalg
         # fallbacks): those copies are its fallbacks, not the user's reads.
-        self._own_code = os.path.dirname(os.path.abspath(self.neuronx.__file__ or "")) + os.sep
+        # None for a stand-in made in memory, without a directory: every read is then taken for the user's.
+        self._own_code = module_directory(self.neuronx)
         self.problems = probe()
         self.readable = readable_records(self.problems)
         self.sites = SiteFinder()
         self.attribution = Attribution()  # host reads by cause and site, as on XLA (no graph is cut: eager)
-        self.fallbacks = FallbackCalls(self.sites, self._step_error)
-        self.window = CacheWindow(self.cache_stats, self._step_error)
+        self.fallbacks = FallbackCalls(self.sites, self.step_error)
+        self.window = CacheWindow(self.cache_stats, self.step_error)
         self.graph_fallbacks = GraphFallbacks()
-        self._host_reads = HostReadHook(self._host_read, _no_upload, self._step_error, device=DEVICE, phases=phases)
+        self._host_reads = HostReadHook(self._host_read, self.step_error, DEVICE, phases=phases)
         self.families = NeuronFamilies(self, options.max_op_series, options.max_site_series)
 
     # -- life cycle ---------------------------------------------------------------------------------------
@@ -127,7 +129,7 @@ class NeuronSource(Source):
             if told is not None and eager_ms > told:
                 self.phases().compiled((eager_ms - told) / 1000, self._told_at)
         except Exception as error:  # noqa: BLE001 (never into the training loop)
-            self._step_error(error)
+            self.step_error(error)
         self._told_at = now
 
     # -- what a scrape reads (no device work) --------------------------------------------------------------
@@ -158,25 +160,18 @@ class NeuronSource(Source):
         )
 
     # -- the training thread ------------------------------------------------------------------------------
-    def _step_error(self, error: BaseException) -> None:
-        self.stats.record_error("step", error)
-
     def _host_read(self, original, cause: str, tensor, args, kwargs, frame):
         """A host read of a ``neuron`` tensor from ``frame``: its site, then the read (which waits for the device,
         as it would without the exporter), unless TorchNeuron's own code made it. Its exceptions are the original
         method's only."""
-        if frame.f_code.co_filename.startswith(self._own_code):
+        if self._own_code and frame.f_code.co_filename.startswith(self._own_code):
             return original(tensor, *args, **kwargs)
         start = time.perf_counter()
         try:
             location = self.sites.site(frame)
             frames = None if location in self.attribution.sites else self.sites.frames(frame)
-            self.attribution.host_read(cause, location, frames, 0, 0)
+            self.attribution.host_read(cause, location, frames)
         except Exception as error:  # noqa: BLE001 (never into the training loop)
-            self._step_error(error)
+            self.step_error(error)
         self.stats.hook_seconds += time.perf_counter() - start
         return original(tensor, *args, **kwargs)
-
-
-def _no_upload(frame, shapes) -> None:
-    """Uploads name a changed input at a recompilation on XLA; TorchNeuron runs eagerly: not recorded."""

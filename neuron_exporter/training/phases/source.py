@@ -6,28 +6,27 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Iterator
 
-from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.core import Metric
 
+from ...catalogue import TRAINING_TIME
+from ...metric_family import labelled_family
 from ..dynamo_callbacks import CompileCallbacks
 from ..dynamo_skip import never_compiled
 from ..import_watch import after_import, forget
 from ..patching import Patch
+from ..self_metrics import SelfStats
 from ..source import Source, Sources
 from ..time_phases import PHASES
 from .entry_points import ENTRY_POINTS
-
-TIME_HELP = (
-    "Wall time of the training thread by phase, from the process's start: step (productive), startup, data, "
-    "compile, host_sync, checkpoint, other; goodput is the step share"
-)
 
 
 class TimePhasesSource(Source):
     def __init__(self, sources: Sources):
         self._sources = sources
+        self.stats = sources.stats
         self._patches: list[Patch] = []
         self._watching: dict[str, Callable[[], None]] = {}
-        self._callbacks = CompileCallbacks(self._compile_started, self._compile_ended, self._error)
+        self._callbacks = CompileCallbacks(self._compile_started, self._compile_ended, self.step_error)
         self._installed = False
 
     def install(self) -> bool:
@@ -47,6 +46,9 @@ class TimePhasesSource(Source):
         for patch in self._patches:
             patch.undo()
 
+    def after_fork(self, stats: SelfStats) -> None:
+        self.stats = stats  # the ledger is the handle's: a forked child's comes with its Sources
+
     def on_optimizer_created(self) -> None:
         self._register_callbacks()  # again, if torch._dynamo.reset() dropped them
 
@@ -58,10 +60,7 @@ class TimePhasesSource(Source):
 
     def families(self, labels: dict[str, str]) -> Iterator[Metric]:
         totals = self._sources.phases.read()
-        family = CounterMetricFamily("training_time_seconds", TIME_HELP, labels=[*labels, "phase"])
-        for phase in PHASES:
-            family.add_metric([*labels.values(), phase], totals[phase])
-        yield family
+        yield labelled_family(TRAINING_TIME, labels, (((phase,), totals[phase]) for phase in PHASES))
 
     # -- hooks ------------------------------------------------------------------------------------------------
     def _register_callbacks(self) -> None:
@@ -74,9 +73,6 @@ class TimePhasesSource(Source):
     def _compile_ended(self, *args) -> None:
         self._sources.phases.compile_ended()
 
-    def _error(self, error: BaseException) -> None:
-        self._sources.stats.record_error("step", error)
-
     def _wrap_module(self, name: str) -> None:
         if not self._installed:
             return
@@ -85,7 +81,7 @@ class TimePhasesSource(Source):
             owner = getattr(module, owner_name, None) if owner_name else module
             if owner is None or not callable(getattr(owner, attribute, None)):
                 continue
-            patch = Patch(owner, attribute, _timed(self._sources, phase), self._error)
+            patch = Patch(owner, attribute, _timed(self._sources, phase), self.step_error)
             if patch.install():
                 self._patches.append(patch)
 

@@ -4,33 +4,21 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.core import Metric
 
-from ...metric_family import readable_family
+from ... import catalogue
+from ...metric_family import labelled_family, readable_family, single_series
 from ...untrusted import LabelBudget
 from ..sites import UNKNOWN
 from .probes import OFF, READABLE
 from .records import BreakRecord, FunctionRecord
 
+# The families of a record of READABLE, each named for it.
 FAMILIES = {
-    "torch_compile_compilations": (
-        "Frames compiled by torch.compile (dynamo), by the compiled function's first line",
-        ["location"],
-    ),
-    "torch_compile_recompilations": (
-        "Recompilations by torch.compile after a guard failed, by the compiled "
-        "function's first line and the kind of guard",
-        ["location", "reason"],
-    ),
-    "torch_compile_graph_breaks": (
-        "Graph breaks found by torch.compile while compiling, by the user line that "
-        "broke the graph and the kind of reason",
-        ["location", "reason"],
-    ),
-    "torch_compile_recompile_limit_hits": (
-        "Functions that hit torch.compile's recompile limit and run eagerly from then on, by the function's first line",
-        ["location"],
-    ),
+    "compilations": catalogue.COMPILE_COMPILATIONS,
+    "recompilations": catalogue.COMPILE_RECOMPILATIONS,
+    "graph_breaks": catalogue.COMPILE_GRAPH_BREAKS,
+    "recompile_limit_hits": catalogue.COMPILE_LIMIT_HITS,
 }
 
 
@@ -38,56 +26,33 @@ class TorchCompileFamilies:
     def __init__(self, source, max_site_series: int):
         """``source``: the ``TorchCompileSource`` (its ``version``, ``mode``, ``readable`` and ``snapshot()``)."""
         self.source = source
-        self._budgets = {name: LabelBudget(max_site_series) for name in FAMILIES}
+        self._budgets = {record: LabelBudget(max_site_series) for record in FAMILIES}
 
     def families(self, labels: dict[str, str]) -> Iterator[Metric]:
         """The ``torch_compile_*`` families of this rank that this torch lets it read, and which those are."""
         source = self.source
         if not source.version:
             return  # never installed
-        yield readable_family(
-            "neuron_exporter_torch_compile_readable",
-            "1 if the exporter reads this record "
-            "of torch.compile on this torch, 0 if the private API of torch it comes from is "
-            "missing or of a shape the exporter does not know (the log says which), by record",
-            labels,
-            READABLE,
-            source.readable,
-        )
+        yield readable_family(catalogue.COMPILE_READABLE, labels, READABLE, source.readable)
         if source.mode == OFF:
             return
-        names, values = list(labels), list(labels.values())
         functions, breaks, seconds, counted = source.snapshot()
         if "source_lines" not in source.readable:  # compilations counted from the compile callbacks, without lines
             functions = [FunctionRecord(UNKNOWN, compilations=counted)]
-        for name, (documentation, extra) in FAMILIES.items():
-            if name.removeprefix("torch_compile_") not in source.readable:
-                continue
-            budget = self._budgets[name]
-            totals: dict[tuple[str, ...], float] = {}
-            for key, value in _values(name, functions, breaks):
-                key = (budget.label_for(key[0]), *key[1:])
-                totals[key] = totals.get(key, 0) + value
-            counter = CounterMetricFamily(name, documentation, labels=names + extra)
-            for key, value in sorted(totals.items()):
-                counter.add_metric(values + list(key), value)
-            yield counter
+        for record, family in FAMILIES.items():
+            if record in source.readable:
+                values = _values(record, functions, breaks)
+                yield labelled_family(family, labels, values, {"location": self._budgets[record]})
         if "compile_seconds" in source.readable:
-            total = CounterMetricFamily(
-                "torch_compile_compile_seconds",
-                "Time torch.compile spent compiling (dynamo and the backend, forward and backward graphs)",
-                labels=names,
-            )
-            total.add_metric(values, seconds)
-            yield total
+            yield single_series(catalogue.COMPILE_SECONDS, labels, seconds)
 
 
-def _values(family: str, functions: list[FunctionRecord], breaks: list[BreakRecord]):
-    """((location, other label values...), value) of one family."""
-    if family == "torch_compile_compilations":
+def _values(record: str, functions: list[FunctionRecord], breaks: list[BreakRecord]):
+    """((location, other label values...), value) of the family of one record."""
+    if record == "compilations":
         return [((f.location,), f.compilations) for f in functions if f.compilations]
-    if family == "torch_compile_recompilations":
+    if record == "recompilations":
         return [((f.location, kind), count) for f in functions for kind, count in f.recompilations.items()]
-    if family == "torch_compile_recompile_limit_hits":
+    if record == "recompile_limit_hits":
         return [((f.location,), f.limit_hits) for f in functions if f.limit_hits]
     return [((b.location, b.reason), b.count) for b in breaks]

@@ -54,7 +54,7 @@ class TorchCompileSource(Source):
         self.mode = OFF
         self.version = ""
         self.stats = stats
-        self._on_error = on_error or self._record_error
+        self._on_error = on_error or self.step_error
         self._families = TorchCompileFamilies(self, max_site_series)
         self._lock = threading.RLock()
         self._places = Places()
@@ -78,12 +78,6 @@ class TorchCompileSource(Source):
         self.missed = 0  # records that left the ring before they were read
 
     # -- life cycle -----------------------------------------------------------------------------------------
-    def _record_error(self, error: BaseException) -> None:
-        if self.stats is not None:
-            self.stats.record_error("step", error)
-        else:
-            log.debug("neuron-exporter: torch.compile: %s", error)
-
     def install(self) -> bool:
         """Start reading what dynamo gives on this torch; never raises (an API missing or changed: the others are
         still read, and one log line says what is not); False only if it failed half-way (nothing stays hooked)."""

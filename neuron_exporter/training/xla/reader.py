@@ -8,9 +8,9 @@ None of these calls starts the PJRT runtime or touches the device.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 
+from ...metric_family import MonotonicTotals
 from ...snapshot import SECONDS, MetricValue, Snapshot, unit_of
 from ...snapshot_metrics import HOST_SCALAR_READ_OP
 
@@ -91,49 +91,32 @@ class XlaReader:
 
 
 class MonotonicSnapshots:
-    """Keeps exported totals from going backwards when the user calls ``met.clear_counters()``/``clear_metrics()``.
-
-    A value lower than the last one seen means a clear happened; what was counted before it is kept as an
-    offset. A clear between two scrapes that is followed by more counting than before goes unnoticed.
-
-    Snapshots must be applied in the order they were read: a stale snapshot applied after a newer one would look
-    like a clear and add the newer total again. ``read()`` reads and applies under one lock, so concurrent
-    scrapes (an HA pair of Prometheus servers, the spool thread) cannot interleave.
-    """
+    """torch_xla's counters and metrics as totals that never go backwards when the user calls
+    ``met.clear_counters()``/``clear_metrics()`` (``MonotonicTotals``, which says how); safe to read from many threads
+    at once."""
 
     def __init__(self):
-        self._lock = threading.Lock()
-        self._last: dict[tuple[str, str], float] = {}
-        self._offset: dict[tuple[str, str], float] = {}
+        self._totals = MonotonicTotals()
         self._units: dict[str, str] = {}
 
-    def _total(self, key: tuple[str, str], value: float) -> float:
-        if value < self._last.get(key, 0):
-            self._offset[key] = self._offset.get(key, 0) + self._last[key]
-        self._last[key] = value
-        return self._offset.get(key, 0) + value
-
     def read(self, read_snapshot: Callable[[], Snapshot]) -> Snapshot:
-        """A fresh snapshot from ``read_snapshot`` turned into totals; safe to call from many threads at once."""
-        with self._lock:
-            return self._apply(read_snapshot())
+        """A fresh snapshot from ``read_snapshot`` turned into totals."""
+        return self._result(self._totals.read(lambda: self._values(read_snapshot())))
 
     def apply(self, snapshot: Snapshot) -> Snapshot:
         """Totals for ``snapshot``, which must be newer than every snapshot applied before (the tests' way in; the
         exporter reads through ``read``)."""
-        with self._lock:
-            return self._apply(snapshot)
+        return self._result(self._totals.apply(self._values(snapshot)))
 
-    def _apply(self, snapshot: Snapshot) -> Snapshot:
-        current: dict[tuple[str, str], float] = {("counter", n): v for n, v in snapshot.counters.items()}
+    def _values(self, snapshot: Snapshot) -> dict[tuple[str, str], float]:
+        values: dict[tuple[str, str], float] = {("counter", n): v for n, v in snapshot.counters.items()}
         for name, metric in snapshot.metrics.items():
-            current[("samples", name)] = metric.total_samples
-            current[("sum", name)] = metric.accumulator
+            values[("samples", name)] = metric.total_samples
+            values[("sum", name)] = metric.accumulator
             self._units[name] = metric.unit
-        # A cleared counter or metric vanishes from torch_xla's lists: it reads as 0 and keeps its offset.
-        for key in self._last.keys() - current.keys():
-            current[key] = 0
-        totals = {key: self._total(key, value) for key, value in current.items()}
+        return values
+
+    def _result(self, totals: dict[tuple[str, str], float]) -> Snapshot:
         result = Snapshot()
         for (kind, name), total in totals.items():
             if kind == "counter":

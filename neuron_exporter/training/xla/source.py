@@ -34,6 +34,9 @@ if TYPE_CHECKING:
 
 
 class XlaSource(Source):
+    stats: SelfStats
+    device = "xla"  # the steps of an optimizer on the XLA device end at the step marker that runs its graph
+
     def __init__(self, options: Options, stats: SelfStats, phases: Callable[[], TimePhases]):
         """``phases()``: the process's time ledger, told of the seconds torch_xla compiled on the training thread."""
         self.options = options
@@ -45,13 +48,15 @@ class XlaSource(Source):
         counters = self.reader.compile_counters()
         self.tracker = StepTracker(options.warmup_steps, *counters, self.attribution)
         self.families = XlaFamilies(self, options.max_op_series, options.max_site_series)
-        self._hook = StepHook(self._step_marker, self._step_error)
-        self._host_reads = HostReadHook(self._host_read, self._on_upload, self._step_error, phases=phases)
+        self._hook = StepHook(self._step_marker, self.step_error)
+        self._host_reads = HostReadHook(
+            self._host_read, self.step_error, self.device, on_upload=self._on_upload, phases=phases
+        )
         self._probe: FallbackProbe | None = None
         if options.fallback_sites:
             from .fallback_probe import FallbackProbe
 
-            self._probe = FallbackProbe(self.sites, self._on_fallback_site, self._step_error)
+            self._probe = FallbackProbe(self.sites, self._on_fallback_site, self.step_error)
         # Graphs run and compilations as far as the exporter can tell: the counts when the last step marker ended,
         # plus what host reads ran since. A marker that finds more was preceded by a cut no host read explains.
         self._graphs_seen, self._compiles_seen = counters
@@ -94,6 +99,7 @@ class XlaSource(Source):
         )
 
     def step_counts(self) -> StepState:
+        """The training steps of optimizers on the XLA device: they end at its step markers."""
         return self.tracker.state()
 
     # -- optimizer events ---------------------------------------------------------------------------------
@@ -104,9 +110,6 @@ class XlaSource(Source):
         self.tracker.optimizer_steps += 1  # the cheapest thing on the training thread; carried by the next marker
 
     # -- the training thread ------------------------------------------------------------------------------
-    def _step_error(self, error: BaseException) -> None:
-        self.stats.record_error("step", error)
-
     def _step_marker(self, original, hook: StepHook):
         """The wrapper of torch_xla's step marker: the compile counters before and after it, one event for the
         tracker, and, rarely, what needs the moment (the marker's line when it compiled, the fallback counters when
@@ -125,7 +128,7 @@ class XlaSource(Source):
                 compiles_before = value(UNCACHED_COMPILE) or 0
                 graphs_before = (value(CACHED_COMPILE) or 0) + compiles_before
             except Exception as error:  # noqa: BLE001 (never into the training loop)
-                source._step_error(error)  # this marker is not accounted; one failure is counted
+                source.step_error(error)  # this marker is not accounted; one failure is counted
                 value = None
             own = perf_counter() - start
             result = original(*args, **kwargs)  # its exceptions reach the caller unchanged
@@ -161,7 +164,7 @@ class XlaSource(Source):
                 if probe is not None:
                     source._watch_fallbacks(fallbacks)
             except Exception as error:  # noqa: BLE001
-                source._step_error(error)
+                source.step_error(error)
             source.stats.hook_seconds += own + perf_counter() - now
             return result
 
@@ -215,7 +218,7 @@ class XlaSource(Source):
             location = self.sites.site(frame)
             frames = None if location in self.attribution.sites else self.sites.frames(frame)
         except Exception as error:  # noqa: BLE001 (never into the training loop)
-            self._step_error(error)  # this read is not accounted; one failure is counted
+            self.step_error(error)  # this read is not accounted; one failure is counted
             value = None
         own = perf_counter() - start
         try:
@@ -238,7 +241,7 @@ class XlaSource(Source):
                     if len(pending) >= FLUSH_EVERY:
                         tracker.flush()
                 except Exception as error:  # noqa: BLE001
-                    self._step_error(error)
+                    self.step_error(error)
             self.stats.hook_seconds += own + perf_counter() - now
 
     def _on_upload(self, frame, shapes: tuple) -> None:
@@ -248,5 +251,5 @@ class XlaSource(Source):
             if location != UNKNOWN:  # a loader's own thread: its batch is recorded where the training thread takes it
                 self.tracker.on_upload(location, shapes)
         except Exception as error:  # noqa: BLE001
-            self._step_error(error)
+            self.step_error(error)
         self.stats.hook_seconds += time.perf_counter() - start

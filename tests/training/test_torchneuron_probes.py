@@ -18,6 +18,7 @@ from neuron_exporter.training.neuron import names
 from neuron_exporter.training.neuron.compiles import GraphFallbacks, failure_reason
 from neuron_exporter.training.neuron.families import ROUNDING
 from neuron_exporter.training.self_metrics import SelfStats
+from neuron_exporter.training.time_phases import TimePhases
 
 pytestmark = pytest.mark.neuron
 
@@ -54,7 +55,7 @@ def odd_torchneuron(monkeypatch, tmp_path):
 def test_what_is_missing_is_not_read_and_said_once(odd_torchneuron, caplog):
     from neuron_exporter.training.neuron.source import NeuronSource
 
-    source = NeuronSource(resolve_options(overrides={}), SelfStats())
+    source = NeuronSource(resolve_options(overrides={}), SelfStats(), lambda: TimePhases(0.0))
     with caplog.at_level(logging.WARNING, logger="neuron_exporter"):
         assert source.install()
     try:
@@ -150,7 +151,7 @@ def test_a_torchneuron_without_a_file_costs_no_record(fileless_torchneuron):
 
     assert SiteFinder().site(sys._getframe()).startswith("tests/training/test_torchneuron_probes.py:")
     stats = SelfStats()
-    source = NeuronSource(resolve_options(overrides={}), stats)
+    source = NeuronSource(resolve_options(overrides={}), stats, lambda: TimePhases(0.0))
     assert source.install()
     try:
         assert readable_series(source)["compile_cache"] == 1
@@ -165,7 +166,7 @@ def test_a_build_with_only_the_sums_of_the_cache_tiers_serves_them(odd_torchneur
     aggregate = {"cache_hits": 7, "cache_misses": 2, "total_compilations": 2, "total_compilation_time_ms": 500}
     odd_torchneuron._C._get_compilation_cache_stats = lambda: dict(aggregate)
     stats = SelfStats()
-    source = NeuronSource(resolve_options(overrides={}), stats)
+    source = NeuronSource(resolve_options(overrides={}), stats, lambda: TimePhases(0.0))
     assert source.install()
     try:
         assert readable_series(source)["compile_cache"] == 1

@@ -17,6 +17,7 @@ from neuron_exporter.training.neuron import names
 from neuron_exporter.training.neuron.compiles import GraphFallbacks, failure_reason
 from neuron_exporter.training.neuron.families import Totals
 from neuron_exporter.training.self_metrics import SelfStats
+from neuron_exporter.training.time_phases import TimePhases
 
 pytestmark = pytest.mark.neuron
 
@@ -53,7 +54,8 @@ def odd_torchneuron(monkeypatch, tmp_path):
 def test_what_is_missing_is_not_read_and_said_once(odd_torchneuron, caplog):
     from neuron_exporter.training.neuron.source import NeuronSource
 
-    source = NeuronSource(resolve_options(overrides={}), SelfStats())
+    phases = TimePhases(0.0)
+    source = NeuronSource(resolve_options(overrides={}), SelfStats(), lambda: phases)
     with caplog.at_level(logging.WARNING, logger="neuron_exporter"):
         assert source.install()
     try:

@@ -68,8 +68,8 @@ test-trainer: $(TRAINER_STAMP)
 # The torch.compile and TorchNeuron tests on the newest torch, without torch_xla (torch_xla 2.9 needs torch 2.9): a
 # virtual environment of its own, .venv-torch-latest (a minute to install, reinstalled like .venv). Dynamo's private
 # APIs change between torch versions: this run checks the newest shape of each. Tests that need torch_xla skip there.
-# TorchNeuron ships for Python 3.12 to 3.14 only: CI runs `make test-compile-latest PYTHON=python3.12`
-# (.venv-torch-latest-3.12), whose `neuron` tests train on its emulated device (tests/support/torchneuron).
+# TorchNeuron ships for Python 3.12 to 3.14 only: CI runs `make test-compile-latest PYTHON=python3.13`
+# (.venv-torch-latest-3.13), whose `neuron` tests train on its emulated device (tests/support/torchneuron).
 TORCH_LATEST := 2.14.1
 LATEST_VENV := $(if $(filter python3,$(PYTHON)),.venv-torch-latest,.venv-torch-latest-$(PYTHON_VERSION))
 LATEST_STAMP := $(LATEST_VENV)/.installed

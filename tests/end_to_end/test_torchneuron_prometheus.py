@@ -2,7 +2,7 @@
 operators and host reads, and a module compiled with ``torch.compile(backend="neuron")`` that recompiles and falls
 back now and then, for as long as it is scraped): every query of the
 TorchNeuron dashboard runs through Prometheus' HTTP API and every panel has data (torch 2.14:
-`make test-compile-latest PYTHON=python3.12`)."""
+`make test-compile-latest PYTHON=python3.13`)."""
 
 from __future__ import annotations
 

@@ -27,6 +27,7 @@ VALUES = ["1", "true", "True", "YES", " on ", "0", "false", "False", "no", "off"
 # What start-up left: whether the watcher is armed, and the modules that arming it imported.
 PROBE = """
 import json, site, sys
+import encodings.utf_8_sig  # what site reads a .pth file with from Python 3.13 on: site's import, not arming's
 sys.path[:0] = {path!r}
 before = set(sys.modules)
 {trigger}

@@ -137,8 +137,11 @@ def shifted(x, n):  # site: limit function
 
 def run_shapes(backend: str = "eager") -> None:
     compiled = torch.compile(shapes, backend=backend)
-    for step in range(5):
-        compiled(torch.randn(4 + step, 8))  # a new batch size every step
+    # torch's default, which importing torch_xla (another test in this process) turns off: one recompilation, then
+    # the batch dimension is dynamic
+    with torch._dynamo.config.patch(automatic_dynamic_shapes=True):
+        for step in range(5):
+            compiled(torch.randn(4 + step, 8))  # a new batch size every step
 
 
 def run_breaks(function) -> None:
@@ -245,6 +248,28 @@ def test_a_compiled_module_trained_with_adamw_is_counted_as_dynamo_records_it(so
     assert series(source, "torch_compile_compile_seconds_total")[()] == pytest.approx(own["compile_seconds"])
     assert own["compile_seconds"] > 0 and torch_compile_part(source)["records_missed"] == 0
     assert_full(source)
+
+
+def test_reset_loops_name_each_module_by_its_own_line_and_keep_no_more_than_the_ring(source):
+    """torch._dynamo.reset() before each compilation (compile ids from 0 again), of two modules called from two
+    lines, more often than dynamo's ring of records holds: each compilation at its own line, and the source keeps
+    no more per compilation than the ring does (nothing of a compilation dynamo forgot)."""
+    first, second = torch.nn.Linear(8, 4), torch.nn.Linear(8, 4)
+    compiled_first, compiled_second = torch.compile(first, backend="eager"), torch.compile(second, backend="eager")
+    x = torch.ones(2, 8)
+    ring = torch._dynamo.utils._compilation_metrics.maxlen
+    loops = ring // 2 + 4
+    for _ in range(loops):
+        torch._dynamo.reset()
+        compiled_first(x)  # site: reset first
+        torch._dynamo.reset()
+        compiled_second(x)  # site: reset second
+    source.poll()
+    assert series(source, "torch_compile_compilations_total") == {
+        (marked("reset first"),): loops,
+        (marked("reset second"),): loops,
+    }
+    assert len(source._seen) <= ring and not source._callers
 
 
 def workload() -> None:

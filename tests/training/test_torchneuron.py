@@ -1,5 +1,5 @@
 """attach() in a process that trains on TorchNeuron's ``neuron`` device, emulated on the CPU by the stand-in
-``torch_neuronx`` (tests/support/torchneuron; torch 2.14: `make test-compile-latest PYTHON=python3.12`). Each count
+``torch_neuronx`` (tests/support/torchneuron; torch 2.14: `make test-compile-latest PYTHON=python3.13`). Each count
 is compared with what the stand-in itself recorded; a scrape and the exporter's hooks add no device sync."""
 
 from __future__ import annotations

@@ -55,7 +55,8 @@ def odd_torchneuron(monkeypatch, tmp_path):
 def test_what_is_missing_is_not_read_and_said_once(odd_torchneuron, caplog):
     from neuron_exporter.training.neuron.source import NeuronSource
 
-    source = NeuronSource(resolve_options(overrides={}), SelfStats(), lambda: TimePhases(0.0))
+    phases = TimePhases(0.0)
+    source = NeuronSource(resolve_options(overrides={}), SelfStats(), lambda: phases)
     with caplog.at_level(logging.WARNING, logger="neuron_exporter"):
         assert source.install()
     try:

@@ -186,15 +186,18 @@ class TorchCompileSource(Source):
     def _on_compile_start(self, args=None) -> None:
         """Dynamo starts compiling: read what came before, and note the user line that called the compiled code
         (what names a compiled module, whose compiled frame is dynamo's own wrapper)."""
+        # The records before first: each takes its caller out, so a compile id that comes again after a
+        # torch._dynamo.reset() (ids start from 0 again) gets its own.
+        self._poll_callback()
         try:
             compile_id = getattr(args, "compile_id", None)
-            if compile_id is not None and compile_id not in self._callers:
+            dynamo = getattr(getattr(args, "callback_trigger", None), "name", "DYNAMO") == "DYNAMO"
+            if compile_id is not None and dynamo and compile_id not in self._callers:  # not a backward's
                 self._callers[compile_id] = self._places.site(sys._getframe(1))
                 if len(self._callers) > MAX_SEEN:
                     self._callers.popitem(last=False)
         except Exception as error:  # noqa: BLE001
             self._on_error(error)
-        self._poll_callback()
 
     def _on_compile_end(self, args=None) -> None:
         self._poll_callback()
@@ -282,9 +285,11 @@ class TorchCompileSource(Source):
                 if self._seen_before(record):
                     continue
                 self._account(record)
+            if len(self._seen) > len(records):  # a record that left the ring is never read again
+                self._seen = OrderedDict.fromkeys(map(_key, records))
 
     def _seen_before(self, record) -> bool:
-        key = (record.compile_id, record.is_forward, record.is_runtime, record.start_time_us)
+        key = _key(record)
         if key in self._seen:
             return True
         self._seen[key] = None
@@ -294,9 +299,10 @@ class TorchCompileSource(Source):
 
     def _remember_frame(self, record) -> tuple[str, str] | None:
         frame = frame_of(record.compile_id)
+        caller = self._callers.pop(record.compile_id, None) if record.is_forward is not False else None
         if record.co_filename and record.is_forward is not False:
             location, skipped = self._places.function_of(record.co_filename, record.co_firstlineno)
-            caller = self._callers.get(record.compile_id) if skipped else None
+            caller = caller if skipped else None
             if caller is not None and caller != UNKNOWN:  # torch's own frame (a compiled module's wrapper)
                 location = caller
             known = (location, record.co_name or "")
@@ -367,6 +373,10 @@ class TorchCompileSource(Source):
 
     def diagnosis(self, rank: dict) -> None:
         rank["torch_compile"] = torch_compile_part(self)
+
+
+def _key(record) -> tuple:
+    return (record.compile_id, record.is_forward, record.is_runtime, record.start_time_us)
 
 
 def records_maxlen(utils) -> int | None:

@@ -139,7 +139,7 @@ def goodput_row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
             graph(
                 "Goodput by run",
                 "The share of each run's training-thread time spent in training steps, over its selected ranks "
-                "(training_time_seconds_total, every backend). The rest is badput, by phase on the right. The "
+                "(the training time by phase, every backend). The rest is badput, by phase on the right. The "
                 "dashed line is the TrainingGoodputLow threshold.",
                 "percentunit",
                 (time_share(q, BY_RUN, 'phase="step"'), RUN_LEGEND),

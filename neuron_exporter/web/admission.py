@@ -11,9 +11,9 @@ one of its own:
 - if it is the newcomer's own (past its own limit, or holding as many as any other), its oldest idle connection
   (``PAUSED``, then ``WAITING``, then ``WAITING_SERVED``);
 - if that address has none idle but is within its own limit (many addresses holding as many each, the endpoint
-  full), a paused connection of the addresses that hold as many, else the one of theirs idle the longest (since it
-  opened or since its last answer): a crowd of addresses with one connection each cannot lock a new scraper out
-  while any of them sits idle, and a scraper's new connection, idle the shortest, is the last to go;
+  full), the connection idle the longest (since it opened or since its last answer) of the addresses that hold as
+  many: a crowd of addresses with one connection each cannot lock a new scraper out while any of them sits idle,
+  and a scraper's new connection, idle the shortest, is the last to go;
 - else the newcomer itself: an address whose connections are all at work gets no more of them.
 
 Nothing here knows a socket: the connections are whatever the caller keeps, and the caller says what each is doing.
@@ -45,6 +45,10 @@ class Admission(Generic[Connection]):
         self._by_client: dict[str, dict[Connection, None]] = {}
         self._opened: dict[Connection, str] = {}  # every connection and its client, idle the longest first
         self._total = 0
+        # How many addresses hold each number of connections, and the most any holds: a crowd of addresses, each
+        # opening a connection again as soon as it loses one, makes every accept ask, so asking costs no scan.
+        self._holding: dict[int, int] = {}
+        self._most = 0
 
     def __len__(self) -> int:
         return self._total
@@ -53,17 +57,29 @@ class Admission(Generic[Connection]):
         return len(self._by_client.get(client, ()))
 
     def add(self, client: str, connection: Connection) -> None:
-        self._by_client.setdefault(client, {})[connection] = None
+        own = self._by_client.setdefault(client, {})
+        self._recount(len(own), len(own) + 1)
+        own[connection] = None
         self._opened[connection] = client
         self._total += 1
 
     def remove(self, client: str, connection: Connection) -> None:
         own = self._by_client[client]
+        self._recount(len(own), len(own) - 1)
         del own[connection]
         del self._opened[connection]
         self._total -= 1
         if not own:
             del self._by_client[client]
+
+    def _recount(self, before: int, after: int) -> None:
+        if before:
+            self._holding[before] -= 1
+        if after:
+            self._holding[after] = self._holding.get(after, 0) + 1
+        self._most = max(self._most, after)
+        while self._most and not self._holding.get(self._most):
+            self._most -= 1
 
     def touch(self, connection: Connection) -> None:
         """``connection`` was answered and waits again: its idle time starts now."""
@@ -77,10 +93,9 @@ class Admission(Generic[Connection]):
         """The connection to close so that a new one of ``client`` may open (``state(connection)`` says what a
         connection is doing); None: refuse the new one."""
         mine = self.count(client) + 1
-        if mine <= MAX_PER_CLIENT and self._by_client:
+        if mine <= MAX_PER_CLIENT and self._most > mine:
             most = max(self._by_client, key=self.count)
-            if self.count(most) > mine:
-                return min(self._by_client[most], key=state)  # the oldest of the first state in STATES
+            return min(self._by_client[most], key=state)  # the oldest of the first state in STATES
         own = self._by_client.get(client, {})
         if own:
             victim = min(own, key=state)
@@ -88,7 +103,9 @@ class Admission(Generic[Connection]):
                 return victim
         if mine > MAX_PER_CLIENT:
             return None  # the newcomer's address has no idle connection: the newcomer is the one it loses
-        # No address holds more than the newcomer's will: one of those holding as many, paused or idle the longest.
-        peers = (c for c, of in self._opened.items() if of != client and self.count(of) >= mine)
-        idle = (c for c in peers if state(c) <= WAITING_SERVED)
-        return min(idle, key=lambda c: state(c) != PAUSED, default=None)
+        # No address holds more than the newcomer's will: the idle connection of those holding as many that has been
+        # idle the longest (the first found: busy ones are few).
+        for connection, of in self._opened.items():
+            if of != client and state(connection) <= WAITING_SERVED and self.count(of) >= mine:
+                return connection
+        return None

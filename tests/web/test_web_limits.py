@@ -4,6 +4,7 @@ deadline, never a thread; open connections and threads are bounded; a burst of s
 from __future__ import annotations
 
 import http.client
+import random
 import re
 import selectors
 import socket
@@ -394,3 +395,18 @@ def test_when_every_address_has_as_many_at_work_a_newcomer_is_refused(server, mo
     finally:
         for sock in crowd:
             sock.close()
+
+
+def test_the_admission_knows_the_most_any_address_holds_without_a_scan():
+    rng = random.Random(3)
+    table: admission.Admission[int] = admission.Admission()
+    opened: dict[int, str] = {}
+    for n in range(5000):
+        if opened and rng.random() < 0.45:
+            connection = rng.choice(list(opened))
+            table.remove(opened.pop(connection), connection)
+        else:
+            opened[n] = client = f"10.0.0.{rng.randrange(12)}"
+            table.add(client, n)
+        held = [table.count(client) for client in set(opened.values())]
+        assert table._most == max(held, default=0) and len(table) == len(opened)

@@ -91,6 +91,7 @@ class NeuronSource(Source):
         return True
 
     def uninstall(self) -> None:
+        self._tell_eager_compilations()  # those since the last optimizer step, before the ledger's end
         self.fallbacks.uninstall()
         self.window.uninstall()
         self.graph_fallbacks.uninstall()

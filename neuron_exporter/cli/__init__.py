@@ -49,7 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(
         prog="neuron-exporter",
-        description="Prometheus metrics for PyTorch/XLA training: fragmentation, recompiles, CPU-fallback operators.",
+        description="Prometheus metrics for PyTorch training: goodput, graph fragmentation, recompiles, CPU-fallback "
+        "operators.",
     )
     parser.add_argument("--version", action="version", version=f"neuron-exporter {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=CommandParser)

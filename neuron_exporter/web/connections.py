@@ -15,6 +15,10 @@ The endpoint runs inside training processes too, so no client may make it cost t
   requests) frees its worker at once.
 - A client refused (4xx) faster than ``REFUSAL_REFILL_SECONDS`` allows, past a burst, is not read until it may be
   refused again: its flood costs an accept per connection.
+- Accepts that make room (close a connection, or refuse the newcomer) come at most ``ROOM_PER_SECOND`` a second,
+  past a burst: a crowd that opens a connection again as soon as it loses one would otherwise have the server
+  accept and close thousands a second, each taking the interpreter lock from the training thread. Meanwhile new
+  connections wait in the kernel's accept queue, taken in the order they came, so a scraper's turn still comes.
 
 No request log on stderr.
 """
@@ -36,7 +40,7 @@ from concurrent.futures import Future
 from .admission import BUSY, PAUSED, WAITING, WAITING_SERVED, WRITING, Admission
 from .http_messages import HEAD_END, MAX_HEAD_BYTES, TOO_LARGE, Request, Response, keeps_alive, parse_request, serialize
 from .lanes import Lanes
-from .rate_limit import TokenBuckets, client_key
+from .rate_limit import Pacer, TokenBuckets, client_key
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +52,8 @@ WRITE_TIMEOUT_SECONDS = 10.0  # the whole response (Prometheus' default scrape t
 WRITE_CHUNK, WRITE_TURN = 65536, 1 << 20  # bytes per send; per connection before the others get their turn
 # Refused requests (4xx) per client: past the burst, its connections are not read until it has a token again.
 REFUSALS_BURST, REFUSAL_REFILL_SECONDS = 20, 0.5
+# Accepts that make room: a scraper behind a full accept queue (LISTEN_BACKLOG) waits at most about 1.3 s.
+ROOM_PER_SECOND, ROOM_BURST = 100, 64
 
 Answer = Response | Future  # a Future gives the Response later
 
@@ -72,6 +78,8 @@ class Connections:
         self._listener = listener
         self._listener.setblocking(False)
         self._refusals = TokenBuckets(REFUSALS_BURST, REFUSAL_REFILL_SECONDS)
+        self._room = Pacer(ROOM_PER_SECOND, ROOM_BURST)
+        self._accepting_from = 0.0  # while accepts that make room wait for their pace: when they may go on
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._selector = selectors.DefaultSelector()
@@ -124,7 +132,10 @@ class Connections:
     def _loop(self) -> None:
         while not self._stopping:
             try:
-                for key, _events in self._selector.select(timeout=0.25):
+                timeout = 0.25
+                if self._accepting_from:
+                    timeout = min(timeout, max(0.0, self._accepting_from - time.monotonic()))
+                for key, _events in self._selector.select(timeout=timeout):
                     if key.data is None:
                         self._accept()
                     elif key.data is _WAKE:
@@ -134,6 +145,9 @@ class Connections:
                     elif key.data in self._writing:
                         self._write(key.data)
                 now = time.monotonic()
+                if self._accepting_from and now >= self._accepting_from:
+                    self._accepting_from = 0.0
+                    self._selector.register(self._listener, selectors.EVENT_READ, None)
                 if now >= self._next_sweep:
                     self._next_sweep = now + 0.25
                     self._sweep(now)
@@ -158,6 +172,8 @@ class Connections:
     def _accept(self) -> None:
         tls = self._tls()
         for _ in range(64):  # a burst, without starving the connections already open
+            if self._accepting_from:
+                return
             try:
                 sock, address = self._listener.accept()
             except (BlockingIOError, InterruptedError):
@@ -168,6 +184,7 @@ class Connections:
                 return
             client = client_key(address[0])
             if self._admission.full_for(client):
+                self._pace_room()
                 victim = self._admission.to_close(client, self._state)
                 if victim is None:
                     sock.close()
@@ -191,6 +208,13 @@ class Connections:
                 continue
             self._waiting[connection] = None
             self._watch(connection, selectors.EVENT_READ)
+
+    def _pace_room(self) -> None:
+        """An accept made room: if that was faster than ``ROOM_PER_SECOND``, stop accepting until it is not."""
+        wait = self._room.reserve()
+        if wait:  # meanwhile new connections wait in the kernel's accept queue, costing this process nothing
+            self._accepting_from = time.monotonic() + wait
+            self._selector.unregister(self._listener)
 
     def _state(self, connection: _Connection) -> int:
         """What the connection is doing, for ``admission``."""

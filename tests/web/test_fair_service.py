@@ -13,12 +13,14 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import urllib.parse
 import urllib.request
 
 import pytest
 
 from neuron_exporter.web import http_server
+from neuron_exporter.web.connections import ROOM_BURST, ROOM_PER_SECOND
 from neuron_exporter.web.http_messages import TEXT
 from neuron_exporter.web.lanes import FairQueue
 from tests.support.daemon import Daemon
@@ -118,6 +120,18 @@ def test_300_addresses_holding_a_connection_each_never_lock_a_new_scraper_out(se
     with Load("crowd", s.port, *CROWDS[crowd]) as load:
         assert scrapes_on_new_connections(s.url) == [200] * 30
     assert load.sent > 300  # the endpoint closed some to make room, and they came back
+
+
+def test_a_crowd_that_reconnects_at_once_is_accepted_no_faster_than_the_pace_for_making_room(server):
+    """The crowd opens a connection again the moment it loses one: unpaced, the endpoint accepted and closed about
+    2,000 a second, each taking the interpreter lock from a training thread beside it."""
+    s = server()
+    start = time.monotonic()
+    with Load("crowd", s.port) as load:
+        assert scrapes_on_new_connections(s.url) == [200] * 30
+    elapsed = time.monotonic() - start
+    # Past its first 300, the crowd opens a connection only for one the endpoint closed, each after a paced accept.
+    assert 300 < load.sent <= 300 + ROOM_BURST + ROOM_PER_SECOND * elapsed, elapsed
 
 
 @pytest.mark.parametrize("crowd", list(CROWDS))

@@ -12,8 +12,10 @@ The phases partition the training thread's wall time from the process's start:
 
 Nested phases count once: a compilation is ``compile`` wherever it happens; anything else counts in the outermost
 phase. A phase is counted when it ends, the base when an optimizer steps (or is first made, or at the end), so what
-is served never changes once served: the counters only grow. At an optimizer step the phases sum to the wall time
-since the process started.
+is served never changes once served: the counters only grow. A compilation dynamo brackets is the exception: it is
+counted as it goes, at every read, so a first compile of half an hour shows while it runs (nothing can take time
+back from it; a device's compilations told afterwards cannot be, as they come out of the phase they happened in).
+At an optimizer step the phases sum to the wall time since the process started.
 
 Only the training thread's time is counted: the main thread, until an optimizer steps on another thread, which then
 is the training thread. Events of other threads (a loader's workers, an asynchronous checkpoint) are ignored.
@@ -161,8 +163,13 @@ class TimePhases:
             self.finished = True
 
     def read(self) -> dict[str, float]:
-        """The totals so far; before any optimizer, the start-up up to now (it can only be start-up)."""
+        """The totals so far, with dynamo's compilation up to now; before any optimizer, the start-up up to now (it
+        can only be start-up)."""
         with self._lock:
-            if not (self._created or self._stepped or self.finished or self._compiling) and self._open is None:
+            if self._compiling and not self.finished:
+                now = self._clock()
+                self._take_for_compile(now - self._compile_start)
+                self._compile_start = now
+            if not (self._created or self._stepped or self.finished) and self._open is None:
                 self._count_base(STARTUP)
             return dict(self.totals)

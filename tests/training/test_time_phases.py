@@ -5,12 +5,14 @@ reads, recompilations; the phases sum to the wall time."""
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 
 import pytest
 
+from tests.support.exposition import scrape, value
 from tests.support.paths import SCRIPTS
-from tests.support.processes import run_python, xla_env
+from tests.support.processes import run_python, wait_until, xla_env
 from tests.support.torchneuron import emulation_problem
 
 try:
@@ -61,3 +63,34 @@ def test_each_phase_matches_the_scripts_own_clock_and_they_sum_to_the_wall_time(
     assert all(exported[phase] >= value for phase, value in result["before_detach"].items())  # never backwards
     total = sum(exported.values())  # counted to the end of detach(), which began at wall_to_detach_start
     assert result["wall_to_detach_start"] <= total <= result["wall_to_detach_end"] * 1.01, (total, result)
+
+
+@pytest.mark.training
+@pytest.mark.compile
+def test_a_long_torch_compile_is_served_as_compile_while_it_runs(tmp_path):
+    """Not all at once when it ends: a dashboard and the goodput alert see a half-hour first compile as it goes."""
+    release = tmp_path / "release"
+    process = subprocess.Popen(
+        [sys.executable, str(SCRIPTS / "long_compile.py"), str(release)],
+        env=xla_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        url = json.loads(process.stdout.readline())["url"]
+
+        def compile_seconds() -> float:
+            return value(scrape(url), "training_time_seconds_total", phase="compile") or 0.0
+
+        first = wait_until(compile_seconds, timeout=120, interval=0.2, what="compile time served while compiling")
+        wait_until(lambda: compile_seconds() >= first + 1.0, timeout=60, interval=0.2, what="the compile to go on")
+        assert process.poll() is None and not release.exists()  # still compiling, as the script cannot go on
+        release.touch()
+        _, stderr = process.communicate(timeout=120)
+        assert process.returncode == 0, stderr[-3000:]
+    finally:
+        release.touch()
+        if process.poll() is None:
+            process.kill()
+            process.wait()

@@ -168,3 +168,30 @@ def test_served_totals_never_go_backwards_and_sum_to_the_wall_time_at_each_step(
             last = now
         phases.finish()
         assert abs(sum(phases.read().values()) - (clock.now - origin)) < 1e-9
+
+
+def test_a_compilation_dynamo_brackets_is_served_while_it_runs():
+    """A first compile can take half an hour (neuronx-cc): it must show as it goes, not all at once at its end."""
+    phases, clock = ledger(started_ago=1.0)
+    phases.compile_started()
+    clock.advance(600.0)
+    assert phases.read() == {**dict.fromkeys(PHASES, 0.0), STARTUP: 1.0, COMPILE: 600.0}
+    clock.advance(600.0)
+    assert phases.read()[COMPILE] == 1200.0
+    clock.advance(1.0)
+    phases.compile_ended()
+    clock.advance(2.0)
+    phases.optimizer_created()
+    phases.optimizer_stepped()
+    assert phases.read() == {**dict.fromkeys(PHASES, 0.0), STARTUP: 3.0, COMPILE: 1201.0}
+    # Inside an open phase too, the phase keeps only what the compilation left of it.
+    assert phases.enter(DATA)
+    clock.advance(1.0)
+    phases.compile_started()
+    clock.advance(5.0)
+    assert phases.read()[COMPILE] == 1206.0
+    clock.advance(1.0)
+    phases.compile_ended()
+    phases.leave()
+    phases.optimizer_stepped()
+    assert phases.read() == {**dict.fromkeys(PHASES, 0.0), STARTUP: 3.0, COMPILE: 1207.0, DATA: 1.0}

@@ -94,6 +94,12 @@ class Source(ABC):
     def on_optimizer_step(self, optimizer) -> None:  # noqa: B027 (optional: nothing to do)
         """After an optimizer's ``step()``, on the thread that stepped it: the cheapest thing possible."""
 
+    def device_compiling(self) -> tuple[int, float, float, float] | None:
+        """Asked at each read of the time ledger, from any thread: while a call of the training thread into its device
+        compiles, (the thread, the call's start, from, to): the stretch (``time.perf_counter()``) it has seen the
+        compilation run since it was last asked; None if none runs (or its device tells compilations otherwise)."""
+        return None
+
     @property
     def last_active(self) -> float | None:
         """time.perf_counter() at the end of its last step, None if it saw none."""

@@ -12,10 +12,11 @@ The phases partition the training thread's wall time from the process's start:
 
 Nested phases count once: a compilation is ``compile`` wherever it happens; anything else counts in the outermost
 phase. A phase is counted when it ends, the base when an optimizer steps (or is first made, or at the end), so what
-is served never changes once served: the counters only grow. A compilation dynamo brackets is the exception: it is
-counted as it goes, at every read, so a first compile of half an hour shows while it runs (nothing can take time
-back from it; a device's compilations told afterwards cannot be, as they come out of the phase they happened in).
-At an optimizer step the phases sum to the wall time since the process started.
+is served never changes once served: the counters only grow. Compiling is the exception: it is counted as it goes,
+at every read, so a first compile of half an hour shows while it runs. Dynamo's compilations are bracketed; a device
+that tells its compilations afterwards tells, at each read, how long it has seen one run (``device_compiling``), and
+its final figure then counts only the rest. At an optimizer step the phases sum to the wall time since the process
+started.
 
 Only the training thread's time is counted: the main thread, until an optimizer steps on another thread, which then
 is the training thread. Events of other threads (a loader's workers, an asynchronous checkpoint) are ignored.
@@ -60,6 +61,9 @@ class TimePhases:
         self._depth = 0
         self._compiling = 0  # depth of dynamo's compilations
         self._compile_start = 0.0
+        self._device_call: float | None = None  # the device call a compilation was seen running in (its start)
+        self._device_served = 0.0  # of that call's compilation, counted already
+        self._device_told: float | None = None  # the last device call told with ``compiled()``
         self.finished = False
 
     # -- the training thread --------------------------------------------------------------------------------
@@ -103,22 +107,36 @@ class TimePhases:
 
     def compiled(self, seconds: float, since: float) -> None:
         """A device compiled for ``seconds`` on the training thread, inside a call that began at ``since``
-        (``clock()``): counted as ``compile``, out of the phase it happened in (or nothing, inside dynamo's)."""
-        if threading.get_ident() != self.thread or self.finished or seconds <= 0:
+        (``clock()``): counted as ``compile``, out of the phase it happened in (or nothing, inside dynamo's), less
+        what ``device_compiling`` counted of it already."""
+        if threading.get_ident() != self.thread or self.finished:
             return
         with self._lock:
-            if not self._compiling:
-                self._take_for_compile(min(seconds, self._clock() - since))
+            served = self._device_served if self._device_call == since else 0.0
+            self._device_call, self._device_served, self._device_told = None, 0.0, since
+            if not self._compiling and seconds > served:
+                self._take_for_compile(min(seconds, self._clock() - since) - served)
 
-    def _take_for_compile(self, seconds: float) -> None:
+    def device_compiling(self, thread: int, call: float, start: float, end: float) -> None:
+        """Any thread: a device's call that began at ``call`` on ``thread``, still running, was seen compiling from
+        ``start`` to ``end`` (``clock()``): counted as ``compile`` now; ``compiled()`` for that call counts the rest."""
+        with self._lock:
+            if thread != self.thread or self.finished or self._compiling or call == self._device_told:
+                return  # not the training thread's; or dynamo's compilation, which counts itself; or told already
+            if self._device_call != call:
+                self._device_call, self._device_served = call, 0.0
+            self._device_served += self._take_for_compile(end - start)
+
+    def _take_for_compile(self, seconds: float) -> float:
         if self._open is not None:
             seconds = min(seconds, self._clock() - self._open_start - self._open_taken)
-            self._open_taken += seconds
+            self._open_taken += max(0.0, seconds)
         else:
             seconds = min(seconds, self._clock() - self._base_start - self._base_taken)
         seconds = max(0.0, seconds)
         self.totals[COMPILE] += seconds
         self._base_taken += seconds if self._open is None else 0.0
+        return seconds
 
     def optimizer_created(self) -> None:
         """Before the first optimizer step, what came before an optimizer was made is start-up."""

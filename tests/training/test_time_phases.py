@@ -94,3 +94,18 @@ def test_a_long_torch_compile_is_served_as_compile_while_it_runs(tmp_path):
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+@pytest.mark.training
+@pytest.mark.skipif(not HAS_XLA, reason="torch_xla is not installed")
+def test_a_long_torch_xla_compile_is_served_as_compile_while_the_step_marker_runs():
+    """torch_xla tells a compilation's time only when it ends (a CompileTime sample); while the step marker still
+    compiles, the scrapes see how long it has run so far, and the end adds only the rest."""
+    done = run_python(SCRIPTS / "long_xla_compile.py", env=xla_env(), timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    growing = [seconds for seconds in result["during"] if seconds > 0]
+    assert len(growing) >= 2 and growing == sorted(growing), result["during"]
+    assert growing[-1] <= result["exported"]
+    compile_time = result["compile_time"]
+    assert abs(result["exported"] - compile_time) <= max(TOLERANCE * compile_time, FLOOR), result

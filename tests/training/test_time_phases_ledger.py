@@ -142,7 +142,9 @@ def test_served_totals_never_go_backwards_and_sum_to_the_wall_time_at_each_step(
         depth = 0
         compiling = 0
         for _ in range(60):
-            event = rng.choice(("enter", "leave", "compile_start", "compile_end", "compiled", "created", "step"))
+            event = rng.choice(
+                ("enter", "leave", "compile_start", "compile_end", "compiled", "device_call", "created", "step")
+            )
             clock.advance(rng.random())
             if event == "enter" and depth < 3:
                 depth += phases.enter(rng.choice((DATA, HOST_SYNC, CHECKPOINT)))
@@ -157,6 +159,18 @@ def test_served_totals_never_go_backwards_and_sum_to_the_wall_time_at_each_step(
                 compiling -= 1
             elif event == "compiled":
                 phases.compiled(rng.random() * 2, clock.now - rng.random() * 2)
+            elif event == "device_call":  # a step marker that compiles, seen by reads while it runs
+                call = seen = clock.now
+                for _ in range(rng.randrange(4)):
+                    clock.advance(rng.random())
+                    phases.device_compiling(threading.get_ident(), call, seen, clock.now)
+                    seen = clock.now
+                    now = phases.read()
+                    assert all(now[phase] >= last[phase] - 1e-12 for phase in PHASES), (last, now)
+                    last = now
+                clock.advance(rng.random())
+                phases.compiled(rng.random() * (clock.now - call) * 1.2, call)
+                phases.device_compiling(threading.get_ident(), call, seen, clock.now)  # a read that raced the end
             elif event == "created":
                 phases.optimizer_created()
             elif event == "step" and not depth and not compiling:
@@ -195,3 +209,29 @@ def test_a_compilation_dynamo_brackets_is_served_while_it_runs():
     phases.leave()
     phases.optimizer_stepped()
     assert phases.read() == {**dict.fromkeys(PHASES, 0.0), STARTUP: 3.0, COMPILE: 1207.0, DATA: 1.0}
+
+
+def test_a_device_compilation_seen_running_is_served_at_once_and_its_end_counts_only_the_rest():
+    phases, clock = ledger(started_ago=0.0)
+    phases.optimizer_created()
+    me = threading.get_ident()
+    call = clock.now  # a step marker begins and compiles
+    clock.advance(2.0)
+    phases.device_compiling(me, call, call + 1.0, clock.now)  # a read saw it compiling for the last second
+    assert phases.read()[COMPILE] == 1.0
+    clock.advance(3.0)
+    phases.device_compiling(me, call, call + 2.0, clock.now)
+    assert phases.read()[COMPILE] == 4.0
+    phases.compiled(4.5, call)  # its CompileTime, told at its end: only the rest is counted
+    assert phases.read()[COMPILE] == 4.5
+    phases.device_compiling(me, call, call + 5.0, clock.now)  # a read that saw the call just before it ended
+    phases.device_compiling(me + 1, clock.now, clock.now - 1.0, clock.now)  # another thread's call
+    phases.optimizer_stepped()
+    assert phases.read() == {**dict.fromkeys(PHASES, 0.0), COMPILE: 4.5, STEP: 0.5}
+    # Seen for longer than it turns out to have compiled: what was served stays, nothing more is counted.
+    call = clock.now
+    clock.advance(2.0)
+    phases.device_compiling(me, call, call, clock.now)
+    phases.compiled(1.5, call)
+    phases.optimizer_stepped()
+    assert phases.read() == {**dict.fromkeys(PHASES, 0.0), COMPILE: 6.5, STEP: 0.5}

@@ -56,11 +56,24 @@ class TimePhasesSource(Source):
         return {"time_phases": self.families}
 
     def diagnosis(self, rank: dict) -> None:
-        rank["time_phases"] = self._sources.phases.read()
+        rank["time_phases"] = self._read()
 
     def families(self, labels: dict[str, str]) -> Iterator[Metric]:
-        totals = self._sources.phases.read()
+        totals = self._read()
         yield labelled_family(TRAINING_TIME, labels, (((phase,), totals[phase]) for phase in PHASES))
+
+    def _read(self) -> dict[str, float]:
+        """The ledger's totals, with a device's compilation that runs now counted up to now."""
+        phases = self._sources.phases
+        for source in self._sources.started:
+            try:
+                compiling = source.device_compiling()
+            except Exception as error:  # noqa: BLE001 (the totals are served without it)
+                self._sources.stats.record_error("scrape", error)
+                continue
+            if compiling is not None:
+                phases.device_compiling(*compiling)
+        return phases.read()
 
     # -- hooks ------------------------------------------------------------------------------------------------
     def _register_callbacks(self) -> None:

@@ -67,6 +67,12 @@ class XlaReader:
             return 0.0
         return sum(value for _, value in data[2][-compilations:]) / NANOSECONDS_PER_SECOND
 
+    def compilations_ended_since(self, wall_time: float) -> int:
+        """How many of the retained compilations ended (got their ``CompileTime`` sample) at or after ``wall_time``
+        (``time.time()``). It reads every retained sample: for reads of the ledger, not the training thread."""
+        data = self._metric_data(COMPILE_TIME)
+        return sum(1 for stamp, _ in data[2] if stamp >= wall_time) if data else 0
+
     def _last_samples(self, name: str, count: int, after: float = 0.0) -> list[tuple[float, float]]:
         data = self._metric_data(name) if count > 0 else None
         if not data:

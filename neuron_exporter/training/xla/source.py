@@ -12,6 +12,7 @@ sites. The families are ``XlaFamilies``'. Nothing here forces a device sync, run
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -52,6 +53,10 @@ class XlaSource(Source):
         self._host_reads = HostReadHook(
             self._host_read, self.step_error, self.device, on_upload=self._on_upload, phases=phases
         )
+        # The step marker or host read the training thread is in: (its thread, start, UncachedCompile before it).
+        self._in_call: tuple[int, float, int] | None = None
+        self._seen_compiling: tuple[tuple[int, float, int], float] | None = None  # (that call, when last seen so)
+        self._seen_lock = threading.Lock()  # reads of the ledger may come from several threads at once
         self._probe: FallbackProbe | None = None
         if options.fallback_sites:
             from .fallback_probe import FallbackProbe
@@ -118,6 +123,7 @@ class XlaSource(Source):
         source's parts are looked up at each call, because a forked child replaces them."""
         source = self
         perf_counter, new, sync_event = time.perf_counter, new_event, Sync  # closure variables: cheaper than globals
+        get_ident = threading.get_ident
 
         def step_marker(*args, **kwargs):
             if not hook.active:
@@ -127,11 +133,15 @@ class XlaSource(Source):
                 value = source.reader.counter_value
                 compiles_before = value(UNCACHED_COMPILE) or 0
                 graphs_before = (value(CACHED_COMPILE) or 0) + compiles_before
+                source._in_call = (get_ident(), start, compiles_before)
             except Exception as error:  # noqa: BLE001 (never into the training loop)
                 source.step_error(error)  # this marker is not accounted; one failure is counted
                 value = None
             own = perf_counter() - start
-            result = original(*args, **kwargs)  # its exceptions reach the caller unchanged
+            try:
+                result = original(*args, **kwargs)  # its exceptions reach the caller unchanged
+            finally:
+                source._in_call = None
             if value is None:
                 return result
             now = perf_counter()
@@ -174,6 +184,24 @@ class XlaSource(Source):
         """torch_xla compiled on this thread in a call that began at ``since``: its seconds to the ledger."""
         self.phases().compiled(self.reader.compile_seconds(compilations), since)
 
+    def device_compiling(self) -> tuple[int, float, float, float] | None:
+        """While the training thread's step marker or host read compiles: more of its compilations started in the
+        call than ended (their ``CompileTime`` samples) since it began. Counted from the first ask that sees it."""
+        with self._seen_lock:
+            call = self._in_call
+            if call is None:
+                self._seen_compiling = None
+                return None
+            now, wall = time.perf_counter(), time.time()
+            started = (self.reader.counter_value(UNCACHED_COMPILE) or 0) - call[2]
+            if started <= 0 or self.reader.compilations_ended_since(wall - (now - call[1])) >= started:
+                self._seen_compiling = None
+                return None
+            seen = self._seen_compiling
+            since = seen[1] if seen is not None and seen[0] is call else now
+            self._seen_compiling = (call, now)
+            return call[0], call[1], since, now
+
     def _unusual_sync(
         self, compiles_before: int, compiles: int, unexplained: bool, compiled: tuple[int, int] | None
     ) -> tuple[tuple | None, dict[str, int] | None]:
@@ -213,6 +241,7 @@ class XlaSource(Source):
             value = self.reader.counter_value
             compiles_before = value(UNCACHED_COMPILE) or 0
             graphs_before = (value(CACHED_COMPILE) or 0) + compiles_before
+            self._in_call = (threading.get_ident(), start, compiles_before)
             # The site is found before the read: the graph the read may run leaves the CPU caches cold, and the less
             # that runs after it, the less the read costs.
             location = self.sites.site(frame)
@@ -224,6 +253,7 @@ class XlaSource(Source):
         try:
             return original(tensor, *args, **kwargs)
         finally:
+            self._in_call = None
             now = perf_counter()
             if value is not None:
                 try:

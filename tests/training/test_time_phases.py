@@ -109,3 +109,11 @@ def test_a_long_torch_xla_compile_is_served_as_compile_while_the_step_marker_run
     assert growing[-1] <= result["exported"]
     compile_time = result["compile_time"]
     assert abs(result["exported"] - compile_time) <= max(TOLERANCE * compile_time, FLOOR), result
+
+
+@pytest.mark.training
+@pytest.mark.skipif(not HAS_XLA, reason="torch_xla is not installed")
+def test_a_child_forked_while_a_thread_reads_the_ledger_still_reads_its_own():
+    done = run_python(SCRIPTS / "fork_while_reading.py", env=xla_env(), timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {"child": 0}

@@ -88,6 +88,8 @@ class XlaSource(Source):
         counters = self.reader.compile_counters()
         self.tracker = StepTracker(self.options.warmup_steps, *counters, self.attribution)
         self._graphs_seen, self._compiles_seen = counters
+        self._in_call = self._seen_compiling = None
+        self._seen_lock = threading.Lock()  # a reading thread may have held it at the fork: it has no thread here
 
     # -- what the handle reads ----------------------------------------------------------------------------
     @property

@@ -38,7 +38,8 @@ check: venv
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy
-	$(PY) -m mypy --python-version 3.11 --cache-dir .mypy_cache/3.11 neuron_exporter/mixin/*.py neuron_exporter/mixin/*/*.py
+	$(PY) -m mypy --python-version 3.11 --cache-dir .mypy_cache/3.11 \
+	  neuron_exporter/mixin/*.py neuron_exporter/mixin/*/*.py neuron_exporter/mixin/*/*/*.py
 
 demo: venv prometheus
 	$(PY) examples/demo.py

@@ -28,6 +28,11 @@ class Family:
     owner: str
     labels: tuple[str, ...] = ()
     per_rank: bool = True
+    values: tuple[tuple[str, tuple[str, ...]], ...] = ()  # a label's every value, where dashboards and rules rely on it
+
+    def values_of(self, label: str) -> tuple[str, ...]:
+        """Every value of ``label`` (a label whose values the dashboards, rules, docs and diagnosis name)."""
+        return dict(self.values)[label]
 
     def series(self) -> tuple[str, ...]:
         """The sample names Prometheus stores for it."""
@@ -171,12 +176,14 @@ TRAINING_STEP_DURATION = Family(
 
 # -- where the training thread's time goes, every backend (training/phases/) -------------------------------------
 TIME_PHASES = "time_phases"
-TRAINING_TIME = _counter(
+TRAINING_TIME = Family(
     "training_time_seconds_total",
+    COUNTER,
     "Wall time of the training thread by phase, from the process's start: step (productive), startup, data, "
     "compile, host_sync, checkpoint, other; goodput is the step share",
     TIME_PHASES,
-    "phase",
+    ("phase",),
+    values=(("phase", ("startup", "data", "compile", "host_sync", "checkpoint", "step", "other")),),
 )
 
 # -- torch.compile (training/torch_compile/) ----------------------------------------------------------------------

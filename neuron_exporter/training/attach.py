@@ -57,7 +57,7 @@ from .self_metrics import SelfStats
 from .source import Sources
 from .steps import SOURCE as TRAINING_STEPS
 from .steps.optimizer_hook import OptimizerHook
-from .time_phases import TimePhases
+from .time_phases import process_ledger
 from .torch_compile import SOURCE as TORCH_COMPILE
 from .xla import SOURCE as XLA
 
@@ -79,7 +79,7 @@ class ExporterHandle:
         self.stats = SelfStats()
         self.collector = RankCollector(self.stats)
         self._process_start = psutil.Process().create_time()
-        self.sources = Sources(SOURCES, options, self.stats, self.collector, _time_phases(self._process_start))
+        self.sources = Sources(SOURCES, options, self.stats, self.collector, process_ledger(self._process_start))
         self._rank_registry = CollectorRegistry(auto_describe=False)
         self._rank_registry.register(self.collector)
         self._user_registry = registry
@@ -201,7 +201,7 @@ class ExporterHandle:
         self.stats.sources = dict(sources)
         self.collector.stats = self.stats
         self._process_start = psutil.Process().create_time()
-        self.sources.after_fork(self.stats, _time_phases(self._process_start))
+        self.sources.after_fork(self.stats, process_ledger(self._process_start))
         self.auto = True  # like a child started afresh: bind the port only once it trains, and quietly
         self._endpoint.start_spool_thread()
 
@@ -250,11 +250,6 @@ def attach(
         _crash_watch_patch.install()
         _attach_children(overrides)
         return handle
-
-
-def _time_phases(process_start: float) -> TimePhases:
-    """A ledger from the process's start (``process_start``: time.time() scale)."""
-    return TimePhases(time.perf_counter() - max(0.0, time.time() - process_start))
 
 
 def _detach_at_the_end_of_multiprocessing_children(handle: ExporterHandle) -> None:

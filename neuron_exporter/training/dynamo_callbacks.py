@@ -1,126 +1,141 @@
-"""dynamo's compile callbacks, ``torch._dynamo.callback.callback_handler`` (private API, the same from torch 2.9 to
-2.14): registered here only.
+"""dynamo's compilations, seen once per process and fanned out to whoever listens (``listen``).
 
-``start(args)`` runs when dynamo starts compiling a frame, ``end(args)`` when it is done (before that compilation's
-record is added), on the compiling thread. ``torch._dynamo.reset()`` drops every callback
-(``callback_handler.clear()``): removing one that is gone already is not an error, and ``restore()`` registers again
-those it dropped, right after ``clear()`` (which is wrapped while any pair is registered: a compilation right after a
-reset is seen) and at cheap moments (an optimizer created, a scrape) where that wrapper could not go in.
+dynamo brackets each compilation with ``torch._dynamo.callback.callback_handler.install_callbacks(trigger,
+compile_id)`` (private API, the same from torch 2.9 to 2.14), a context manager entered on the compiling thread: a
+frame traced (``DYNAMO``), a backward graph compiled at its first backward (``LAZY_BACKWARD``, on autograd's thread
+for a device's tensors). The callbacks it runs are process-wide: they run when the first of all threads starts and
+when the last one ends, so a thread that compiles while another does is never told of. So the bracket itself is
+wrapped, on the handler object, once however many listen: each thread's outermost compilation is told on that thread
+(``started``/``ended`` with a ``Compilation``), one depth count per thread, here only. ``torch._dynamo.reset()``
+clears the callbacks' lists, not the bracket: nothing needs registering again.
 """
 
 from __future__ import annotations
 
 import contextlib
-import sys
-import weakref
+import os
+import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from .dynamo_skip import never_compiled
 from .patching import Patch
 
-METHODS = ("register_start_callback", "register_end_callback", "remove_start_callback", "remove_end_callback")
 
-_registered: weakref.WeakSet[CompileCallbacks] = weakref.WeakSet()
-_clear: Patch | None = None  # callback_handler.clear, wrapped to restore() right after it
+@dataclass(frozen=True)
+class Compilation:
+    thread: int
+    trigger: str  # DYNAMO, LAZY_BACKWARD, ... ("DYNAMO" where the torch gives none)
+    compile_id: object
+
+
+@dataclass(frozen=True)
+class Listener:
+    started: Callable[[Compilation], None]  # neither may raise
+    ended: Callable[[Compilation], None]
+
+
+_listeners: tuple[Listener, ...] = ()
+_depth: dict[int, int] = {}  # thread -> compilations open on it
+_lock = threading.Lock()
+_patch: Patch | None = None
 
 
 def problem() -> str | None:
-    """What is wrong with the compile callbacks on this torch, None if nothing."""
+    """What is wrong with dynamo's compile bracket on this torch, None if nothing."""
     try:
         from torch._dynamo.callback import callback_handler
     except Exception as error:  # noqa: BLE001 (any import failure means: not readable)
         return f"cannot import torch._dynamo.callback: {type(error).__name__}: {error}"
-    gone = [name for name in METHODS if not callable(getattr(callback_handler, name, None))]
-    return f"callback_handler.{', '.join(gone)} gone" if gone else None
+    if not callable(getattr(callback_handler, "install_callbacks", None)):
+        return "callback_handler.install_callbacks gone"
+    return None
 
 
-def restore() -> None:
-    """Register again every registered pair that ``torch._dynamo.reset()`` dropped. Cheap, never raises."""
-    if "torch._dynamo.callback" not in sys.modules:
-        return
-    try:
-        for callbacks in list(_registered):
-            callbacks.register()
-    except Exception:  # noqa: BLE001 (never into the caller; each register() reports its own errors)
-        pass
+def listen(started: Callable[[Compilation], None], ended: Callable[[Compilation], None], on_error) -> Listener | None:
+    """Tell ``started``/``ended`` of every thread's outermost compilation from now on; the listener (for
+    ``forget``), None if this torch has no bracket to wrap (``on_error`` is told why it could not go in)."""
+    global _listeners, _patch
+    if problem() is not None:
+        return None
+    from torch._dynamo.callback import callback_handler
+
+    listener = Listener(started, ended)
+    never_compiled(started, ended)
+    with _lock:
+        if _patch is None:
+            _patch = Patch(callback_handler, "install_callbacks", _wrap, on_error)
+        if not _patch.install():
+            return None
+        _listeners = (*_listeners, listener)
+    return listener
 
 
-def _restore_after_clear(callback_handler, on_error: Callable[[BaseException], None]) -> None:
-    global _clear
-    if _clear is None:
-
-        def wrap(original):
-            def clear(*args, **kwargs):
-                result = original(*args, **kwargs)
-                restore()
-                return result
-
-            return clear
-
-        _clear = Patch(callback_handler, "clear", wrap, on_error)
-    _clear.install()
-
-
-class CompileCallbacks:
-    def __init__(self, start: Callable, end: Callable, on_error: Callable[[BaseException], None]):
-        """``start`` and ``end`` must not raise; ``on_error`` is told why they could not be registered or removed."""
-        self._start = start
-        self._end = end
-        self._on_error = on_error
-        self.registered = False
-
-    def register(self) -> bool:
-        """Register both, once, if this torch has the callbacks (again if ``torch._dynamo.reset()`` dropped them);
-        whether they are registered. Never raises."""
-        if self.registered:
-            self._register_dropped()
-            return self.registered
-        if problem() is not None:
-            return False
-        try:
-            from torch._dynamo.callback import callback_handler
-
-            never_compiled(self._start, self._end)
-            self.registered = True
-            _registered.add(self)
-            callback_handler.register_start_callback(self._start)
-            callback_handler.register_end_callback(self._end)
-            _restore_after_clear(callback_handler, self._on_error)
-        except Exception as error:  # noqa: BLE001 (never into the caller)
-            self._on_error(error)
-            self.remove()
-        return self.registered
-
-    def _register_dropped(self) -> None:
-        """The ones no longer in the handler's lists (a ``torch._dynamo.reset()``), registered again."""
-        try:
-            from torch._dynamo.callback import callback_handler
-
-            starts = getattr(callback_handler, "start_callbacks", None)
-            ends = getattr(callback_handler, "end_callbacks", None)
-            # The end first: a compilation that ends between the two then runs an end without a start (a no-op),
-            # never a start without its end.
-            if isinstance(ends, list) and self._end not in ends:
-                callback_handler.register_end_callback(self._end)
-            if isinstance(starts, list) and self._start not in starts:
-                callback_handler.register_start_callback(self._start)
-        except Exception as error:  # noqa: BLE001
-            self._on_error(error)
-
-    def remove(self) -> None:
-        """Never raises."""
-        if not self.registered:
+def forget(listener: Listener | None) -> None:
+    """Stop telling ``listener``; the bracket is unwrapped with the last one. Never raises."""
+    global _listeners
+    with _lock:
+        if listener not in _listeners:
             return
-        self.registered = False
-        _registered.discard(self)
-        if not _registered and _clear is not None:
-            _clear.undo()
-        try:
-            from torch._dynamo.callback import callback_handler
+        _listeners = tuple(other for other in _listeners if other is not listener)
+        if not _listeners and _patch is not None:
+            _patch.undo()
 
-            with contextlib.suppress(ValueError):
-                callback_handler.remove_start_callback(self._start)
-            with contextlib.suppress(ValueError):
-                callback_handler.remove_end_callback(self._end)
-        except Exception as error:  # noqa: BLE001
-            self._on_error(error)
+
+def compiling() -> bool:
+    """Whether any thread is compiling now."""
+    return bool(_depth)
+
+
+def compiling_on(thread: int) -> bool:
+    return thread in _depth
+
+
+def _wrap(original):
+    def install_callbacks(*args, **kwargs):
+        return _bracket(original(*args, **kwargs), args, kwargs)
+
+    never_compiled(install_callbacks)
+    return install_callbacks
+
+
+@contextlib.contextmanager
+def _bracket(inner, args, kwargs):
+    thread = threading.get_ident()
+    trigger = kwargs.get("trigger", args[0] if args else None)
+    compile_id = kwargs.get("compile_id", args[1] if len(args) > 1 else None)
+    compilation = Compilation(thread, getattr(trigger, "name", None) or "DYNAMO", compile_id)
+    _tell(compilation, started=True)
+    try:
+        with inner:
+            yield
+    finally:
+        _tell(compilation, started=False)
+
+
+def _tell(compilation: Compilation, started: bool) -> None:
+    thread = compilation.thread
+    depth = _depth.get(thread, 0) + (1 if started else -1)
+    if depth > 0:
+        _depth[thread] = depth
+    else:
+        _depth.pop(thread, None)
+    if (started and depth != 1) or (not started and depth != 0):
+        return  # not the thread's outermost compilation
+    for listener in _listeners:
+        try:
+            (listener.started if started else listener.ended)(compilation)
+        except Exception:  # noqa: BLE001 (a listener never breaks dynamo; each counts its own failures)
+            pass
+
+
+def _after_fork_in_child() -> None:
+    """Only the forking thread goes on in a child: other threads' compilations never end there."""
+    global _lock
+    _lock = threading.Lock()
+    thread = threading.get_ident()
+    for other in [other for other in _depth if other != thread]:
+        _depth.pop(other, None)
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

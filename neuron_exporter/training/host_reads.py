@@ -28,8 +28,8 @@ from collections.abc import Callable
 
 import torch
 
+from . import dynamo_callbacks
 from .attribution import SYNC_TENSORS
-from .dynamo_callbacks import CompileCallbacks
 from .dynamo_skip import never_compiled
 from .patching import Patch
 from .time_phases import HOST_SYNC, TimePhases
@@ -78,8 +78,7 @@ class HostReadHook:
         ]
         self._methods.append(Patch(torch.Tensor, "to", self._wrap_to, on_error))
         self._bindings: list[Patch] = []
-        self._compiling = 0
-        self._callbacks = CompileCallbacks(self._compile_started, self._compile_ended, on_error)
+        self._listener: dynamo_callbacks.Listener | None = None
 
     # -- wrappers -------------------------------------------------------------------------------------------
     def _read(self, original, cause: str, tensor, args, kwargs):
@@ -88,12 +87,12 @@ class HostReadHook:
             return original(tensor, *args, **kwargs)
         local.depth = 1
         phases = self._phases() if self._phases is not None else None
-        timed = phases is not None and phases.enter(HOST_SYNC)
+        lane = phases.open(HOST_SYNC) if phases is not None else None
         try:
             return self._owner_read(original, cause, tensor, args, kwargs, sys._getframe(2))
         finally:
-            if timed:
-                phases.leave()  # type: ignore[union-attr]
+            if lane is not None:
+                phases.close(lane)  # type: ignore[union-attr]
             local.depth = 0
 
     def _wrap_read(self, name: str, cause: str, original):
@@ -196,11 +195,13 @@ class HostReadHook:
         self._put_on()
         for patch in self._bindings:
             patch.install()
-        self._callbacks.register()
+        if self._listener is None:
+            self._listener = dynamo_callbacks.listen(self._compile_started, self._compile_ended, self._on_error)
 
     def uninstall(self) -> None:
         self.active = False
-        self._callbacks.remove()
+        dynamo_callbacks.forget(self._listener)
+        self._listener = None
         self._take_off()
         for patch in self._bindings:
             patch.undo()
@@ -213,13 +214,11 @@ class HostReadHook:
         for patch in self._methods:
             patch.undo()
 
-    def _compile_started(self, *_) -> None:
-        self._compiling += 1
+    def _compile_started(self, compilation: dynamo_callbacks.Compilation) -> None:
         self._take_off()
 
-    def _compile_ended(self, *_) -> None:
-        self._compiling = max(0, self._compiling - 1)
-        if not self._compiling and self.active:
+    def _compile_ended(self, compilation: dynamo_callbacks.Compilation) -> None:
+        if not dynamo_callbacks.compiling() and self.active:
             self._put_on()
 
 

@@ -19,7 +19,6 @@ from prometheus_client.core import Metric
 
 from .. import catalogue
 from ..metric_family import labelled_family, single_series
-from .dynamo_callbacks import restore as restore_callbacks
 from .rank import rank_labels, workload_labels
 from .self_metrics import STAGES, SelfStats, build_labels
 
@@ -40,7 +39,6 @@ class RankCollector:
         labels = rank_labels()
         parts: list[tuple[tuple[str], float]] = []
         durations: list[tuple[tuple[str], float]] = []
-        restore_callbacks()  # every source's compile callbacks that torch._dynamo.reset() dropped
         for part, collect_part in {**self._parts, "process": self._process_families}.items():
             start = time.perf_counter()
             try:

@@ -33,7 +33,6 @@ from typing import Protocol
 from prometheus_client.core import Metric
 
 from ..config import Options
-from .dynamo_callbacks import restore as restore_callbacks
 from .histogram import Histogram
 from .import_watch import after_import, forget, poll
 from .rank_collector import RankCollector
@@ -93,12 +92,6 @@ class Source(ABC):
 
     def on_optimizer_step(self, optimizer) -> None:  # noqa: B027 (optional: nothing to do)
         """After an optimizer's ``step()``, on the thread that stepped it: the cheapest thing possible."""
-
-    def device_compiling(self) -> tuple[int, float, float, float] | None:
-        """Asked at each read of the time ledger, from any thread: while a call of the training thread into its device
-        compiles, (the thread, the call's start, from, to): the stretch (``time.perf_counter()``) it has seen the
-        compilation run since it was last asked; None if none runs (or its device tells compilations otherwise)."""
-        return None
 
     @property
     def last_active(self) -> float | None:
@@ -205,7 +198,6 @@ class Sources:
 
     # -- what the handle asks of all -----------------------------------------------------------------------
     def on_optimizer_created(self) -> None:
-        restore_callbacks()  # every source's compile callbacks that torch._dynamo.reset() dropped
         self.retry()
         for source in self.started:
             source.on_optimizer_created()

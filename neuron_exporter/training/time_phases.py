@@ -3,42 +3,76 @@
 The phases partition the training thread's wall time from the process's start:
 
 - ``data``, ``checkpoint``, ``host_sync``: the thread is inside an input pipeline's ``next()``, a save or load of a
-  checkpoint, a host read of device data (the hooks: the time-phases source, and each device's host reads);
-- ``compile``: compiling on the thread, wherever it happens: dynamo's compilations are bracketed by its callbacks;
-  a device's own compilations (torch_xla's graphs, TorchNeuron's kernels) are told afterwards, in seconds, by the
-  code that ran them, and taken out of the phase they happened in;
+  checkpoint, a host read of device data: spans its hooks open and close (``open``/``close``, or ``phase()``);
+- ``compile``: compiling, wherever it happens: dynamo's compilations are bracketed (``compile_started``/``ended``,
+  told on the compiling thread); a device's own compilations (torch_xla's graphs, TorchNeuron's kernels) are told
+  by the code that ran them, as a call (``device_call``) that reports, at its end, how long it compiled, and that the
+  ledger can ask while it runs whether it is compiling now; either comes out of the phase it happened in;
 - the rest, the *base*: ``startup`` until the first optimizer is made (or steps), ``step`` from there to each
   optimizer step, ``other`` after the last one (known when the process ends or detaches).
 
+Each thread has a lane of its own: its open phase, its compilations, its device call. A span or a compilation is
+closed on the lane that opened it, whatever happens on other threads, so nothing is left open. The figures served are
+one lane's, the training thread's: the first thread that steps an optimizer (until then, the last that made one, or
+the main thread), for good while it lives; a thread that steps after it has ended takes over. Other threads' lanes
+count nothing. A compilation on a thread Python did not start (autograd's device thread, which compiles a backward
+graph lazily while the training thread waits in ``backward()``) is the training thread's.
+
 Nested phases count once: a compilation is ``compile`` wherever it happens; anything else counts in the outermost
 phase. A phase is counted when it ends, the base when an optimizer steps (or is first made, or at the end), so what
-is served never changes once served: the counters only grow. Compiling is the exception: it is counted as it goes,
-at every read, so a first compile of half an hour shows while it runs. Dynamo's compilations are bracketed; a device
-that tells its compilations afterwards tells, at each read, how long it has seen one run (``device_compiling``), and
-its final figure then counts only the rest. At an optimizer step the phases sum to the wall time since the process
-started.
+is served never changes once served: the counters only grow, and never by themselves. Compiling is the exception: it
+is counted as it goes, at every read, so a first compile of half an hour shows while it runs. At an optimizer step the
+phases sum to the wall time since the process started.
 
-Only the training thread's time is counted: the main thread, until an optimizer steps on another thread, which then
-is the training thread. Events of other threads (a loader's workers, an asynchronous checkpoint) are ignored.
+One ledger per process (``process_ledger``): ``detach()`` finishes it, a later ``attach()`` resumes it, and the time
+in between is the base's (``other``, or ``startup`` before any step).
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable
 
-STARTUP, DATA, COMPILE, HOST_SYNC, CHECKPOINT, STEP, OTHER = (
-    "startup",
-    "data",
-    "compile",
-    "host_sync",
-    "checkpoint",
-    "step",
-    "other",
-)
-PHASES = (STARTUP, DATA, COMPILE, HOST_SYNC, CHECKPOINT, STEP, OTHER)
+from ..catalogue import TRAINING_TIME
+
+PHASES = TRAINING_TIME.values_of("phase")  # the label's values, written in the catalogue only
+STARTUP, DATA, COMPILE, HOST_SYNC, CHECKPOINT, STEP, OTHER = PHASES
 BADPUT = tuple(phase for phase in PHASES if phase != STEP)
+
+
+class Lane:
+    """One thread's state in the ledger."""
+
+    __slots__ = ("compile_start", "compiling", "depth", "phase", "phase_start", "phase_taken", "thread")
+
+    def __init__(self, thread: int):
+        self.thread = thread
+        self.phase: str | None = None  # the outermost open phase
+        self.phase_start = 0.0  # from when it is not counted yet
+        self.phase_taken = 0.0  # seconds of compile inside it, counted already
+        self.depth = 0  # phases open, nested
+        self.compiling = 0  # dynamo's compilations open on it (autograd's thread's too, for the training lane)
+        self.compile_start = 0.0  # from when the open compilation is not counted yet
+
+    @property
+    def idle(self) -> bool:
+        return not self.depth and not self.compiling
+
+
+class DeviceCall:
+    """A call into a device that may compile (a step marker, a host read, the stretch between optimizer steps)."""
+
+    __slots__ = ("lane", "probe", "seen", "served", "start", "token")
+
+    def __init__(self, lane: Lane, start: float, probe: Callable[[DeviceCall], bool] | None, token: object):
+        self.lane = lane
+        self.start = start
+        self.probe = probe  # asked at reads, from any thread: whether it is compiling now (never raises)
+        self.token = token  # the source's own note of the call (its compile counter before it)
+        self.seen: float | None = None  # when a read last saw it compiling
+        self.served = 0.0  # of its compilation, counted already
 
 
 class TimePhases:
@@ -48,146 +82,296 @@ class TimePhases:
         self._clock = clock
         self._lock = threading.Lock()
         self.totals = dict.fromkeys(PHASES, 0.0)
-        self.thread = threading.main_thread().ident
         now = clock()
         self.totals[STARTUP] = max(0.0, now - process_start)
+        main = threading.main_thread()
+        self._lanes: dict[int, Lane] = {}  # threads with something open, and the training thread's
+        self._borrowed: dict[int, Lane] = {}  # a thread Python did not start -> the lane its compilation is for
+        self._calls: dict[int, DeviceCall] = {}  # thread -> the device call it is in that a read can ask about
+        self.training = self._lane(main.ident or 0)
+        self._training_thread: threading.Thread = main
         self._base_start = now  # the base stretch not yet counted: from here, less what phases took of it
         self._base_taken = 0.0
         self._created = False  # an optimizer was made: the base from then on is a training step's
         self._stepped = False
-        self._open: str | None = None  # the outermost phase the thread is in, not counted yet
-        self._open_start = 0.0
-        self._open_taken = 0.0  # seconds of compile inside it
-        self._depth = 0
-        self._compiling = 0  # depth of dynamo's compilations
-        self._compile_start = 0.0
-        self._device_call: float | None = None  # the device call a compilation was seen running in (its start)
-        self._device_served = 0.0  # of that call's compilation, counted already
-        self._device_told: float | None = None  # the last device call told with ``compiled()``
         self.finished = False
+        self._finished_at = 0.0
 
-    # -- the training thread --------------------------------------------------------------------------------
-    def enter(self, phase: str) -> bool:
-        """The training thread enters ``phase``; whether this call counts (then ``leave()`` must follow)."""
-        if threading.get_ident() != self.thread or self.finished:
-            return False
+    @property
+    def thread(self) -> int:
+        """The training thread's id."""
+        return self.training.thread
+
+    @property
+    def training_thread(self) -> threading.Thread:
+        """The training thread: the one whose time is served."""
+        return self._training_thread
+
+    # -- spans: any thread, counted for the training thread's ---------------------------------------------------
+    def open(self, phase: str) -> Lane | None:
+        """The calling thread enters ``phase``; the lane to ``close`` when it leaves (None after the end)."""
+        if self.finished:
+            return None
         with self._lock:
-            self._depth += 1
-            if self._depth == 1 and not self._compiling:
-                self._open, self._open_start, self._open_taken = phase, self._clock(), 0.0
-        return True
+            lane = self._lane(threading.get_ident())
+            lane.depth += 1
+            if lane.depth == 1 and not lane.compiling:
+                lane.phase, lane.phase_start, lane.phase_taken = phase, self._clock(), 0.0
+            return lane
 
-    def leave(self) -> None:
+    def close(self, lane: Lane) -> None:
         with self._lock:
-            self._depth -= 1
-            if self._depth or self._open is None:
-                return
-            elapsed = self._clock() - self._open_start
-            self.totals[self._open] += max(0.0, elapsed - self._open_taken)
-            self._base_taken += elapsed
-            self._open = None
+            lane.depth = max(0, lane.depth - 1)
+            if not lane.depth and lane.phase is not None:
+                self._count_phase(lane, self._clock())
+                lane.phase = None
+            self._drop_if_idle(lane)
 
+    def phase(self, phase: str) -> _Span:
+        """``with ledger.phase(DATA): ...``"""
+        return _Span(self, phase)
+
+    # -- dynamo's compilations, told on the compiling thread ----------------------------------------------------
     def compile_started(self) -> None:
-        if threading.get_ident() != self.thread or self.finished:
-            return
-        with self._lock:
-            self._compiling += 1
-            if self._compiling == 1:
-                self._compile_start = self._clock()
-
-    def compile_ended(self) -> None:
-        if threading.get_ident() != self.thread:
-            return
-        with self._lock:
-            if not self._compiling:  # an end whose start came before us (registered mid-compilation)
-                return
-            self._compiling -= 1
-            if not self._compiling:
-                self._take_for_compile(self._clock() - self._compile_start)
-
-    def compiled(self, seconds: float, since: float) -> None:
-        """A device compiled for ``seconds`` on the training thread, inside a call that began at ``since``
-        (``clock()``): counted as ``compile``, out of the phase it happened in (or nothing, inside dynamo's), less
-        what ``device_compiling`` counted of it already."""
-        if threading.get_ident() != self.thread or self.finished:
-            return
-        with self._lock:
-            served = self._device_served if self._device_call == since else 0.0
-            self._device_call, self._device_served, self._device_told = None, 0.0, since
-            if not self._compiling and seconds > served:
-                self._take_for_compile(min(seconds, self._clock() - since) - served)
-
-    def device_compiling(self, thread: int, call: float, start: float, end: float) -> None:
-        """Any thread: a device's call that began at ``call`` on ``thread``, still running, was seen compiling from
-        ``start`` to ``end`` (``clock()``): counted as ``compile`` now; ``compiled()`` for that call counts the rest."""
-        with self._lock:
-            if thread != self.thread or self.finished or self._compiling or call == self._device_told:
-                return  # not the training thread's; or dynamo's compilation, which counts itself; or told already
-            if self._device_call != call:
-                self._device_call, self._device_served = call, 0.0
-            self._device_served += self._take_for_compile(end - start)
-
-    def _take_for_compile(self, seconds: float) -> float:
-        if self._open is not None:
-            seconds = min(seconds, self._clock() - self._open_start - self._open_taken)
-            self._open_taken += max(0.0, seconds)
-        else:
-            seconds = min(seconds, self._clock() - self._base_start - self._base_taken)
-        seconds = max(0.0, seconds)
-        self.totals[COMPILE] += seconds
-        self._base_taken += seconds if self._open is None else 0.0
-        return seconds
-
-    def optimizer_created(self) -> None:
-        """Before the first optimizer step, what came before an optimizer was made is start-up."""
-        if not self._stepped and threading.get_ident() == self.thread:
-            with self._lock:
-                self._count_base(STARTUP)
-                self._created = True
-
-    def optimizer_stepped(self) -> None:
-        """An optimizer stepped (on the thread that trains, from now on): the base so far was a training step."""
+        thread = threading.get_ident()
         with self._lock:
             if self.finished:
                 return
-            self.thread = threading.get_ident()
+            lane = self._lanes.get(thread)
+            if lane is None and not _started_by_python(thread):
+                lane = self._borrowed[thread] = self.training
+            lane = lane or self._lane(thread)
+            lane.compiling += 1
+            if lane.compiling == 1:
+                lane.compile_start = self._clock()
+
+    def compile_ended(self) -> None:
+        thread = threading.get_ident()
+        with self._lock:
+            lane = self._borrowed.pop(thread, None) or self._lanes.get(thread)
+            if lane is None or not lane.compiling:  # its start came before the ledger listened
+                return
+            lane.compiling -= 1
+            if not lane.compiling:
+                if lane is self.training and not self.finished:
+                    self._take_for_compile(lane, self._clock() - lane.compile_start)
+                self._drop_if_idle(lane)
+
+    # -- a device's own compilations ----------------------------------------------------------------------------
+    def device_call(self, probe: Callable[[DeviceCall], bool] | None = None, token: object = None) -> DeviceCall:
+        """The calling thread starts a call into its device; ``device_call_ended`` must follow on the same thread.
+        With a ``probe``, reads ask it while the call runs whether it compiles, and count that time at once."""
+        thread = threading.get_ident()
+        lane = self._lanes.get(thread) or self._lane_locked(thread)
+        call = DeviceCall(lane, self._clock(), probe, token)
+        if probe is not None:
+            self._calls[thread] = call
+        return call
+
+    def device_call_ended(self, call: DeviceCall, compiled_seconds: float) -> None:
+        """The call ended, having compiled for ``compiled_seconds`` (on the device's clock): counted as ``compile``,
+        out of the phase it happened in (nothing, inside dynamo's compilation, which counts itself), less what
+        reads counted of it already; never more than the call took."""
+        if call.probe is not None:
+            self._calls.pop(call.lane.thread, None)
+        if compiled_seconds <= call.served:
+            if call.lane is not self.training and call.lane.idle:
+                self._drop_quietly(call.lane)
+            return
+        with self._lock:
+            lane = call.lane
+            if lane is self.training and not self.finished and not lane.compiling:
+                self._take_for_compile(lane, min(compiled_seconds, self._clock() - call.start) - call.served)
+            call.served = compiled_seconds
+            self._drop_if_idle(lane)
+
+    def _device_progress(self, call: DeviceCall | None, compiling: bool, now: float) -> None:
+        """A read found the training thread's device ``call`` compiling or not: what it compiled since the last read
+        that saw it compiling counts now."""
+        if call is None or self._calls.get(call.lane.thread) is not call or call.lane is not self.training:
+            return  # none, or it ended meanwhile (its end counted it), or not the training thread's
+        if not compiling:
+            call.seen = None
+            return
+        if call.seen is not None:
+            call.served += self._take_for_compile(call.lane, now - call.seen)
+        call.seen = now
+
+    # -- optimizers: the base, and which thread trains ----------------------------------------------------------
+    def optimizer_created(self) -> None:
+        """Before the first optimizer step, what came before an optimizer was made is start-up; the thread that made
+        it trains, until one steps."""
+        if self._stepped:
+            return
+        with self._lock:
+            if self.finished or self._stepped:
+                return
+            self._claim(threading.current_thread(), STARTUP)
+            self._count_base(STARTUP)
+            self._created = True
+
+    def optimizer_stepped(self) -> None:
+        """An optimizer stepped: the base so far was a training step, if this is the training thread."""
+        with self._lock:
+            if self.finished:
+                return
+            thread = threading.current_thread()
+            if thread is not self._training_thread:
+                if self._stepped and self._training_thread.is_alive():
+                    return  # another thread that trains: the first one's time is served
+                self._claim(thread, STEP)
             self._stepped = True
             self._count_base(STEP)
 
-    def _count_base(self, phase: str) -> None:
+    def _claim(self, thread: threading.Thread, base: str) -> None:
+        """``thread`` trains from now on: the old training lane is counted up to now (its base as ``base``), and the
+        new one's open phase and compilation count from now."""
+        if thread is self._training_thread:
+            return
         now = self._clock()
-        if self._open is not None:  # counted to here; the rest of the open phase counts when it ends
-            elapsed = now - self._open_start
-            self.totals[self._open] += max(0.0, elapsed - self._open_taken)
-            self._base_taken += elapsed
-            self._open_start, self._open_taken = now, 0.0
-        self.totals[phase] += max(0.0, now - self._base_start - self._base_taken)
-        self._base_start, self._base_taken = now, 0.0
+        old = self.training
+        if old.compiling:
+            self._take_for_compile(old, now - old.compile_start)
+        self._count_base(base)
+        self._training_thread = thread
+        self.training = self._lane(thread.ident or 0)
+        self._drop_if_idle(old)
+        lane = self.training
+        lane.phase_start, lane.phase_taken, lane.compile_start = now, 0.0, now
+        for borrower, borrowed in list(self._borrowed.items()):
+            if borrowed is old:  # autograd's compilation for the old training thread ends in the new lane
+                old.compiling -= 1
+                lane.compiling += 1
+                self._borrowed[borrower] = lane
 
-    # -- any thread -------------------------------------------------------------------------------------------
+    # -- the end, and after a detach ---------------------------------------------------------------------------
     def finish(self) -> None:
         """The process ends or detaches: the base since the last optimizer step was ``other`` (``startup`` if none
-        stepped); nothing is counted after."""
+        stepped); nothing is counted after, until ``resume``."""
         with self._lock:
             if self.finished:
                 return
-            if self._open is not None:
-                self._depth = 0
-                elapsed = self._clock() - self._open_start
-                self.totals[self._open] += max(0.0, elapsed - self._open_taken)
-                self._base_taken += elapsed
-                self._open = None
+            lane, now = self.training, self._clock()
+            if lane.compiling:
+                self._take_for_compile(lane, now - lane.compile_start)
             self._count_base(OTHER if self._stepped else STARTUP)
-            self.finished = True
+            self.finished, self._finished_at = True, now
+
+    def resume(self) -> None:
+        """``attach()`` again after a ``detach()``: the counters go on; the time in between was the base's."""
+        with self._lock:
+            if not self.finished:
+                return
+            now = self._clock()
+            self.totals[OTHER if self._stepped else STARTUP] += max(0.0, now - self._finished_at)
+            self._base_start, self._base_taken = now, 0.0
+            for lane in self._lanes.values():
+                lane.phase_start, lane.phase_taken, lane.compile_start = now, 0.0, now
+            self.finished = False
 
     def read(self) -> dict[str, float]:
-        """The totals so far, with dynamo's compilation up to now; before any optimizer, the start-up up to now (it
-        can only be start-up)."""
+        """The totals so far, with a compilation running now counted up to now; before any optimizer, the start-up up
+        to now (it can only be start-up)."""
+        call = self._calls.get(self.training.thread)
+        compiling = call is not None and call.probe is not None and call.probe(call)  # outside the lock: it reads
         with self._lock:
-            if self._compiling and not self.finished:
+            if not self.finished:
                 now = self._clock()
-                self._take_for_compile(now - self._compile_start)
-                self._compile_start = now
-            if not (self._created or self._stepped or self.finished) and self._open is None:
-                self._count_base(STARTUP)
+                lane = self.training
+                if lane.compiling:
+                    self._take_for_compile(lane, now - lane.compile_start)
+                    lane.compile_start = now
+                else:
+                    self._device_progress(call, compiling, now)
+                if not (self._created or self._stepped) and lane.phase is None:
+                    self._count_base(STARTUP)
             return dict(self.totals)
+
+    # -- the arithmetic, under the lock -------------------------------------------------------------------------
+    def _lane(self, thread: int) -> Lane:
+        lane = self._lanes.get(thread)
+        if lane is None:
+            lane = self._lanes[thread] = Lane(thread)
+        return lane
+
+    def _lane_locked(self, thread: int) -> Lane:
+        with self._lock:
+            return self._lane(thread)
+
+    def _drop_if_idle(self, lane: Lane) -> None:
+        if lane is not self.training and lane.idle and lane.thread not in self._calls:
+            self._lanes.pop(lane.thread, None)
+
+    def _drop_quietly(self, lane: Lane) -> None:
+        with self._lock:
+            self._drop_if_idle(lane)
+
+    def _count_phase(self, lane: Lane, now: float) -> None:
+        """The open phase of ``lane`` up to ``now`` (the rest counts when it ends), if it is the training lane."""
+        if lane is self.training and not self.finished:
+            elapsed = max(0.0, now - lane.phase_start)
+            self.totals[lane.phase or OTHER] += max(0.0, elapsed - lane.phase_taken)
+            self._base_taken += elapsed
+        lane.phase_start, lane.phase_taken = now, 0.0
+
+    def _take_for_compile(self, lane: Lane, seconds: float) -> float:
+        """``seconds`` of compiling on the training lane, out of its open phase or its base; what was counted."""
+        now = self._clock()
+        if lane.phase is not None:
+            seconds = max(0.0, min(seconds, now - lane.phase_start - lane.phase_taken))
+            lane.phase_taken += seconds
+        else:
+            seconds = max(0.0, min(seconds, now - self._base_start - self._base_taken))
+            self._base_taken += seconds
+        self.totals[COMPILE] += seconds
+        return seconds
+
+    def _count_base(self, phase: str) -> None:
+        now = self._clock()
+        if self.training.phase is not None:
+            self._count_phase(self.training, now)
+        self.totals[phase] += max(0.0, now - self._base_start - self._base_taken)
+        self._base_start, self._base_taken = now, 0.0
+
+
+class _Span:
+    __slots__ = ("_lane", "_ledger", "_phase")
+
+    def __init__(self, ledger: TimePhases, phase: str):
+        self._ledger, self._phase = ledger, phase
+        self._lane: Lane | None = None
+
+    def __enter__(self) -> None:
+        self._lane = self._ledger.open(self._phase)
+
+    def __exit__(self, *exc) -> None:
+        if self._lane is not None:
+            self._ledger.close(self._lane)
+
+
+def _started_by_python(thread: int) -> bool:
+    """Whether ``thread`` is one Python started (or the main thread), not one of a library's own (autograd's)."""
+    known = threading._active.get(thread)  # type: ignore[attr-defined]
+    return known is not None and not isinstance(known, threading._DummyThread)
+
+
+_process_ledger: TimePhases | None = None
+
+
+def process_ledger(process_start: float) -> TimePhases:
+    """This process's ledger, from ``process_start`` (``time.time()``): made at the first ``attach()``, resumed by
+    the next ones; a forked child gets its own."""
+    global _process_ledger
+    if _process_ledger is None:
+        _process_ledger = TimePhases(time.perf_counter() - max(0.0, time.time() - process_start))
+    else:
+        _process_ledger.resume()
+    return _process_ledger
+
+
+def _after_fork_in_child() -> None:
+    global _process_ledger
+    _process_ledger = None
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

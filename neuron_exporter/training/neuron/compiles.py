@@ -20,7 +20,7 @@ import re
 import threading
 from collections.abc import Callable
 
-from ..dynamo_callbacks import CompileCallbacks
+from .. import dynamo_callbacks
 from .names import BACKEND_LOGGER, FAILURE_PREFIX, FALLBACK_LINE
 
 MAX_REASONS = 1000
@@ -44,15 +44,18 @@ class CacheWindow:
         self._lock = threading.Lock()
         self._started: dict | None = None
         self.graph: dict[str, float] = {"compilations": 0.0, "compile_ms": 0.0}
-        self._callbacks = CompileCallbacks(self._start, self._end, on_error)
+        self._listener: dynamo_callbacks.Listener | None = None
 
     def install(self) -> bool:
-        return self._callbacks.register()
+        if self._listener is None:
+            self._listener = dynamo_callbacks.listen(self._start, self._end, self._on_error)
+        return self._listener is not None
 
     def uninstall(self) -> None:
-        self._callbacks.remove()
+        dynamo_callbacks.forget(self._listener)
+        self._listener = None
 
-    def _start(self, args=None) -> None:
+    def _start(self, compilation=None) -> None:
         try:
             with self._lock:
                 if self._started is None:
@@ -60,7 +63,10 @@ class CacheWindow:
         except Exception as error:  # noqa: BLE001 (never into dynamo)
             self._on_error(error)
 
-    def _end(self, args=None) -> None:
+    def _end(self, compilation=None) -> None:
+        """The window closes when no thread compiles any more: the statistics are the process's."""
+        if dynamo_callbacks.compiling():
+            return
         try:
             with self._lock:
                 started, self._started = self._started, None

@@ -27,7 +27,7 @@ from ..host_reads import HostReadHook
 from ..self_metrics import SelfStats
 from ..sites import SiteFinder, module_directory
 from ..source import Source
-from ..time_phases import TimePhases
+from ..time_phases import DeviceCall, TimePhases
 from .compiles import CacheWindow, GraphFallbacks
 from .fallbacks import FallbackCalls
 from .families import NeuronFamilies
@@ -47,7 +47,7 @@ class NeuronSource(Source):
         self.stats = stats  # replaced in a forked child
         self.phases = phases
         self._eager_compile_ms: float | None = None  # the eager kernels' compile time, when last told
-        self._told_at = 0.0  # time.perf_counter() then
+        self._stretch: DeviceCall | None = None  # the training thread's time since then: a call that may compile
         self.neuronx = sys.modules[LIBRARY]
         # TorchNeuron's own Python code copies to the host when it runs an operator on the CPU (path b, the linalg
         # fallbacks): those copies are its fallbacks, not the user's reads.
@@ -99,7 +99,7 @@ class NeuronSource(Source):
 
     def after_fork(self, stats: SelfStats) -> None:
         self.stats = stats
-        self._eager_compile_ms = None
+        self._eager_compile_ms = self._stretch = None
         self.attribution = Attribution()
         self.fallbacks.clear()
         self.window.clear()
@@ -122,16 +122,16 @@ class NeuronSource(Source):
         One read of the cache's statistics (no device work)."""
         if "compile_cache" not in self.readable:
             return
-        now = time.perf_counter()
         try:
+            phases = self.phases()
             stats, graph = self.window.read()
             eager_ms = float(stats.get("total_compilation_time_ms") or 0) - graph["compile_ms"]
             told, self._eager_compile_ms = self._eager_compile_ms, eager_ms
-            if told is not None and eager_ms > told:
-                self.phases().compiled((eager_ms - told) / 1000, self._told_at)
+            stretch, self._stretch = self._stretch, phases.device_call()
+            if stretch is not None and told is not None:
+                phases.device_call_ended(stretch, max(0.0, eager_ms - told) / 1000)
         except Exception as error:  # noqa: BLE001 (never into the training loop)
             self.step_error(error)
-        self._told_at = now
 
     # -- what a scrape reads (no device work) --------------------------------------------------------------
     def cache_stats(self) -> dict:

@@ -1,5 +1,5 @@
-"""The time-phases source: wraps the entry points (``entry_points``) as their modules are imported, brackets
-dynamo's compilations, and serves the ledger's totals."""
+"""The time-phases source: wraps the entry points (``entry_points``) as their modules are imported, tells the ledger
+of dynamo's compilations, and serves the ledger's totals."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from prometheus_client.core import Metric
 
 from ...catalogue import TRAINING_TIME
 from ...metric_family import labelled_family
-from ..dynamo_callbacks import CompileCallbacks
+from .. import dynamo_callbacks
 from ..dynamo_skip import never_compiled
 from ..import_watch import after_import, forget
 from ..patching import Patch
@@ -26,7 +26,7 @@ class TimePhasesSource(Source):
         self.stats = sources.stats
         self._patches: list[Patch] = []
         self._watching: dict[str, Callable[[], None]] = {}
-        self._callbacks = CompileCallbacks(self._compile_started, self._compile_ended, self.step_error)
+        self._listener: dynamo_callbacks.Listener | None = None
         self._installed = False
 
     def install(self) -> bool:
@@ -34,56 +34,41 @@ class TimePhasesSource(Source):
         for module in ENTRY_POINTS:
             self._watching[module] = watch = _after(self._wrap_module, module)
             after_import(module, watch)
-        after_import("torch._dynamo", self._register_callbacks)
+        after_import("torch._dynamo", self._listen)
         return True
 
     def uninstall(self) -> None:
         self._installed = False
         for watch in self._watching.values():
             forget(watch)
-        forget(self._register_callbacks)
-        self._callbacks.remove()
+        forget(self._listen)
+        dynamo_callbacks.forget(self._listener)
+        self._listener = None
         for patch in self._patches:
             patch.undo()
 
     def after_fork(self, stats: SelfStats) -> None:
         self.stats = stats  # the ledger is the handle's: a forked child's comes with its Sources
 
-    def on_optimizer_created(self) -> None:
-        self._register_callbacks()  # again, if torch._dynamo.reset() dropped them
-
     def parts(self) -> dict:
         return {"time_phases": self.families}
 
     def diagnosis(self, rank: dict) -> None:
-        rank["time_phases"] = self._read()
+        rank["time_phases"] = self._sources.phases.read()
 
     def families(self, labels: dict[str, str]) -> Iterator[Metric]:
-        totals = self._read()
+        totals = self._sources.phases.read()
         yield labelled_family(TRAINING_TIME, labels, (((phase,), totals[phase]) for phase in PHASES))
 
-    def _read(self) -> dict[str, float]:
-        """The ledger's totals, with a device's compilation that runs now counted up to now."""
-        phases = self._sources.phases
-        for source in self._sources.started:
-            try:
-                compiling = source.device_compiling()
-            except Exception as error:  # noqa: BLE001 (the totals are served without it)
-                self._sources.stats.record_error("scrape", error)
-                continue
-            if compiling is not None:
-                phases.device_compiling(*compiling)
-        return phases.read()
-
     # -- hooks ------------------------------------------------------------------------------------------------
-    def _register_callbacks(self) -> None:
-        if self._installed:
-            self._callbacks.register()
+    def _listen(self) -> None:
+        if self._installed and self._listener is None:
+            self._listener = dynamo_callbacks.listen(self._compile_started, self._compile_ended, self.step_error)
 
-    def _compile_started(self, *args) -> None:
+    def _compile_started(self, compilation: dynamo_callbacks.Compilation) -> None:
         self._sources.phases.compile_started()
 
-    def _compile_ended(self, *args) -> None:
+    def _compile_ended(self, compilation: dynamo_callbacks.Compilation) -> None:
         self._sources.phases.compile_ended()
 
     def _wrap_module(self, name: str) -> None:
@@ -110,12 +95,13 @@ def _timed(sources: Sources, phase: str) -> Callable[[Callable], Callable]:
     def wrap(original: Callable) -> Callable:
         def timed(*args, **kwargs):
             phases = sources.phases
-            if not phases.enter(phase):
+            lane = phases.open(phase)
+            if lane is None:
                 return original(*args, **kwargs)
             try:
                 return original(*args, **kwargs)
             finally:
-                phases.leave()
+                phases.close(lane)
 
         timed.__name__ = getattr(original, "__name__", "timed")
         timed.__qualname__ = getattr(original, "__qualname__", timed.__name__)

@@ -11,7 +11,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
-from ..dynamo_callbacks import CompileCallbacks
+from .. import dynamo_callbacks
 from ..patching import Patch
 from ..self_metrics import SelfStats
 from ..sites import UNKNOWN
@@ -59,7 +59,7 @@ class TorchCompileSource(Source):
         self._lock = threading.RLock()
         self._places = Places()
         self._utils: Any = None  # torch._dynamo.utils, whose _compilation_metrics may be replaced by a new deque
-        self._callbacks: CompileCallbacks | None = None
+        self._listener: dynamo_callbacks.Listener | None = None
         self._breaks: Patch | None = None  # the wrapper of log_graph_break
         self.readable: tuple[str, ...] = ()  # of READABLE
         self.record_pending = False  # a compilation ended whose record may not have been read yet
@@ -89,7 +89,7 @@ class TorchCompileSource(Source):
             if records is None:
                 self._read_records()
             if callbacks is None:
-                self._callbacks = CompileCallbacks(
+                self._listener = dynamo_callbacks.listen(
                     *(
                         (self._on_compile_start, self._on_compile_end)
                         if records is None
@@ -97,7 +97,7 @@ class TorchCompileSource(Source):
                     ),
                     self._on_error,
                 )
-            registered = self._callbacks is not None and self._callbacks.register()
+            registered = self._listener is not None
             wrapped = hook is not None and self._wrap_graph_breaks(hook)
             self.readable = readable(records is None, registered, wrapped)
             self.mode = mode_of(self.readable)
@@ -154,9 +154,8 @@ class TorchCompileSource(Source):
             )
 
     def uninstall(self) -> None:
-        if self._callbacks is not None:
-            self._callbacks.remove()
-            self._callbacks = None
+        dynamo_callbacks.forget(self._listener)
+        self._listener = None
         if self._breaks is not None:
             self._breaks.undo()
             self._breaks = None
@@ -191,7 +190,7 @@ class TorchCompileSource(Source):
         self._poll_callback()
         try:
             compile_id = getattr(args, "compile_id", None)
-            dynamo = getattr(getattr(args, "callback_trigger", None), "name", "DYNAMO") == "DYNAMO"
+            dynamo = getattr(args, "trigger", "DYNAMO") == "DYNAMO"
             if compile_id is not None and dynamo and compile_id not in self._callers:  # not a backward's
                 self._callers[compile_id] = self._places.site(sys._getframe(1))
                 if len(self._callers) > MAX_SEEN:
@@ -222,7 +221,7 @@ class TorchCompileSource(Source):
     def _counting_start(self, args=None) -> None:
         if self._counting_since is None:
             self._counting_since = time.perf_counter()
-        if getattr(getattr(args, "callback_trigger", None), "name", "DYNAMO") == "DYNAMO":
+        if getattr(args, "trigger", "DYNAMO") == "DYNAMO":
             self.compilations += 1
 
     def _counting_end(self, args=None) -> None:

@@ -12,7 +12,6 @@ sites. The families are ``XlaFamilies``'. Nothing here forces a device sync, run
 from __future__ import annotations
 
 import sys
-import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -24,7 +23,7 @@ from ..rank import rank_labels
 from ..self_metrics import SelfStats
 from ..sites import UNKNOWN, SiteFinder
 from ..source import Source
-from ..time_phases import TimePhases
+from ..time_phases import DeviceCall, TimePhases
 from .families import XlaFamilies
 from .reader import CACHED_COMPILE, UNCACHED_COMPILE, XlaReader
 from .step_hook import StepHook
@@ -53,10 +52,7 @@ class XlaSource(Source):
         self._host_reads = HostReadHook(
             self._host_read, self.step_error, self.device, on_upload=self._on_upload, phases=phases
         )
-        # The step marker or host read the training thread is in: (its thread, start, UncachedCompile before it).
-        self._in_call: tuple[int, float, int] | None = None
-        self._seen_compiling: tuple[tuple[int, float, int], float] | None = None  # (that call, when last seen so)
-        self._seen_lock = threading.Lock()  # reads of the ledger may come from several threads at once
+        self._probe_call = self._compiling  # one bound method for every call's probe
         self._probe: FallbackProbe | None = None
         if options.fallback_sites:
             from .fallback_probe import FallbackProbe
@@ -88,8 +84,6 @@ class XlaSource(Source):
         counters = self.reader.compile_counters()
         self.tracker = StepTracker(self.options.warmup_steps, *counters, self.attribution)
         self._graphs_seen, self._compiles_seen = counters
-        self._in_call = self._seen_compiling = None
-        self._seen_lock = threading.Lock()  # a reading thread may have held it at the fork: it has no thread here
 
     # -- what the handle reads ----------------------------------------------------------------------------
     @property
@@ -125,7 +119,6 @@ class XlaSource(Source):
         source's parts are looked up at each call, because a forked child replaces them."""
         source = self
         perf_counter, new, sync_event = time.perf_counter, new_event, Sync  # closure variables: cheaper than globals
-        get_ident = threading.get_ident
 
         def step_marker(*args, **kwargs):
             if not hook.active:
@@ -135,15 +128,16 @@ class XlaSource(Source):
                 value = source.reader.counter_value
                 compiles_before = value(UNCACHED_COMPILE) or 0
                 graphs_before = (value(CACHED_COMPILE) or 0) + compiles_before
-                source._in_call = (get_ident(), start, compiles_before)
+                call = source.phases().device_call(source._probe_call, compiles_before)
             except Exception as error:  # noqa: BLE001 (never into the training loop)
                 source.step_error(error)  # this marker is not accounted; one failure is counted
-                value = None
+                value = call = None
             own = perf_counter() - start
             try:
                 result = original(*args, **kwargs)  # its exceptions reach the caller unchanged
             finally:
-                source._in_call = None
+                if call is not None:
+                    source._call_ended(call, compiles_before)
             if value is None:
                 return result
             now = perf_counter()
@@ -156,8 +150,6 @@ class XlaSource(Source):
                 compiled = compiles != compiles_seen  # at the marker or at a cut no host read explains
                 source._graphs_seen, source._compiles_seen = graphs, compiles
                 probe = source._probe
-                if compiles != compiles_before:
-                    source._compiled(compiles - compiles_before, start)
                 if compiled or unexplained or probe is not None:
                     extra, fallbacks = source._unusual_sync(
                         compiles_before,
@@ -182,27 +174,25 @@ class XlaSource(Source):
 
         return step_marker
 
-    def _compiled(self, compilations: int, since: float) -> None:
-        """torch_xla compiled on this thread in a call that began at ``since``: its seconds to the ledger."""
-        self.phases().compiled(self.reader.compile_seconds(compilations), since)
+    def _call_ended(self, call: DeviceCall, compiles_before: int) -> None:
+        """A step marker or host read ended: the seconds torch_xla compiled in it (none, mostly) to the ledger."""
+        try:
+            compilations = (self.reader.counter_value(UNCACHED_COMPILE) or 0) - compiles_before
+            seconds = self.reader.compile_seconds(compilations) if compilations > 0 else 0.0
+            self.phases().device_call_ended(call, seconds)
+        except Exception as error:  # noqa: BLE001 (never into the training loop)
+            self.step_error(error)
 
-    def device_compiling(self) -> tuple[int, float, float, float] | None:
-        """While the training thread's step marker or host read compiles: more of its compilations started in the
-        call than ended (their ``CompileTime`` samples) since it began. Counted from the first ask that sees it."""
-        with self._seen_lock:
-            call = self._in_call
-            if call is None:
-                self._seen_compiling = None
-                return None
+    def _compiling(self, call: DeviceCall) -> bool:
+        """Asked by reads of the ledger, from any thread, while a step marker or host read runs: whether it compiles
+        now, i.e. more of its compilations started than ended (their ``CompileTime`` samples) since it began."""
+        try:
             now, wall = time.perf_counter(), time.time()
-            started = (self.reader.counter_value(UNCACHED_COMPILE) or 0) - call[2]
-            if started <= 0 or self.reader.compilations_ended_since(wall - (now - call[1])) >= started:
-                self._seen_compiling = None
-                return None
-            seen = self._seen_compiling
-            since = seen[1] if seen is not None and seen[0] is call else now
-            self._seen_compiling = (call, now)
-            return call[0], call[1], since, now
+            started = (self.reader.counter_value(UNCACHED_COMPILE) or 0) - call.token  # type: ignore[operator]
+            return started > 0 and self.reader.compilations_ended_since(wall - (now - call.start)) < started
+        except Exception as error:  # noqa: BLE001 (the totals are served without it)
+            self.stats.record_error("scrape", error)
+            return False
 
     def _unusual_sync(
         self, compiles_before: int, compiles: int, unexplained: bool, compiled: tuple[int, int] | None
@@ -243,27 +233,26 @@ class XlaSource(Source):
             value = self.reader.counter_value
             compiles_before = value(UNCACHED_COMPILE) or 0
             graphs_before = (value(CACHED_COMPILE) or 0) + compiles_before
-            self._in_call = (threading.get_ident(), start, compiles_before)
+            call = self.phases().device_call(self._probe_call, compiles_before)
             # The site is found before the read: the graph the read may run leaves the CPU caches cold, and the less
             # that runs after it, the less the read costs.
             location = self.sites.site(frame)
             frames = None if location in self.attribution.sites else self.sites.frames(frame)
         except Exception as error:  # noqa: BLE001 (never into the training loop)
             self.step_error(error)  # this read is not accounted; one failure is counted
-            value = None
+            value = call = None
         own = perf_counter() - start
         try:
             return original(tensor, *args, **kwargs)
         finally:
-            self._in_call = None
             now = perf_counter()
+            if call is not None:
+                self._call_ended(call, compiles_before)
             if value is not None:
                 try:
                     compiles = value(UNCACHED_COMPILE) or 0
                     graphs = (value(CACHED_COMPILE) or 0) + compiles - graphs_before
                     compiled = compiles - compiles_before
-                    if compiled:
-                        self._compiled(compiled, start)
                     self._graphs_seen += graphs
                     self._compiles_seen += compiled
                     traits = self.reader.graph_traits(graphs, compiled) if compiled else ((), ())

@@ -7,7 +7,8 @@ shows it before that too, unless another process reports its rank (the worker a 
 Hung and dead ranks keep their last values (counters never drop to 0) until their file is
 ``expire_after_seconds`` old. A rank that finished cleanly keeps its values too, without liveness series.
 Both ages are judged on the endpoint's own clocks as well (``seen_times``): a time ahead of now (a clock set back)
-neither keeps a dead rank served nor a rank that stopped stepping running.
+neither keeps a dead rank served nor a rank that stopped stepping running; nor is a last step taken as later than
+its file was written.
 """
 
 from __future__ import annotations
@@ -238,9 +239,11 @@ class NodeView:
         """A rank's state. Before its first step, a rank is judged from when the endpoint first saw it, or from its
         last report if that is older: a new report alone says nothing (the rank's spool thread writes one every
         couple of seconds, whatever its training does). Its last step is judged by when the endpoint last saw it
-        change, too: a step time ahead of now is not progress."""
+        change, too: a step time ahead of now is not progress. Nor is a step later than the report that tells of it
+        was written (a clock set back since): a rank first seen long after it stopped is judged from its report."""
         step = meta.last_step_time
-        progress, stalled = self._progress.age(_identity(meta), step, written if step is None else step, now)
+        stamp = written if step is None else min(step, written)
+        progress, stalled = self._progress.age(_identity(meta), step, stamp, now)
         if meta.finished:
             state = None
         elif alive is False:

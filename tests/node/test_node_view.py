@@ -242,6 +242,17 @@ def test_a_rank_whose_last_step_lies_in_the_future_is_hung_once_it_stops_steppin
         wait_until(lambda: state_of(node.render().decode(), "0") == "hung", what="rank 0 to be hung")
 
 
+def test_a_rank_first_seen_after_it_stopped_is_judged_from_when_its_file_was_written(tmp_path):
+    # Its last step lies an hour ahead (the clock set back since), and its file was last written 8 s ago: the step
+    # came no later than that, however late the endpoint first reads the file.
+    with Writer(tmp_path, "0", "--last-step-age", "-3600"):
+        age(rank_file(tmp_path, "0"), 8)
+        text = view(tmp_path, hung_after_seconds=2).render().decode()
+        assert state_of(text, "0") == "hung"
+        written = rank_file(tmp_path, "0").stat().st_mtime
+        assert value(text, "neuron_exporter_rank_last_report_timestamp_seconds", rank="0") == written
+
+
 def test_a_rank_that_steps_with_its_clock_set_back_stays_running(tmp_path):
     # Its last step time lies ahead of now, and changes at every report: it makes progress.
     with Writer(tmp_path, "0", "--last-step-age", "-3600", "--rewrite", "0.05"):

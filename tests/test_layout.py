@@ -5,10 +5,10 @@ training/ (inside the training process) never imports reports/; node/ (the daemo
 web/ and reports/ import no other folder; the shared top-level modules and the shared diagnosis/ import no other folder
 at all, and every folder may import them. cli/, the ``neuron-exporter`` command, puts the folders together (with the
 public face, ``__init__`` and ``__main__``); no folder imports it. In web/, the connection layer (``connections``,
-``admission``, ``http_messages``, ``lanes``) knows no route, metric or user: of the package it uses the rate limits
-only. mixin/, the generator of the dashboards and rules (it needs the Grafana SDK, an extra), imports no other folder,
-and only ``cli/assets_command`` (``neuron-exporter assets --config``) imports it. The commands that start training
-processes (``cli/run_command``) read where the training package's start-up files are
+``connection``, ``admission``, ``http_messages``, ``lanes``) knows no route, metric or user: of the package it uses
+the rate limits only. mixin/, the generator of the dashboards and rules (it needs the Grafana SDK, an extra), imports
+no other folder, and only ``cli/assets_command`` (``neuron-exporter assets --config``) imports it. The commands that
+start training processes (``cli/run_command``) read where the training package's start-up files are
 (``neuron_exporter.training.AUTOSTART_DIR``: the package's ``__init__``, which imports nothing, so reading it loads
 nothing of training); node/ does not even read that.
 
@@ -287,7 +287,7 @@ def test_a_source_importing_a_sibling_is_caught(tmp_path, room, line):
 
 
 # The connection layer: its modules may use the rate limits and one another, nothing else of the package.
-CONNECTION_LAYER = ("connections", "admission", "http_messages", "lanes")
+CONNECTION_LAYER = ("connections", "connection", "admission", "http_messages", "lanes")
 CONNECTIONS_MAY_USE = ("neuron_exporter.web.rate_limit", *(f"neuron_exporter.web.{name}" for name in CONNECTION_LAYER))
 
 

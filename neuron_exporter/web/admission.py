@@ -21,7 +21,7 @@ Nothing here knows a socket: the connections are whatever the caller keeps, and 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
 from typing import Generic, TypeVar
 
 MAX_CONNECTIONS = 256  # open sockets, waiting or being answered; in a training process they share its file limit
@@ -52,6 +52,10 @@ class Admission(Generic[Connection]):
 
     def __len__(self) -> int:
         return self._total
+
+    def __iter__(self) -> Iterator[Connection]:
+        """Every open connection, idle the longest first."""
+        return iter(self._opened)
 
     def count(self, client: str) -> int:
         return len(self._by_client.get(client, ()))

@@ -1,5 +1,6 @@
 """The endpoint's connections: accept them, read request heads, hand each request to the application in its lane
-(``lanes``) and write its response, optionally over TLS. Nothing here knows a path, a metric or a user.
+(``lanes``) and write its response, optionally over TLS; each connection's socket and state are a ``connection``.
+Nothing here knows a path, a metric or a user.
 
 The endpoint runs inside training processes too, so no client may make it cost the training job much:
 
@@ -37,7 +38,8 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 
-from .admission import BUSY, PAUSED, WAITING, WAITING_SERVED, WRITING, Admission
+from .admission import BUSY, PAUSED, WAITING, WRITING, Admission
+from .connection import CLOSED, Connection
 from .http_messages import HEAD_END, MAX_HEAD_BYTES, TOO_LARGE, Request, Response, keeps_alive, parse_request, serialize
 from .lanes import Lanes
 from .rate_limit import Pacer, TokenBuckets, client_key
@@ -49,7 +51,6 @@ WORKERS = 8  # threads answering requests, all lanes together; each is one more 
 HEAD_TIMEOUT_SECONDS = 5.0  # TLS handshake, request line and headers, all together; not per read
 IDLE_TIMEOUT_SECONDS = 90.0  # a kept-alive connection between requests (above the usual 60 s scrape interval)
 WRITE_TIMEOUT_SECONDS = 10.0  # the whole response (Prometheus' default scrape timeout)
-WRITE_CHUNK, WRITE_TURN = 65536, 1 << 20  # bytes per send; per connection before the others get their turn
 # Refused requests (4xx) per client: past the burst, its connections are not read until it has a token again.
 REFUSALS_BURST, REFUSAL_REFILL_SECONDS = 20, 0.5
 # Accepts that make room: a scraper behind a full accept queue (LISTEN_BACKLOG) waits at most about 1.3 s.
@@ -86,14 +87,10 @@ class Connections:
         self._wake_reader, self._wake_writer = socket.socketpair()
         self._wake_reader.setblocking(False)
         self._wake_writer.setblocking(False)
-        # Connections, each in one place; only the loop thread changes them.
-        self._waiting: dict[_Connection, None] = {}  # reading a request head, in the selector, oldest first
-        self._writing: dict[_Connection, None] = {}  # writing a response, in the selector
-        self._paused: dict[_Connection, None] = {}  # of clients refused too often: out of the selector for now
-        self._busy: set[_Connection] = set()  # a request in its lane, being answered or answered later
-        self._admission: Admission[_Connection] = Admission()  # open connections, by client address
-        self._answered: queue.SimpleQueue[tuple[_Connection, list[bytes] | None, bool]] = queue.SimpleQueue()
-        self._lanes: Lanes[_Connection] = Lanes(self._work, lanes, "neuron-exporter-http-worker")
+        # The open connections, by client address; only the loop thread changes them.
+        self._admission: Admission[Connection] = Admission()
+        self._answered: queue.SimpleQueue[tuple[Connection, list[bytes] | None, bool]] = queue.SimpleQueue()
+        self._lanes: Lanes[Connection] = Lanes(self._work, lanes, "neuron-exporter-http-worker")
         self._next_sweep = 0.0
         self._logged: set[str] = set()
 
@@ -113,7 +110,7 @@ class Connections:
             self._thread.join()
             self._thread = None
         self._lanes.stop()
-        for connection in [*self._waiting, *self._writing, *self._paused, *self._busy]:
+        for connection in list(self._admission):
             self._close(connection)  # workers never use a socket: only this thread reads and writes
         for closeable in (self._selector, self._listener, self._wake_reader, self._wake_writer):
             closeable.close()
@@ -122,7 +119,7 @@ class Connections:
         """In a child made by fork: close this copy of the listening socket and of the connections. The threads
         exist only in the parent, which keeps serving; ``stop()`` would wait for them forever here."""
         self._thread = None
-        for connection in [*self._waiting, *self._writing, *self._paused, *self._busy]:
+        for connection in list(self._admission):
             if connection.sock is not None:
                 connection.sock.close()  # close, never shutdown: the parent still uses these connections
         for closeable in (self._listener, self._selector, self._wake_reader, self._wake_writer):
@@ -140,9 +137,9 @@ class Connections:
                         self._accept()
                     elif key.data is _WAKE:
                         self._take_answers()
-                    elif key.data in self._waiting:  # not closed by an earlier event of this round
+                    elif key.data.state == WAITING:  # not closed by an earlier event of this round
                         self._read(key.data)
-                    elif key.data in self._writing:
+                    elif key.data.state == WRITING:
                         self._write(key.data)
                 now = time.monotonic()
                 if self._accepting_from and now >= self._accepting_from:
@@ -156,18 +153,18 @@ class Connections:
                 log.debug("HTTP server loop", exc_info=True)
 
     def _sweep(self, now: float) -> None:
-        for connection in [c for c in self._waiting if c.deadline <= now]:
-            self._close(connection)  # a head that never came
-        for connection in [c for c in self._writing if c.deadline <= now]:
-            self._close(connection, reset=True)  # a response the client does not read: drop what the kernel holds
-        for connection in [c for c in self._paused if c.paused_until <= now]:
-            wait = self._refusals.seconds_until_token(connection.client)
-            if wait:  # its other connections took the token
-                connection.paused_until = now + wait
-                continue
-            del self._paused[connection]
-            connection.paused_until = 0.0
-            self._take_request(connection, idle=HEAD_TIMEOUT_SECONDS)  # a refused client gets no long idle time
+        for connection in list(self._admission):
+            if connection.state == WAITING and connection.deadline <= now:
+                self._close(connection)  # a head that never came
+            elif connection.state == WRITING and connection.deadline <= now:
+                self._close(connection, reset=True)  # a response the client does not read: drop what the kernel holds
+            elif connection.state == PAUSED and connection.paused_until <= now:
+                wait = self._refusals.seconds_until_token(connection.client)
+                if wait:  # its other connections took the token
+                    connection.paused_until = now + wait
+                    continue
+                connection.paused_until = 0.0
+                self._take_request(connection, idle=HEAD_TIMEOUT_SECONDS)  # a refused client gets no long idle time
 
     def _accept(self) -> None:
         tls = self._tls()
@@ -185,14 +182,14 @@ class Connections:
             client = client_key(address[0])
             if self._admission.full_for(client):
                 self._pace_room()
-                victim = self._admission.to_close(client, self._state)
+                victim = self._admission.to_close(client, Connection.rank)
                 if victim is None:
                     sock.close()
                     continue
-                self._close(victim, reset=victim in self._writing)
+                self._close(victim, reset=victim.state == WRITING)
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            connection = _Connection(sock, client, time.monotonic() + HEAD_TIMEOUT_SECONDS)
+            connection = Connection(sock, client, time.monotonic() + HEAD_TIMEOUT_SECONDS)
             if tls is not None:
                 try:
                     connection.sock = sock = tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
@@ -204,9 +201,8 @@ class Connections:
             wait = self._refusals.seconds_until_token(connection.client)
             if wait:  # costs this accept and a socket; nothing is read (nor a TLS handshake made) until then
                 connection.paused_until = time.monotonic() + wait
-                self._paused[connection] = None
+                connection.state = PAUSED
                 continue
-            self._waiting[connection] = None
             self._watch(connection, selectors.EVENT_READ)
 
     def _pace_room(self) -> None:
@@ -216,51 +212,28 @@ class Connections:
             self._accepting_from = time.monotonic() + wait
             self._selector.unregister(self._listener)
 
-    def _state(self, connection: _Connection) -> int:
-        """What the connection is doing, for ``admission``."""
-        if connection in self._paused:
-            return PAUSED
-        if connection in self._waiting:
-            return WAITING_SERVED if connection.served else WAITING
-        return WRITING if connection in self._writing else BUSY
-
-    def _read(self, connection: _Connection) -> None:
-        sock = connection.sock
-        assert sock is not None  # open while in the selector
+    def _read(self, connection: Connection) -> None:
         try:
-            if connection.handshaking:
-                assert isinstance(sock, ssl.SSLSocket)
-                sock.do_handshake()
-                connection.handshaking = False
-                self._watch(connection, selectors.EVENT_READ)
-            data = sock.recv(65536)
-            while data and isinstance(sock, ssl.SSLSocket) and sock.pending():
-                data += sock.recv(sock.pending())  # decrypted already: select() will not say so
-        except ssl.SSLWantReadError:
-            if connection.handshaking:  # no longer waiting to write: a writable socket would wake the loop at once
-                self._watch(connection, selectors.EVENT_READ)
-            return
-        except (BlockingIOError, InterruptedError):
-            return
-        except ssl.SSLWantWriteError:  # the handshake's reply did not fit in the socket's buffer
-            self._watch(connection, selectors.EVENT_READ | selectors.EVENT_WRITE)
-            return
+            data = connection.receive()
         except (OSError, ValueError) as error:
             log.debug("connection from %s: %s", connection.client, error)
             self._close(connection)
             return
+        if isinstance(data, int):
+            self._watch(connection, data)
+            return
         if not data:
             self._close(connection)
             return
+        self._watch(connection, selectors.EVENT_READ)  # no longer for a handshake that wanted to write
         if not connection.buffer:  # the first byte of a request: its head must follow soon
             connection.deadline = min(connection.deadline, time.monotonic() + HEAD_TIMEOUT_SECONDS)
         scanned, connection.buffer = len(connection.buffer) - 3, connection.buffer + data  # look at what came only
         if len(connection.buffer) > MAX_HEAD_BYTES or HEAD_END.search(connection.buffer, scanned):
-            del self._waiting[connection]
             self._watch(connection, 0)
             self._take_request(connection)
 
-    def _take_request(self, connection: _Connection, idle: float | None = None) -> None:
+    def _take_request(self, connection: Connection, idle: float | None = None) -> None:
         """The connection's next request to its lane if its buffer holds one, else wait for it (``idle`` seconds,
         by default ``IDLE_TIMEOUT_SECONDS``, if none has begun)."""
         end = HEAD_END.search(connection.buffer)
@@ -268,7 +241,7 @@ class Connections:
             connection.deadline = time.monotonic() + (
                 HEAD_TIMEOUT_SECONDS if connection.buffer else idle or IDLE_TIMEOUT_SECONDS
             )
-            self._waiting[connection] = None
+            connection.state = WAITING
             self._admission.touch(connection)
             self._watch(connection, selectors.EVENT_READ)
             return
@@ -282,7 +255,7 @@ class Connections:
             self._start_writing(connection, self._serialized(connection, "GET", request, False), False)
             return
         connection.request = request
-        self._busy.add(connection)
+        connection.state = BUSY
         try:
             lane = self._lane_of(request)
         except Exception:  # noqa: BLE001 - the application's; as if it failed to answer
@@ -299,54 +272,40 @@ class Connections:
             pass
         while not self._answered.empty():
             connection, parts, keep_alive = self._answered.get()
-            if connection.sock is None:  # closed meanwhile (stop)
+            if connection.state == CLOSED:  # closed meanwhile (stop)
                 continue
-            self._busy.discard(connection)
             if parts is None or self._stopping:
                 self._close(connection)
             else:
                 self._start_writing(connection, parts, keep_alive)
 
-    def _start_writing(self, connection: _Connection, parts: list[bytes], keep_alive: bool) -> None:
+    def _start_writing(self, connection: Connection, parts: list[bytes], keep_alive: bool) -> None:
         connection.output = deque(memoryview(part) for part in parts)
         connection.keep_alive = keep_alive
         connection.deadline = time.monotonic() + WRITE_TIMEOUT_SECONDS
-        self._writing[connection] = None
+        connection.state = WRITING
         self._write(connection)
 
-    def _write(self, connection: _Connection) -> None:
-        sock, output = connection.sock, connection.output
-        assert sock is not None and output is not None  # open, with a response, while in _writing
-        sent = 0
+    def _write(self, connection: Connection) -> None:
         try:
-            while output and sent < WRITE_TURN:
-                n = sock.send(output[0][:WRITE_CHUNK])  # the same bytes again after a want-write, as TLS requires
-                output[0], sent = output[0][n:], sent + n
-                if not output[0]:
-                    output.popleft()
-        except (BlockingIOError, InterruptedError, ssl.SSLWantWriteError):
-            pass
-        except ssl.SSLWantReadError:
-            self._watch(connection, selectors.EVENT_READ)
-            return
+            events = connection.send()
         except (OSError, ValueError) as error:
             log.debug("connection from %s: %s", connection.client, error)
             self._close(connection)
             return
-        if output:
-            self._watch(connection, selectors.EVENT_WRITE)
+        if events:
+            self._watch(connection, events)
             return
-        del self._writing[connection]
         self._watch(connection, 0)
         connection.output = None
         if not connection.keep_alive:
             self._close(connection)
         elif connection.paused_until:  # out of the selector: nothing it sends is read until then
-            self._paused[connection] = None
+            connection.state = PAUSED
         else:
             self._take_request(connection)
 
-    def _watch(self, connection: _Connection, events: int) -> None:
+    def _watch(self, connection: Connection, events: int) -> None:
         """Have the selector watch the connection for ``events`` (0: not at all)."""
         sock = connection.sock
         assert sock is not None
@@ -360,10 +319,7 @@ class Connections:
             self._selector.modify(sock, events, connection)
         connection.events = events
 
-    def _close(self, connection: _Connection, reset: bool = False) -> None:
-        for place in (self._waiting, self._writing, self._paused):
-            place.pop(connection, None)
-        self._busy.discard(connection)
+    def _close(self, connection: Connection, reset: bool = False) -> None:
         assert connection.sock is not None  # closed once only
         if connection.events:
             self._selector.unregister(connection.sock)
@@ -372,6 +328,7 @@ class Connections:
             connection.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         connection.sock.close()
         connection.sock = None
+        connection.state = CLOSED
         self._admission.remove(connection.client, connection)
 
     def _wake(self) -> None:
@@ -381,7 +338,7 @@ class Connections:
             pass
 
     # -- workers, and whoever completes a Future: answer a request, hand the response to the loop -----------------
-    def _work(self, connection: _Connection) -> None:
+    def _work(self, connection: Connection) -> None:
         request = connection.request
         if connection.sock is None or request is None:  # closed while it waited for a worker, to make room
             return
@@ -396,7 +353,7 @@ class Connections:
         else:
             self._answer(connection, request, answer)
 
-    def _answer(self, connection: _Connection, request: Request, answer: Response | Future | None) -> None:
+    def _answer(self, connection: Connection, request: Request, answer: Response | Future | None) -> None:
         parts, keep_alive = None, False
         try:
             response = answer.result() if isinstance(answer, Future) else answer
@@ -408,7 +365,7 @@ class Connections:
         self._answered.put((connection, parts, keep_alive))
         self._wake()
 
-    def _serialized(self, connection: _Connection, method: str, response: Response, keep_alive: bool) -> list[bytes]:
+    def _serialized(self, connection: Connection, method: str, response: Response, keep_alive: bool) -> list[bytes]:
         # The refusal is counted before it is sent: a client that reconnects the moment it reads it must find it
         # counted already.
         if 400 <= response.status < 500 and not self._refusals.take(connection.client):
@@ -425,35 +382,6 @@ class Connections:
 
 
 _WAKE = object()
-
-
-class _Connection:
-    __slots__ = (
-        "sock",
-        "client",
-        "deadline",
-        "handshaking",
-        "events",
-        "buffer",
-        "request",
-        "output",
-        "keep_alive",
-        "paused_until",
-        "served",
-    )
-
-    def __init__(self, sock: socket.socket, client: str, deadline: float):
-        self.sock: socket.socket | None = sock
-        self.client = client  # its key for rate limits: the address, or its /64 for IPv6
-        self.deadline = deadline  # monotonic time by which its head must come, or its response be read
-        self.handshaking = False
-        self.events = 0  # what the selector watches it for
-        self.buffer = bytearray()  # received and not yet answered
-        self.request: Request | None = None  # the one being answered
-        self.output: deque[memoryview] | None = None  # the rest of its response
-        self.keep_alive = False  # after the response being written
-        self.paused_until = 0.0  # while its client is refused too often: monotonic time until it is read again
-        self.served = False  # a request of it got a 2xx answer
 
 
 def bind_listener(addr: str, port: int) -> socket.socket:

@@ -89,9 +89,27 @@ class Config:
     torch_compile_graph_break_for: str = "0m"
     torch_compile_graph_break_severity: str = "warning"
 
+    # The training-time alerts (TrainingStartupSlow, TrainingGoodputLow) count live ranks only: a rank is live while
+    # its process's CPU-time counter rose within live_window. The exporter's own spool writes move it every couple
+    # of seconds whatever the training thread does (a long step, a compile, an evaluation), and it stops when the
+    # process ends, while the node endpoint may serve a finished rank's last values for an hour. At least four
+    # scrape intervals; a run that ended stops alerting within it.
+    live_window: str = "1m"
+    # A rank has started once it has made startup_steps training steps: its first steps compile the model's graphs
+    # (torch_xla at the step markers of the first steps, torch.compile at the first forward and backward calls).
+    startup_steps: float = 2
+
+    # TrainingStartupSlow: a live rank that has not made its startup_steps training steps startup_max_seconds after
+    # its process started (the time its training-time counters sum to: imports, model building, loading, the
+    # first compilations), for startup_for. Set it from what a start-up of your model takes on your machines.
+    startup_max_seconds: float = thresholds.STARTUP_MAX_SECONDS
+    startup_for: str = "5m"
+    startup_severity: str = "warning"
+
     # TrainingGoodputLow: a run's goodput (the share of its ranks' training-thread time spent in training steps,
     # over goodput_window; the rest is badput: startup, data, compile, host_sync, checkpoint, other) below
-    # goodput_min, on any backend. The description names the run's largest badput phase and what to do about it.
+    # goodput_min, on any backend, counting the ranks that are live and had started when the window began (their
+    # start-up is TrainingStartupSlow's). The description names the run's largest badput phase and what to do.
     goodput_min: float = thresholds.GOODPUT_MIN
     goodput_window: str = "30m"
     goodput_for: str = "15m"

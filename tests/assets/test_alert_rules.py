@@ -59,6 +59,7 @@ def test_alerts_are_grouped_by_topic():
         "neuron-exporter.xla": "Xla",
         "neuron-exporter.torch_compile": "TorchCompile",
         "neuron-exporter.torchneuron": "TorchNeuron",
+        "neuron-exporter.startup": "TrainingStartup",
         "neuron-exporter.goodput": "TrainingGoodput",
         "neuron-exporter.exporter": "NeuronExporter",
     }

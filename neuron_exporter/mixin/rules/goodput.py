@@ -1,12 +1,17 @@
 """The goodput alert, every backend: a run whose training steps take too small a share of its training threads'
-time, with the phase that takes the most of the rest and what to do about it."""
+time, with the phase that takes the most of the rest and what to do about it.
+
+It judges a run while it trains: over the ranks that are live and had started before its window began. A start-up
+(the first compilations too) is TrainingStartupSlow's to judge, against a threshold of its own; a run that ended,
+whose last values the node endpoint may serve for an hour, is not judged at all."""
 
 from __future__ import annotations
 
 from ...catalogue import TRAINING_TIME
 from ..config import Config
-from .promql import RANK, alert, fill, labels, rank_lookup, run_name
-from .recording import RANK_GOODPUT, ratio_of_time
+from .promql import RANK, alert, fill, labels, rank_lookup, run_name, select
+from .rank_filters import live_ranks, started_ranks
+from .recording import RANK_GOODPUT
 
 # What to do about each badput phase, for the alert's description (Go template text, by the phase's label).
 ADVICE = {
@@ -19,8 +24,8 @@ ADVICE = {
     "others wait",
     "checkpoint": "checkpoints take too long: save less often, or asynchronously (torch.distributed.checkpoint's "
     "async_save)",
-    "startup": "the job spends its time starting: imports, model building, a first compile or loading before the "
-    "first optimizer; a long job amortises it, a short or restarting one does not",
+    "startup": "the job spends its time starting: imports, model building or loading before the first optimizer "
+    "(see TrainingStartupSlow); a long job amortises it, a short or restarting one does not",
     "other": "time after the last training step (an evaluation at the end, a final save)",
 }
 
@@ -57,14 +62,34 @@ def goodput_alerts(c: Config) -> list[dict]:
             c.goodput_for,
             c.goodput_severity,
             expr=fill(
-                "${goodput} < ${minimum}",
-                goodput=ratio_of_time(c, run, 'phase="step"', window=c.goodput_window),
+                """
+                sum by (${run}) (
+                  rate(${step}[${window}])
+                  and on (${rank}) (${started})
+                  and on (${rank}) (${live})
+                )
+                / on (${run})
+                (sum by (${run}) (
+                  rate(${all}[${window}])
+                  and on (${rank}) (${started})
+                  and on (${rank}) (${live})
+                ) > 0)
+                < ${minimum}
+                """,
+                run=run,
+                rank=labels(*c.rank_labels),
+                step=select(c, TRAINING_TIME.name, 'phase="step"'),
+                all=select(c, TRAINING_TIME.name),
+                window=c.goodput_window,
+                started=started_ranks(c, c.goodput_window),
+                live=live_ranks(c),
                 minimum=f"{c.goodput_min:g}",
             ),
             summary=fill("Little of ${run_name}'s time trains the model", run_name=the_run),
             description=fill(
                 "Training steps took {{ $value | humanizePercentage }} of ${run_name}'s training threads' time over "
-                "the last ${window} (goodput; the alert's threshold is ${minimum_percent}).${largest}${lowest}",
+                "the last ${window}, start-up left out (goodput; the alert's threshold is ${minimum_percent})."
+                "${largest}${lowest}",
                 run_name=the_run,
                 window=c.goodput_window,
                 minimum_percent=f"{c.goodput_min * 100:g}%",

@@ -93,6 +93,10 @@ class Admission(Generic[Connection]):
         """Whether a new connection of ``client`` needs room made for it."""
         return self._total >= MAX_CONNECTIONS or self.count(client) >= MAX_PER_CLIENT
 
+    def has_room(self) -> bool:
+        """Whether a new connection of any client fits without making room."""
+        return self._total < MAX_CONNECTIONS and self._most < MAX_PER_CLIENT
+
     def to_close(self, client: str, state: Callable[[Connection], int]) -> Connection | None:
         """The connection to close so that a new one of ``client`` may open (``state(connection)`` says what a
         connection is doing); None: refuse the new one."""

@@ -20,6 +20,8 @@ The endpoint runs inside training processes too, so no client may make it cost t
   past a burst: a crowd that opens a connection again as soon as it loses one would otherwise have the server
   accept and close thousands a second, each taking the interpreter lock from the training thread. Meanwhile new
   connections wait in the kernel's accept queue, taken in the order they came, so a scraper's turn still comes.
+  An accept takes the room of peers that closed before it makes any, and accepts wait for no pace once any
+  client's connection fits again: a flood that has gone costs the next scraper nothing.
 
 No request log on stderr.
 """
@@ -132,17 +134,11 @@ class Connections:
                 timeout = 0.25
                 if self._accepting_from:
                     timeout = min(timeout, max(0.0, self._accepting_from - time.monotonic()))
-                for key, _events in self._selector.select(timeout=timeout):
-                    if key.data is None:
-                        self._accept()
-                    elif key.data is _WAKE:
-                        self._take_answers()
-                    elif key.data.state == WAITING:  # not closed by an earlier event of this round
-                        self._read(key.data)
-                    elif key.data.state == WRITING:
-                        self._write(key.data)
+                if self._serve(self._selector.select(timeout=timeout)):
+                    self._accept()
                 now = time.monotonic()
-                if self._accepting_from and now >= self._accepting_from:
+                # Once anyone's connection fits again (a flood has gone), accepts need no pace: they make no room.
+                if self._accepting_from and (now >= self._accepting_from or self._admission.has_room()):
                     self._accepting_from = 0.0
                     self._selector.register(self._listener, selectors.EVENT_READ, None)
                 if now >= self._next_sweep:
@@ -151,6 +147,21 @@ class Connections:
             except Exception as error:  # the endpoint must outlive any one connection
                 self._log_once(f"HTTP server loop: {type(error).__name__}: {error}")
                 log.debug("HTTP server loop", exc_info=True)
+
+    def _serve(self, events: list[tuple[selectors.SelectorKey, int]]) -> bool:
+        """Read and write what ``events`` say the connections are ready for; whether the listener has connections to
+        accept (after the others: peers that closed free their room first)."""
+        listener_ready = False
+        for key, _events in events:
+            if key.data is None:
+                listener_ready = True
+            elif key.data is _WAKE:
+                self._take_answers()
+            elif key.data.state == WAITING:  # not closed by an earlier event of this round
+                self._read(key.data)
+            elif key.data.state == WRITING:
+                self._write(key.data)
+        return listener_ready
 
     def _sweep(self, now: float) -> None:
         for connection in list(self._admission):
@@ -180,6 +191,8 @@ class Connections:
                 time.sleep(0.05)
                 return
             client = client_key(address[0])
+            if self._admission.full_for(client):
+                self._serve(self._selector.select(0))  # peers that closed since this round began free their room
             if self._admission.full_for(client):
                 self._pace_room()
                 victim = self._admission.to_close(client, Connection.rank)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import select
 import socket
 import subprocess
 import sys
@@ -19,14 +20,15 @@ import urllib.request
 
 import pytest
 
-from neuron_exporter.web import http_server
-from neuron_exporter.web.connections import ROOM_BURST, ROOM_PER_SECOND
-from neuron_exporter.web.http_messages import TEXT
+from neuron_exporter.web import connections, http_server
+from neuron_exporter.web.admission import MAX_CONNECTIONS
+from neuron_exporter.web.connections import ROOM_BURST, ROOM_PER_SECOND, Connections, bind_listener
+from neuron_exporter.web.http_messages import TEXT, Response
 from neuron_exporter.web.lanes import FairQueue
 from tests.support.daemon import Daemon
 from tests.support.http import BODY, get
 from tests.support.paths import ROOT
-from tests.support.processes import xla_env
+from tests.support.processes import wait_until, xla_env
 
 LOAD = ROOT / "tests" / "scripts" / "http_load.py"
 # A render serves the requests that came before it started; the one running when a scrape comes started before it.
@@ -132,6 +134,83 @@ def test_a_crowd_that_reconnects_at_once_is_accepted_no_faster_than_the_pace_for
     elapsed = time.monotonic() - start
     # Past its first 300, the crowd opens a connection only for one the endpoint closed, each after a paced accept.
     assert 300 < load.sent <= 300 + ROOM_BURST + ROOM_PER_SECOND * elapsed, elapsed
+
+
+def flood(port: int, count: int, first: int = 0) -> list[socket.socket]:
+    """``count`` silent connections, each from an address of its own (127.0.1.1 on, past the ``first``)."""
+    addresses = (f"127.0.{1 + n // 250}.{1 + n % 250}" for n in range(first, first + count))
+    return [socket.create_connection(("127.0.0.1", port), timeout=10, source_address=(a, 0)) for a in addresses]
+
+
+def all_readable(socks: list) -> bool:
+    poll = select.poll()
+    for sock in socks:
+        poll.register(sock, select.POLLIN)
+    return len(poll.poll(0)) == len(socks)
+
+
+def counted_reservations(connections_: Connections, monkeypatch) -> list[float]:
+    """The waits of the accepts that made room on ``connections_``, as they come."""
+    pacer = connections_._room
+    reserve, waits = pacer.reserve, []
+    monkeypatch.setattr(pacer, "reserve", lambda: waits.append(reserve()) or waits[-1])
+    return waits
+
+
+def test_once_a_flood_has_closed_its_connections_new_ones_wait_for_no_pace(server, monkeypatch):
+    """A flood from hundreds of addresses fills the endpoint and has its accepts paced; once the flood closes its
+    connections there is room again, and new connections make none: they wait for no pace (an hour, here)."""
+    monkeypatch.setattr(connections, "ROOM_PER_SECOND", 1 / 3600)
+    monkeypatch.setattr(connections, "ROOM_BURST", 1)
+    s = server()
+    made_room = counted_reservations(s._connections, monkeypatch)
+    crowd = flood(s.port, MAX_CONNECTIONS + 2)  # the last two make room: the first at once, the second past an hour
+    wait_until(lambda: len(made_room) == 2, what="the flood's last two connections to make room")
+    assert made_room[1] > 60  # accepts wait for the pace now
+    crowd += flood(s.port, 1, first=MAX_CONNECTIONS + 2)  # waits in the kernel's accept queue meanwhile
+    for sock in crowd:
+        sock.close()
+    assert scrapes_on_new_connections(s.url, 3) == [200] * 3
+    assert len(made_room) == 2  # neither the flood's last connection nor the scrapes made room
+
+
+def test_peers_that_closed_while_the_endpoint_was_busy_free_their_room_before_any_is_made(monkeypatch):
+    """The flood closes its connections while the endpoint is busy accepting one: the connections it accepts then
+    find the room the flood left, and make none."""
+    monkeypatch.setattr(connections, "ROOM_PER_SECOND", 1 / 3600)
+    monkeypatch.setattr(connections, "ROOM_BURST", 1)
+    hold, held, release = threading.Event(), threading.Event(), threading.Event()
+
+    def no_tls():  # asked at each burst of accepts: while ``hold`` is set, the loop waits here for ``release``
+        if hold.is_set():
+            held.set()
+            assert release.wait(60)
+
+    ok = Response(200, b"ok\n", TEXT)
+    served = Connections(lambda request: ok, bind_listener("127.0.0.1", 0), no_tls)
+    port = served._listener.getsockname()[1]
+    served.start()
+    made_room = counted_reservations(served, monkeypatch)
+    crowd, late = flood(port, MAX_CONNECTIONS + 1), []  # the last one makes room: the pace's burst is spent
+    try:
+        wait_until(lambda: made_room == [0.0], what="the flood's last connection to make room")
+        hold.set()
+        late = flood(port, 2, first=MAX_CONNECTIONS + 1)
+        assert held.wait(60)  # the loop is about to accept them, and will not look at its connections meanwhile
+        for sock in crowd:
+            sock.close()
+        server_side = [connection.sock for connection in served._admission]
+        wait_until(lambda: all_readable(server_side), what="the endpoint's sockets to see their peers close")
+        release.set()
+        for sock in late:
+            sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert sock.recv(65536).startswith(b"HTTP/1.1 200 OK")
+        assert made_room == [0.0]  # the two accepted after the flood made no room
+    finally:
+        release.set()
+        for sock in crowd + late:
+            sock.close()
+        served.stop()
 
 
 @pytest.mark.parametrize("crowd", list(CROWDS))

@@ -24,6 +24,7 @@ from ..self_metrics import SelfStats
 from ..sites import UNKNOWN, SiteFinder
 from ..source import Source
 from ..time_phases import DeviceCall, TimePhases
+from .dynamo_bridge import BridgeCompilations
 from .families import XlaFamilies
 from .reader import CACHED_COMPILE, UNCACHED_COMPILE, XlaReader
 from .step_hook import StepHook
@@ -53,6 +54,7 @@ class XlaSource(Source):
             self._host_read, self.step_error, self.device, on_upload=self._on_upload, phases=phases
         )
         self._probe_call = self._compiling  # one bound method for every call's probe
+        self._bridge = BridgeCompilations(phases, self.step_error)
         self._probe: FallbackProbe | None = None
         if options.fallback_sites:
             from .fallback_probe import FallbackProbe
@@ -68,10 +70,12 @@ class XlaSource(Source):
         if not self._hook.install():
             return False
         self._host_reads.install()
+        self._bridge.install()
         return True
 
     def uninstall(self) -> None:
         self._hook.uninstall()
+        self._bridge.uninstall()
         if self._probe is not None:
             self._probe.disarm()
         self._host_reads.uninstall()

@@ -8,8 +8,9 @@ The phases partition the training thread's wall time from the process's start:
   told on the compiling thread); a device's own compilations (torch_xla's graphs, TorchNeuron's kernels) are told
   by the code that ran them, as a call (``device_call``) that reports, at its end, how long it compiled, and that the
   ledger can ask while it runs whether it is compiling now; either comes out of the phase it happened in;
-- the rest, the *base*: ``startup`` until the first optimizer is made (or steps), ``step`` from there to each
-  optimizer step, ``other`` after the last one (known when the process ends or detaches).
+- the rest, the *base*: ``startup`` until the first optimizer step (the first step traces, compiles and warms up;
+  and a process that never steps never trained), ``step`` from there to each optimizer step, ``other`` after the
+  last one (known when the process ends or detaches).
 
 Each thread has a lane of its own: its open phase, its compilations, its device call. A span or a compilation is
 closed on the lane that opened it, whatever happens on other threads, so nothing is left open. The figures served are
@@ -19,10 +20,10 @@ count nothing. A compilation on a thread Python did not start (autograd's device
 graph lazily while the training thread waits in ``backward()``) is the training thread's.
 
 Nested phases count once: a compilation is ``compile`` wherever it happens; anything else counts in the outermost
-phase. A phase is counted when it ends, the base when an optimizer steps (or is first made, or at the end), so what
-is served never changes once served: the counters only grow, and never by themselves. Compiling is the exception: it
-is counted as it goes, at every read, so a first compile of half an hour shows while it runs. At an optimizer step the
-phases sum to the wall time since the process started.
+phase. A phase is counted when it ends, the base when an optimizer steps (before the first step, at every read: it
+can only be start-up; and at the end), so what is served never changes once served: the counters only grow, and
+never by themselves. Compiling is the exception: it is counted as it goes, at every read, so a first compile of half
+an hour shows while it runs. At an optimizer step the phases sum to the wall time since the process started.
 
 One ledger per process (``process_ledger``): ``detach()`` finishes it, a later ``attach()`` resumes it, and the time
 in between is the base's (``other``, or ``startup`` before any step).
@@ -92,7 +93,6 @@ class TimePhases:
         self._training_thread: threading.Thread = main
         self._base_start = now  # the base stretch not yet counted: from here, less what phases took of it
         self._base_taken = 0.0
-        self._created = False  # an optimizer was made: the base from then on is a training step's
         self._stepped = False
         self.finished = False
         self._finished_at = 0.0
@@ -199,29 +199,27 @@ class TimePhases:
 
     # -- optimizers: the base, and which thread trains ----------------------------------------------------------
     def optimizer_created(self) -> None:
-        """Before the first optimizer step, what came before an optimizer was made is start-up; the thread that made
-        it trains, until one steps."""
+        """Before the first optimizer step, the thread that made an optimizer is the one that trains."""
         if self._stepped:
             return
         with self._lock:
-            if self.finished or self._stepped:
-                return
-            self._claim(threading.current_thread(), STARTUP)
-            self._count_base(STARTUP)
-            self._created = True
+            if not (self.finished or self._stepped):
+                self._claim(threading.current_thread(), STARTUP)
 
     def optimizer_stepped(self) -> None:
-        """An optimizer stepped: the base so far was a training step, if this is the training thread."""
+        """An optimizer stepped: the base so far was a training step (start-up, up to the first), if this is the
+        training thread."""
         with self._lock:
             if self.finished:
                 return
+            base = STEP if self._stepped else STARTUP
             thread = threading.current_thread()
             if thread is not self._training_thread:
                 if self._stepped and self._training_thread.is_alive():
                     return  # another thread that trains: the first one's time is served
-                self._claim(thread, STEP)
+                self._claim(thread, base)
             self._stepped = True
-            self._count_base(STEP)
+            self._count_base(base)
 
     def _claim(self, thread: threading.Thread, base: str) -> None:
         """``thread`` trains from now on: the old training lane is counted up to now (its base as ``base``), and the
@@ -270,8 +268,8 @@ class TimePhases:
             self.finished = False
 
     def read(self) -> dict[str, float]:
-        """The totals so far, with a compilation running now counted up to now; before any optimizer, the start-up up
-        to now (it can only be start-up)."""
+        """The totals so far, with a compilation running now counted up to now; before the first optimizer step, the
+        start-up up to now (it can only be start-up)."""
         call = self._calls.get(self.training.thread)
         compiling = call is not None and call.probe is not None and call.probe(call)  # outside the lock: it reads
         with self._lock:
@@ -283,7 +281,7 @@ class TimePhases:
                     lane.compile_start = now
                 else:
                     self._device_progress(call, compiling, now)
-                if not (self._created or self._stepped) and lane.phase is None:
+                if not self._stepped and lane.phase is None:
                     self._count_base(STARTUP)
             return dict(self.totals)
 

@@ -73,11 +73,11 @@ def test_a_training_run_is_partitioned_into_its_phases():
     clock.advance(0.5)  # an evaluation at the end
     phases.finish()
     assert phases.read() == {
-        STARTUP: 2.5,
+        STARTUP: 3.5,  # to the first optimizer step
         CHECKPOINT: 3.0,
         DATA: 0.75,
         HOST_SYNC: 0.375,
-        STEP: 3.0,
+        STEP: 2.0,
         COMPILE: 0.0,
         OTHER: 0.5,
     }
@@ -85,7 +85,7 @@ def test_a_training_run_is_partitioned_into_its_phases():
 
 def test_compiling_is_compile_wherever_it_happens_and_counts_once():
     phases, clock = ledger(started_ago=0.0)
-    phases.optimizer_created()
+    phases.optimizer_stepped()  # a first step: what follows is training
     # A host read whose graph compiled for 3 of its 4 seconds (told afterwards, as torch_xla's compilations are).
     with phases.phase(HOST_SYNC):
         device(phases, clock, took=4.0, compiled=3.0)
@@ -101,7 +101,7 @@ def test_compiling_is_compile_wherever_it_happens_and_counts_once():
 
 def test_a_compilation_told_for_longer_than_its_call_took_counts_the_call_only():
     phases, clock = ledger(started_ago=0.0)
-    phases.optimizer_created()
+    phases.optimizer_stepped()  # a first step: what follows is training
     device(phases, clock, took=1.0, compiled=5.0)  # more than the call took: a clock of another kind
     phases.optimizer_stepped()
     assert phases.read()[COMPILE] == 1.0 and phases.read()[STEP] == 0.0
@@ -222,7 +222,7 @@ def test_a_compilation_dynamo_brackets_is_served_while_it_runs():
 
 def test_a_device_compilation_seen_running_is_served_at_once_and_its_end_counts_only_the_rest():
     phases, clock = ledger(started_ago=0.0)
-    phases.optimizer_created()
+    phases.optimizer_stepped()  # a first step: what follows is training
     probe = Probe()
     call = phases.device_call(probe)  # a step marker begins and compiles
     clock.advance(1.0)
@@ -356,10 +356,12 @@ def test_the_thread_that_makes_the_optimizer_trains_and_its_checkpoint_load_coun
             phases.read()
         clock.advance(1.0)
         phases.optimizer_stepped()
+        clock.advance(1.0)
+        phases.optimizer_stepped()
 
     trainer = on_thread(worker)
     assert phases.training_thread is trainer
-    assert phases.read() == {**dict.fromkeys(PHASES, 0.0), STARTUP: 1.0, CHECKPOINT: 2.0, STEP: 1.0}
+    assert phases.read() == {**dict.fromkeys(PHASES, 0.0), STARTUP: 2.0, CHECKPOINT: 2.0, STEP: 1.0}
 
 
 def test_a_thread_that_steps_after_the_training_thread_ended_takes_over():
@@ -375,7 +377,7 @@ def test_a_thread_that_steps_after_the_training_thread_ended_takes_over():
 
 def test_a_detach_and_attach_again_go_on_from_the_same_totals():
     phases, clock = ledger(started_ago=1.0)
-    phases.optimizer_created()
+    phases.optimizer_stepped()  # a first step: what follows is training
     within(DATA, 1.0, phases, clock)
     clock.advance(1.0)
     phases.optimizer_stepped()
@@ -389,3 +391,14 @@ def test_a_detach_and_attach_again_go_on_from_the_same_totals():
     phases.optimizer_stepped()
     assert phases.read() == {**before, OTHER: 5.0, CHECKPOINT: 1.0, STEP: 2.0}
     assert sum(phases.read().values()) == clock.now - 99.0
+
+
+def test_an_optimizer_made_and_never_stepped_leaves_nothing_behind_the_wall_time():
+    """Until the first optimizer step every read serves the start-up so far, optimizer made or not."""
+    phases, clock = ledger(started_ago=1.0)
+    phases.optimizer_created()
+    clock.advance(3.0)
+    assert phases.read() == {**dict.fromkeys(PHASES, 0.0), STARTUP: 4.0}
+    within(CHECKPOINT, 1.0, phases, clock)
+    clock.advance(1.0)
+    assert phases.read() == {**dict.fromkeys(PHASES, 0.0), STARTUP: 5.0, CHECKPOINT: 1.0}

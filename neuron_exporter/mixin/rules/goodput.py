@@ -24,7 +24,7 @@ ADVICE = {
     "others wait",
     "checkpoint": "checkpoints take too long: save less often, or asynchronously (torch.distributed.checkpoint's "
     "async_save)",
-    "startup": "the job spends its time starting: imports, model building or loading before the first optimizer "
+    "startup": "the job spends its time starting: imports, model building or loading before the first optimizer step "
     "(see TrainingStartupSlow); a long job amortises it, a short or restarting one does not",
     "other": "time after the last training step (an evaluation at the end, a final save)",
 }

@@ -15,8 +15,8 @@ ADVICE = {
     "compile": "a cold compile cache, or a larger model than the threshold was set for: keep the compile cache "
     "across runs (XLA_PERSISTENT_CACHE_PATH, the Neuron compile cache), fill it ahead of the run "
     "(neuron_parallel_compile), and compile fewer graphs (a few fixed input shapes)",
-    "startup": "imports, model building or loading before the first optimizer: load the weights from a local disk, "
-    "once per node, or build the model on the meta device",
+    "startup": "imports, model building or loading before the first optimizer step: load the weights from a local "
+    "disk, once per node, or build the model on the meta device",
     "checkpoint": "loading the checkpoint the run resumes from: a local copy, or a sharded load "
     "(torch.distributed.checkpoint)",
     "data": "waiting for the first batches: a dataset indexed or downloaded at start, or workers slow to start",

@@ -117,3 +117,14 @@ def test_a_child_forked_while_a_thread_reads_the_ledger_still_reads_its_own():
     done = run_python(SCRIPTS / "fork_while_reading.py", env=xla_env(), timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(done.stdout.strip().splitlines()[-1]) == {"child": 0}
+
+
+@pytest.mark.training
+def test_a_loaders_worker_start_is_data_and_an_async_save_and_the_wait_on_it_are_checkpoint():
+    done = run_python(SCRIPTS / "phase_reach.py", env=xla_env(), timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    exported, clocks, parts = result["exported"], result["clocks"], result["parts"]
+    assert parts["iter"] > FLOOR and parts["wait"] > FLOOR  # what the phases did not reach before is worth seeing
+    for phase in ("data", "checkpoint"):
+        assert abs(exported[phase] - clocks[phase]) <= max(TOLERANCE * clocks[phase], FLOOR / 2), result

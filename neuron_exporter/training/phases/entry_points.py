@@ -1,14 +1,22 @@
 """The functions and methods whose time is a phase, by the module that has them: each is wrapped once that module
-is imported. A name a release lacks is passed over."""
+is imported. A name a release lacks is passed over. An entry marked ``FUTURE`` returns futures (a
+``concurrent.futures.Future``, or an object holding them): waiting on one (``result()``) is the same phase.
+
+The data phase's reach: ``next()`` on a DataLoader's iterator, ``iter()`` of a DataLoader (its workers start there),
+and torch_xla's per-device loader. A plain generator or any other iterable the loop draws from is not timed (Python's
+``next()`` cannot be wrapped without a cost on every call of every iterator): its time is the step's."""
 
 from __future__ import annotations
 
 from ..time_phases import CHECKPOINT, DATA
 
-# module -> [(owner inside the module, '' for the module itself; attribute; phase)]
-ENTRY_POINTS: dict[str, list[tuple[str, str, str]]] = {
-    # Every DataLoader iterator (single- and multi-process) takes its batches through the base class's __next__.
-    "torch.utils.data.dataloader": [("_BaseDataLoaderIter", "__next__", DATA)],
+FUTURE = "future"
+
+# module -> [(owner inside the module, '' for the module itself; attribute; phase[, FUTURE])]
+ENTRY_POINTS: dict[str, list[tuple[str, ...]]] = {
+    # Every DataLoader iterator (single- and multi-process) takes its batches through the base class's __next__;
+    # iter(loader) makes the iterator, starting the worker processes.
+    "torch.utils.data.dataloader": [("_BaseDataLoaderIter", "__next__", DATA), ("DataLoader", "__iter__", DATA)],
     # torch_xla's MpDeviceLoader hands the training thread its batches here (and runs a step marker in it).
     "torch_xla.distributed.parallel_loader": [("PerDeviceLoader", "__next__", DATA)],
     "torch": [("", "save", CHECKPOINT), ("", "load", CHECKPOINT)],
@@ -19,6 +27,7 @@ ENTRY_POINTS: dict[str, list[tuple[str, str, str]]] = {
         ("", "load", CHECKPOINT),
         ("", "save_state_dict", CHECKPOINT),
         ("", "load_state_dict", CHECKPOINT),
+        ("", "async_save", CHECKPOINT, FUTURE),
     ],
     # Hugging Face's weights (the Trainer's checkpoints): imported by name, so wrapped before anyone binds them.
     "safetensors.torch": [

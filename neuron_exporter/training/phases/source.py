@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 
 from prometheus_client.core import Metric
 
@@ -18,6 +19,8 @@ from ..self_metrics import SelfStats
 from ..source import Source, Sources
 from ..time_phases import PHASES
 from .entry_points import ENTRY_POINTS
+
+FUTURE_FIELDS = ("staging_completion", "upload_completion")  # torch.distributed.checkpoint's AsyncSaveResponse
 
 
 class TimePhasesSource(Source):
@@ -75,13 +78,22 @@ class TimePhasesSource(Source):
         if not self._installed:
             return
         module = sys.modules.get(name)
-        for owner_name, attribute, phase in ENTRY_POINTS[name]:
+        for owner_name, attribute, phase, *future in ENTRY_POINTS[name]:
             owner = getattr(module, owner_name, None) if owner_name else module
             if owner is None or not callable(getattr(owner, attribute, None)):
                 continue
-            patch = Patch(owner, attribute, _timed(self._sources, phase), self.step_error)
+            patch = Patch(owner, attribute, _timed(self._sources, phase, bool(future)), self.step_error)
             if patch.install():
                 self._patches.append(patch)
+
+
+def _time_waits(result, sources: Sources, phase: str) -> None:
+    """Waiting on the futures ``result`` is or holds (``async_save``'s, or its response's staging and upload) is
+    ``phase``: each one's ``result()`` is wrapped on that object alone."""
+    futures = [result] if isinstance(result, Future) else [getattr(result, name, None) for name in FUTURE_FIELDS]
+    for future in futures:
+        if isinstance(future, Future):
+            future.result = _timed(sources, phase)(future.result)  # type: ignore[method-assign]
 
 
 def _after(wrap_module: Callable[[str], None], name: str) -> Callable[[], None]:
@@ -91,7 +103,7 @@ def _after(wrap_module: Callable[[str], None], name: str) -> Callable[[], None]:
     return imported
 
 
-def _timed(sources: Sources, phase: str) -> Callable[[Callable], Callable]:
+def _timed(sources: Sources, phase: str, returns_futures: bool = False) -> Callable[[Callable], Callable]:
     def wrap(original: Callable) -> Callable:
         def timed(*args, **kwargs):
             phases = sources.phases
@@ -99,9 +111,12 @@ def _timed(sources: Sources, phase: str) -> Callable[[Callable], Callable]:
             if lane is None:
                 return original(*args, **kwargs)
             try:
-                return original(*args, **kwargs)
+                result = original(*args, **kwargs)
             finally:
                 phases.close(lane)
+            if returns_futures:
+                _time_waits(result, sources, phase)
+            return result
 
         timed.__name__ = getattr(original, "__name__", "timed")
         timed.__qualname__ = getattr(original, "__qualname__", timed.__name__)

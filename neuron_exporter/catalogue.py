@@ -1,10 +1,8 @@
 """Every metric family the exporter serves, in one place: its name, type, HELP, labels and owner.
 
-The sources, the rank's collector and the node endpoint build their families from these entries (through
-``metric_family``, which refuses one that is not here); the dashboards and rules name only series listed here
-(``mixin.build`` checks every query); ``docs/metrics.md`` lists exactly these, with their types and labels
-(``tests/test_catalogue.py``). Adding a family is one entry here, its row in ``docs/metrics.md``, and the code that
-fills it in.
+The sources, the rank's collector and the node endpoint build their families from these entries (``metric_family``
+refuses one that is not here); the dashboards and rules name only series listed here, and ``docs/metrics.md`` lists
+exactly these, types and labels too (both checked by the tests). A family is one entry here, its row there, its code.
 
 ``labels`` are the family's own labels. A family ``per_rank`` also carries the rank's (``run_id``, ``rank``,
 ``local_rank``) before them, in every process and on the node endpoint. ``owner`` is what serves it: a source (by its
@@ -340,6 +338,20 @@ RANK_INFO = _gauge(
     "namespace",
     "node",
     "container",
+)
+PROCESS_INFO = Family(
+    "neuron_exporter_process_info",
+    GAUGE,
+    "The rank's process as neuron-monitor labels it (EC2 instance, runtime_tag), and its pid; always 1",
+    RANK,
+    ("instance_id", "runtime_tag", "pid"),
+)
+NEURONCORE_INFO = Family(
+    "neuron_exporter_neuroncore_info",
+    GAUGE,
+    "A NeuronCore of the rank's process (NEURON_RT_VISIBLE_CORES), numbered as neuron-monitor numbers it; always 1",
+    RANK,
+    ("instance_id", "runtime_tag", "neuroncore", "logical_nc_config"),
 )
 BUILD_INFO = _gauge(
     "neuron_exporter_build_info",

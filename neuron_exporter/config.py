@@ -136,6 +136,17 @@ class Options:
         "The run's identity, the `run_id` label of every series (default: torchrun's or Slurm's job id, else "
         "the launching process); every process of a run must have the same.",
     )
+    instance_id: str | None = _option(
+        None,
+        "The EC2 instance id of the `instance_id` label that joins a rank to neuron-monitor's series (default: the "
+        "instance's own, from its DMI board asset tag or the metadata service, looked up beside the training; "
+        "absent elsewhere).",
+    )
+    process_tag: bool = _option(
+        False,
+        "Set `NEURON_PROCESS_TAG` to `<run_id>.rank<rank>` at `attach()`, so that neuron-monitor's series name the "
+        "rank (`runtime_tag`); only before the Neuron runtime starts, and never over a tag of your own.",
+    )
     web_config_file: str | None = _option(
         None, "Web config file for TLS and basic auth (format of Prometheus exporters' `--web.config.file`)."
     )
@@ -205,6 +216,11 @@ def _check_non_empty(value):
     return _check_no_nul(value)
 
 
+def _check_instance_id(value):
+    if value is not None and not (value.isprintable() and 0 < len(value) <= 64 and " " not in value):
+        return f"{_shown(value)} is not an instance id (at most 64 printable characters, no spaces)"
+
+
 def _check_spool_mode(value):
     if value not in SPOOL_MODES:
         return f"{_shown(value)} is not a spool mode ({', '.join(SPOOL_MODES)})"
@@ -255,6 +271,7 @@ _CHECKS: dict[str, Callable] = {
     "max_op_series": _check_positive,
     "max_site_series": _check_positive,
     "run_id": _check_no_nul,
+    "instance_id": _check_instance_id,
     "web_config_file": _check_no_nul,
     "log_level": _check_log_level,
 }

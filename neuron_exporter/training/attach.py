@@ -9,7 +9,8 @@ library it reads, so a process without torch_xla never loads it:
 - ``xla`` (``xla/``): torch_xla's step markers, host reads and fallbacks, once torch_xla is imported;
 - ``neuron`` (``neuron/``): TorchNeuron's CPU fallbacks, compile cache, host reads and memory, once torch_neuronx is
   imported;
-- the process and the exporter itself (``RankCollector``).
+- the process and the exporter itself (``RankCollector``), and the series that join the rank to its devices in
+  neuron-monitor's and Neuron Observer's series (``device_join``).
 What runs where:
 - on the training thread: the sources' hooks (see each module);
 - on the spool thread, every ``spool_interval_seconds``: this rank's exposition written to the spool directory,
@@ -47,10 +48,13 @@ from ..node.spool_writer import write_rank_file
 from ..web.web_config import load_web_config
 from . import AUTOSTART_DIR
 from .attribution import Attribution
+from .device_join import DeviceJoin
 from .endpoint_keeper import EndpointKeeper
+from .instance_id import InstanceIdLookup
 from .neuron import SOURCE as NEURON
 from .patching import Patch
 from .phases import SOURCE as TIME_PHASES
+from .process_tag import apply_process_tag
 from .rank import rank_labels
 from .rank_collector import RankCollector
 from .self_metrics import SelfStats
@@ -80,6 +84,8 @@ class ExporterHandle:
         self.collector = RankCollector(self.stats)
         self._process_start = psutil.Process().create_time()
         self.sources = Sources(SOURCES, options, self.stats, self.collector, process_ledger(self._process_start))
+        self.device_join = DeviceJoin(InstanceIdLookup(options.instance_id, self._lookup_error))
+        self.collector.add_part("device_join", self.device_join.collect)
         self._rank_registry = CollectorRegistry(auto_describe=False)
         self._rank_registry.register(self.collector)
         self._user_registry = registry
@@ -94,6 +100,9 @@ class ExporterHandle:
     # -- the training thread ------------------------------------------------------------------------------
     def _step_error(self, error: BaseException) -> None:
         self.stats.record_error("step", error)
+
+    def _lookup_error(self, error: BaseException) -> None:
+        self.stats.record_error("scrape", error)  # what the scrapes serve (``device_join``) waits for it
 
     def _on_optimizer_created(self) -> None:
         try:
@@ -134,6 +143,12 @@ class ExporterHandle:
 
     def _start(self) -> None:
         log.setLevel(self.options.log_level.upper())
+        if self.options.process_tag:  # first: a source's start may be what starts the Neuron runtime
+            try:
+                apply_process_tag(rank_labels())
+            except Exception as error:  # noqa: BLE001
+                self.stats.record_error("step", error)
+        self.device_join.instance_id.start()  # a thread: start-up does not wait for the metadata service
         self._optimizer_hook.install()
         self.sources.watch()
         if not self.auto:  # a child attached by autostart binds the port once it trains (in the spool thread)
@@ -182,6 +197,7 @@ class ExporterHandle:
             self._optimizer_hook.uninstall()
             self.sources.stop()
             self._endpoint.stop_spool_thread()
+            self.device_join.stopped = True
             # A process that dies of an uncaught exception leaves its rank to be seen dead, not finished.
             self._write_spool(finished=not self._crashed)
             self._endpoint.close()
@@ -202,6 +218,7 @@ class ExporterHandle:
         self.collector.stats = self.stats
         self._process_start = psutil.Process().create_time()
         self.sources.after_fork(self.stats, process_ledger(self._process_start))
+        self.device_join.instance_id.after_fork_in_child()
         self.auto = True  # like a child started afresh: bind the port only once it trains, and quietly
         self._endpoint.start_spool_thread()
 

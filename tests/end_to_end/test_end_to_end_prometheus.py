@@ -406,6 +406,8 @@ def test_the_metric_contract_is_what_the_exporter_serves(run):
     }
     # TorchNeuron's families are served only where torch_neuronx runs (tests/training/test_torchneuron.py).
     not_neuron = {name for name in CONTRACT_METRICS if "torchneuron_" in name}
+    # A process's NeuronCores only where NEURON_RT_VISIBLE_CORES names them (test_device_join_prometheus.py).
+    not_neuron |= {"neuron_exporter_neuroncore_info"}
     assert scraped - not_exported == CONTRACT_METRICS - PROMETHEUS_OWN - not_compiled - not_neuron
 
 

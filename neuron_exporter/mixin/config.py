@@ -38,6 +38,9 @@ class Config:
     # the dashboards' variables; "" selects by metric name only. NeuronExporterDown uses it on `up`, so it
     # should name the scrape jobs of neuron-exporter.
     selector: str = 'job=~".*neuron-exporter.*"'
+    # Label matchers (without braces) of the device layer's series (neuron-monitor's, Neuron Observer's) that the
+    # device rows join the ranks to, beside the dashboards' device job variable; "" selects by metric name only.
+    device_selector: str = ""
     # Labels every alert keeps: one alert per value of these (one training run, by default). Per-rank
     # recording rules keep these plus instance, rank and local_rank. Add `pod` (or a team label) here, or
     # remove `run_id` to alert per job.
@@ -173,7 +176,7 @@ class Config:
                 raise ValueError(f"{name}: {value!r} is not a Prometheus duration such as 30s, 5m or 1h")
             elif name.endswith("_severity") and value not in SEVERITIES:
                 raise ValueError(f"{name}: {value!r} is not one of {', '.join(SEVERITIES)}")
-            elif name == "selector" and not MATCHERS.match(value):
+            elif name in ("selector", "device_selector") and not MATCHERS.match(value):
                 raise ValueError(
                     f"{name}: {value!r} is not a list of label matchers such as "
                     'job="neuron-exporter", namespace=~"ml-.*" (without braces)'

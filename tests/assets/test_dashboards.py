@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("grafana_foundation_sdk", reason="the dashboards extra (Python 3.11 or later)")
 from neuron_exporter.mixin import build, dashboards
-from tests.support.contract import CONTRACT_METRICS, metric_names
+from tests.support.contract import CONTRACT_METRICS, DEVICE_METRICS, metric_names
 from tests.support.paths import DASHBOARDS
 
 
@@ -65,7 +65,7 @@ def test_every_panel_has_a_description_and_every_data_panel_a_unit(name):
 @pytest.mark.parametrize("name", DASHBOARD_FILES)
 def test_every_query_uses_only_contract_metric_names(name):
     for title, expr in all_exprs(load(name)):
-        unknown = metric_names(expr) - CONTRACT_METRICS
+        unknown = metric_names(expr) - CONTRACT_METRICS - DEVICE_METRICS
         assert not unknown, f"{name}: panel {title!r} queries unknown metrics {sorted(unknown)}: {expr}"
 
 
@@ -87,6 +87,9 @@ def test_every_selector_follows_the_selector_and_the_variables(name):
     for title, expr in all_exprs(load(name)):
         assert metric_names(expr), f"{name}: panel {title!r} selects no metric"
         for metric, matchers in selectors(expr):
+            if metric in DEVICE_METRICS:  # their namespace and instance are their monitor's: their own job
+                assert matchers.startswith('{cluster=~"$cluster", job=~"$device_job"'), (name, title, metric)
+                continue
             assert matchers.startswith("{" + DEFAULTS.selector + ","), (
                 f"{name}: panel {title!r}: {metric} ignores the configured selector"
             )
@@ -100,15 +103,19 @@ def test_every_selector_follows_the_selector_and_the_variables(name):
 def test_the_selector_reaches_every_query_and_variable():
     from neuron_exporter.mixin.config import config_from
 
-    config = config_from({"selector": 'job="training", container="trainer"'})
+    config = config_from({"selector": 'job="training", container="trainer"', "device_selector": 'team="ml"'})
     for name in DASHBOARD_FILES:
         board = json.loads(dashboards.dashboard_json(name, config))
         for title, expr in all_exprs(board):
             for metric, matchers in selectors(expr):
-                assert matchers.startswith('{job="training", container="trainer", '), (name, title, metric)
+                selector = 'team="ml"' if metric in DEVICE_METRICS else 'job="training", container="trainer"'
+                assert matchers.startswith("{" + selector + ", "), (name, title, metric)
+            for by_name in re.findall(r'\{__name__=~"[^"]*", ([^}]*)\}', expr):  # Observer's, by a pattern
+                assert by_name.startswith('team="ml", '), (name, title, by_name)
         for variable in board["templating"]["list"]:
             if variable["type"] == "query":
-                assert 'job="training", container="trainer"' in variable["query"], (name, variable["name"])
+                selector = 'team="ml"' if variable["name"] == "device_job" else 'job="training", container="trainer"'
+                assert selector in variable["query"], (name, variable["name"])
     board = json.loads(dashboards.dashboard_json("training-overview.json", config_from({"selector": ""})))
     variables = {v["name"]: v["query"] for v in board["templating"]["list"] if v["type"] == "query"}
     assert variables["cluster"] == "label_values(neuron_exporter_build_info{}, cluster)"

@@ -1,15 +1,18 @@
 """The metric names the dashboards and rules may use (the exporter's contract: every series of the catalogue, and
-Prometheus' own ``up``) and a PromQL name extractor."""
+Prometheus' own ``up``; and, on the device rows, the device layer's, which the exporter does not serve) and a PromQL
+name extractor."""
 
 from __future__ import annotations
 
 import re
 
 from neuron_exporter.catalogue import SERIES
+from neuron_exporter.mixin.device_layer import NEURON_MONITOR_SERIES
 
 PROMETHEUS_OWN = {"up"}
 
 CONTRACT_METRICS = SERIES | PROMETHEUS_OWN
+DEVICE_METRICS = NEURON_MONITOR_SERIES
 
 
 PROMQL_WORDS = {

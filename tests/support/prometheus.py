@@ -98,6 +98,7 @@ def dashboard_variables(job: str) -> dict[str, str]:
         "$instance": ".*",
         "$rank": ".*",
         "$op": ".*",
+        "$device_job": ".*",
     }
 
 

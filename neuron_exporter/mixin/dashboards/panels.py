@@ -13,6 +13,7 @@ from grafana_foundation_sdk.models.common import DataSourceRef
 
 from ...catalogue import BUILD_INFO, TRAINING_STEPS, XLA_FALLBACK_OPS, XLA_STEPS
 from ..config import Config
+from ..device_layer import DEVICE_JOB_SERIES
 
 DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")
 
@@ -27,7 +28,8 @@ class Queries:
     """Label matchers and query builders for one configuration: the selector, then the dashboard variables.
 
     ``target``: series of the selected endpoints (cluster, namespace, job, instance); ``run``: also of the
-    selected runs; ``rank``: also of the selected ranks.
+    selected runs; ``rank``: also of the selected ranks. ``device``: the device layer's series (``device_layer``),
+    of their own selector and job, since their namespace and instance are their monitor's.
     """
 
     def __init__(self, c: Config):
@@ -37,6 +39,9 @@ class Queries:
         self.target = self.scope + ', instance=~"$instance"'
         self.run = self.target + ', run_id=~"$run_id"'
         self.rank = self.run + ', rank=~"$rank"'
+        device_selector = c.device_selector.strip()
+        self.device_scope = ", ".join(([device_selector] if device_selector else []) + ['cluster=~"$cluster"'])
+        self.device = self.device_scope + ', job=~"$device_job"'
 
     def rate(
         self, metric: str, by: str = BY_RANK, matchers: str | None = None, window: str = "$__rate_interval"
@@ -264,9 +269,12 @@ def note(title: str, description: str, markdown: str, width: int = 24, height: i
     return text.Panel().title(title).description(description).content(markdown.strip()).span(width).height(height)
 
 
-def variables(board: dashboard.Dashboard, q: Queries, with_op: bool = False) -> dashboard.Dashboard:
+def variables(
+    board: dashboard.Dashboard, q: Queries, with_op: bool = False, with_device: bool = False
+) -> dashboard.Dashboard:
     """The datasource, cluster, namespace, job, run, instance and rank variables (and op, for drill-down by
-    operator). A label the series do not have lists no value, and "All" (.*) matches its absence."""
+    operator; device_job, the jobs of the device layer's series, for the device rows). A label the series do not
+    have lists no value, and "All" (.*) matches its absence."""
     base = f"{q.selector}, " if q.selector else ""
     place = f'{base}cluster=~"$cluster", namespace=~"$namespace"'
     board = (
@@ -295,6 +303,9 @@ def variables(board: dashboard.Dashboard, q: Queries, with_op: bool = False) -> 
         board = board.with_variable(
             label_variable("op", "Operator", f"label_values({XLA_FALLBACK_OPS.name}{{{q.rank}}}, op)")
         )
+    if with_device:
+        series = f'{{__name__=~"{DEVICE_JOB_SERIES}", {q.device_scope}}}'
+        board = board.with_variable(label_variable("device_job", "Device job", f"label_values({series}, job)"))
     return board
 
 

@@ -27,6 +27,7 @@ from ...catalogue import (
 )
 from ..config import DEFAULTS, Config
 from .panels import RANK_LEGEND, Queries, dashboard_links, finish, graph, merged_table, note, single_stat, variables
+from .training_overview import device
 
 UID = "neuron-exporter-torchneuron"
 STEPS = TRAINING_STEPS.name
@@ -273,7 +274,8 @@ def build(c: Config = DEFAULTS) -> model.Dashboard:
         .uid(UID)
         .description(
             "A job on TorchNeuron's neuron device: CPU-fallback operators and where they are called, host reads by "
-            "line, the compile cache and compiled graphs, device memory, per run and rank."
+            "line, the compile cache and compiled graphs, device memory, each rank's NeuronCores in neuron-monitor, "
+            "per run and rank."
         )
         .tags(["neuron-exporter", "torchneuron"])
         .time("now-1h", "now")
@@ -281,7 +283,7 @@ def build(c: Config = DEFAULTS) -> model.Dashboard:
         .tooltip(model.DashboardCursorSync.CROSSHAIR)
         .links(dashboard_links())
     )
-    board = variables(board, q)
-    for row in (summary_row, fallback_row, compile_row, memory_row):
+    board = variables(board, q, with_device=True)
+    for row in (summary_row, fallback_row, compile_row, memory_row, device.row):
         board = row(board, c, q)
     return finish(board)

@@ -11,7 +11,7 @@ from grafana_foundation_sdk.models import dashboard as model
 
 from ...config import DEFAULTS, Config
 from ..panels import Queries, dashboard_links, finish, variables
-from . import compile_execute, goodput, health, host_reads, runs, summary, throughput, where
+from . import compile_execute, device, goodput, health, host_reads, runs, summary, throughput, where
 
 UID = "neuron-exporter-training"
 
@@ -21,6 +21,7 @@ ROWS = (
     goodput.row,
     runs.row,
     where.row,
+    device.row,
     throughput.row,
     compile_execute.row,
     host_reads.row,
@@ -38,7 +39,7 @@ def build(c: Config = DEFAULTS) -> model.Dashboard:
             "PyTorch/XLA training seen through neuron-exporter, per run: goodput and where the rest of the time goes, "
             "throughput, step time, "
             "graph cuts and recompilations with their top sites, compile vs execute, host reads, "
-            "CPU-fallback operators and exporter health."
+            "CPU-fallback operators, each rank's NeuronCores in neuron-monitor, and exporter health."
         )
         .tags(["neuron-exporter", "pytorch-xla"])
         .time("now-1h", "now")
@@ -46,7 +47,7 @@ def build(c: Config = DEFAULTS) -> model.Dashboard:
         .tooltip(model.DashboardCursorSync.CROSSHAIR)
         .links(dashboard_links())
     )
-    board = variables(board, q)
+    board = variables(board, q, with_device=True)
     for row in ROWS:
         board = row(board, c, q)
     return finish(board)

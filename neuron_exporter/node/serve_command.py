@@ -72,6 +72,7 @@ _METAVARS = {
     "spool_mode": "MODE",
     "spool_trusted_users": "USERS",
     "run_id": "ID",
+    "instance_id": "ID",
     "web_config_file": "FILE",
     "log_level": "LEVEL",
 }

@@ -101,6 +101,13 @@ class ExporterHandle:
     def _step_error(self, error: BaseException) -> None:
         self.stats.record_error("step", error)
 
+    def _tag_process(self) -> None:
+        if self.options.process_tag:
+            try:
+                apply_process_tag(rank_labels())
+            except Exception as error:  # noqa: BLE001
+                self.stats.record_error("step", error)
+
     def _lookup_error(self, error: BaseException) -> None:
         self.stats.record_error("scrape", error)  # what the scrapes serve (``device_join``) waits for it
 
@@ -143,11 +150,7 @@ class ExporterHandle:
 
     def _start(self) -> None:
         log.setLevel(self.options.log_level.upper())
-        if self.options.process_tag:  # first: a source's start may be what starts the Neuron runtime
-            try:
-                apply_process_tag(rank_labels())
-            except Exception as error:  # noqa: BLE001
-                self.stats.record_error("step", error)
+        self._tag_process()  # first: a source's start may be what starts the Neuron runtime
         self.device_join.instance_id.start()  # a thread: start-up does not wait for the metadata service
         self._optimizer_hook.install()
         self.sources.watch()
@@ -219,6 +222,7 @@ class ExporterHandle:
         self._process_start = psutil.Process().create_time()
         self.sources.after_fork(self.stats, process_ledger(self._process_start))
         self.device_join.instance_id.after_fork_in_child()
+        self._tag_process()  # the parent's tag is the parent's: a forked worker's runtime gets one of its own
         self.auto = True  # like a child started afresh: bind the port only once it trains, and quietly
         self._endpoint.start_spool_thread()
 

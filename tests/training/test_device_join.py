@@ -276,6 +276,20 @@ def test_the_option_tags_the_process_before_the_runtime_starts(tmp_path):
     assert inherited[PROCESS_TAG_ENV] == "job-7.rank5"
 
 
+def test_attach_tags_the_process_and_a_forked_worker_gets_a_tag_of_its_own(tmp_path):
+    env = xla_env(NEURON_EXPORTER_RUN_ID="job-7")
+    done = subprocess.run(
+        [sys.executable, str(SCRIPTS / "process_tag_fork.py"), str(tmp_path / "spool")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    parent, child = (json.loads(line) for line in done.stdout.splitlines())
+    assert parent["tag"] == f"job-7.pid{parent['pid']}" and child["tag"] == f"job-7.pid{child['pid']}"
+
+
 def test_a_tag_of_the_users_own_is_left_as_it_is(tmp_path):
     env = {"RANK": "3", PROCESS_TAG_ENV: "my-trainer"}
     apply_process_tag(LABELS, env, fd_dir=tmp_path / "no-proc")

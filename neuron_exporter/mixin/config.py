@@ -118,6 +118,18 @@ class Config:
     goodput_for: str = "15m"
     goodput_severity: str = "warning"
 
+    # TrainingStraggler: in data-parallel training the ranks wait for the slowest at every collective, inside their
+    # step. It fires for a rank whose seconds per training step in one phase (data, compile, host_sync, checkpoint)
+    # exceed the run's median rank's by straggler_excess_share of the run's seconds per step (its median rank's, all
+    # phases), over 5m, for straggler_for: one alert per run and straggler, for its largest phase. It needs a run of
+    # at least straggler_min_ranks ranks that step, and a rank that is live, had made its startup_steps when the 5m
+    # began and made at least straggler_min_steps steps in them.
+    straggler_excess_share: float = thresholds.STRAGGLER_EXCESS_SHARE
+    straggler_min_ranks: float = 4
+    straggler_min_steps: float = 20
+    straggler_for: str = "15m"
+    straggler_severity: str = "warning"
+
     # XlaTrainingStalled: no training step ended within the window on some rank whose endpoint answers.
     stall_window: str = "10m"
     stall_for: str = "5m"

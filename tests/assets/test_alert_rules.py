@@ -61,6 +61,7 @@ def test_alerts_are_grouped_by_topic():
         "neuron-exporter.torchneuron": "TorchNeuron",
         "neuron-exporter.startup": "TrainingStartup",
         "neuron-exporter.goodput": "TrainingGoodput",
+        "neuron-exporter.straggler": "TrainingStraggler",
         "neuron-exporter.exporter": "NeuronExporter",
     }
     assert list(groups) == list(prefixes)

@@ -11,7 +11,7 @@ from grafana_foundation_sdk.models import dashboard as model
 
 from ...config import DEFAULTS, Config
 from ..panels import Queries, dashboard_links, finish, variables
-from . import compile_execute, device, goodput, health, host_reads, runs, summary, throughput, where
+from . import compile_execute, device, goodput, health, host_reads, run_health, runs, summary, throughput, where
 
 UID = "neuron-exporter-training"
 
@@ -21,6 +21,7 @@ ROWS = (
     goodput.row,
     runs.row,
     where.row,
+    run_health.row,
     device.row,
     throughput.row,
     compile_execute.row,

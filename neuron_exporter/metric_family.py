@@ -4,12 +4,12 @@ totals kept from going backwards when the library they are read from resets its 
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import TypeVar
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
+from . import fork_safe
 from .catalogue import COUNTER, GAUGE, Family, catalogued
 from .untrusted import LabelBudget
 
@@ -92,7 +92,7 @@ class MonotonicTotals:
 
     def __init__(self, rounding: float = 0.0):
         self.rounding = rounding
-        self._lock = threading.Lock()
+        self._lock = fork_safe.Lock()
         self._last: dict = {}
         self._offset: dict = {}
 

@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-import threading
+from . import fork_safe
 
 EXIT_USAGE = 2  # of every command, for a mistake of the user's (as argparse exits for a bad argument)
 SHOWN_CHARACTERS = 80  # of a value quoted in an error
@@ -38,7 +38,7 @@ class LabelBudget:
     def __init__(self, limit: int):
         self.limit = limit
         self._admitted: set[str] = set()
-        self._lock = threading.Lock()  # concurrent scrapes must not admit more than the limit between them
+        self._lock = fork_safe.Lock()  # concurrent scrapes must not admit more than the limit between them
 
     def label_for(self, value: str) -> str:
         if value in self._admitted:

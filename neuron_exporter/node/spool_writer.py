@@ -14,13 +14,12 @@ import json
 import os
 import stat
 import tempfile
-import threading
 import time
 from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
 
-from .. import run_identity
+from .. import fork_safe, run_identity
 from .spool import (
     DATA_SUFFIX,
     DEFAULT_SPOOL_MODE,
@@ -40,7 +39,7 @@ class SpoolBusyError(OSError):
 
 
 _held_locks: dict[Path, tuple[int, int]] = {}  # lock file -> (pid that holds it, fd)
-_held_guard = threading.Lock()
+_held_guard = fork_safe.Lock()
 
 
 def write_rank_file(

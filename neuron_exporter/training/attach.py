@@ -36,13 +36,12 @@ import logging
 import multiprocessing.util
 import os
 import sys
-import threading
 import time
 
 import psutil
 from prometheus_client import CollectorRegistry, generate_latest
 
-from .. import diagnosis
+from .. import diagnosis, fork_safe
 from ..config import Options, auto_enabled, child_environment, resolve_options
 from ..node.spool_writer import write_rank_file
 from ..web.web_config import load_web_config
@@ -68,7 +67,7 @@ from .xla import SOURCE as XLA
 log = logging.getLogger("neuron_exporter")
 SOURCES = (TRAINING_STEPS, TIME_PHASES, TORCH_COMPILE, XLA, NEURON)  # each starts with its library (``source``)
 
-_lock = threading.RLock()
+_lock = fork_safe.RLock()
 _current: ExporterHandle | None = None
 _starting = False  # attach() is importing torch, which would start the autostart attach() inside it
 _children_attached = False  # this process set NEURON_EXPORTER_AUTO for its children
@@ -314,8 +313,6 @@ def detach() -> None:
 
 
 def _after_fork_in_child() -> None:
-    global _lock
-    _lock = threading.RLock()
     if _current is not None:
         try:
             _current._after_fork_in_child()

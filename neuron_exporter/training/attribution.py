@@ -24,10 +24,10 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 from collections import deque
 from dataclasses import dataclass, field
 
+from .. import fork_safe
 from .sites import UNKNOWN
 
 log = logging.getLogger("neuron_exporter")
@@ -97,7 +97,7 @@ class FallbackSite:
 
 class Attribution:
     def __init__(self):
-        self._lock = threading.Lock()
+        self._lock = fork_safe.Lock()
         self.sites: dict[str, SiteRecord] = {}
         self._compiled: dict[tuple, dict[tuple, Variant]] = {}  # (site, sites before it) -> {traits: variant}
         self._by_traits: dict[tuple, dict[str, tuple]] = {}  # traits -> upload shapes at their last compilation

@@ -18,6 +18,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from .. import fork_safe
 from .dynamo_skip import never_compiled
 from .patching import Patch
 
@@ -37,7 +38,7 @@ class Listener:
 
 _listeners: tuple[Listener, ...] = ()
 _depth: dict[int, int] = {}  # thread -> compilations open on it
-_lock = threading.Lock()
+_lock = fork_safe.Lock()
 _patch: Patch | None = None
 
 
@@ -131,8 +132,6 @@ def _tell(compilation: Compilation, started: bool) -> None:
 
 def _after_fork_in_child() -> None:
     """Only the forking thread goes on in a child: other threads' compilations never end there."""
-    global _lock
-    _lock = threading.Lock()
     thread = threading.get_ident()
     for other in [other for other in _depth if other != thread]:
         _depth.pop(other, None)

@@ -10,20 +10,21 @@
 - Neither raises: a failure goes to ``on_error`` (the hooks count it as the exporter's own, see ``self_metrics``).
 
 One lock serialises every patch. A fork waits for it, so that a child never inherits a patch half made, and the
-child gets a new one.
+child gets it free (``fork_safe``).
 """
 
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Callable
 from typing import Any
+
+from .. import fork_safe
 
 MARK = "__neuron_exporter_original__"  # on each wrapper: what it wraps, and that it is the exporter's
 MISSING = object()
 
-_lock = threading.RLock()
+_lock = fork_safe.RLock()
 
 
 def _before_fork() -> None:
@@ -34,12 +35,7 @@ def _after_fork_in_parent() -> None:
     _lock.release()
 
 
-def _after_fork_in_child() -> None:
-    global _lock
-    _lock = threading.RLock()
-
-
-os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child)
+os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent)  # the child's is renewed (fork_safe)
 
 
 class Patch:

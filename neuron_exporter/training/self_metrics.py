@@ -5,10 +5,9 @@ from __future__ import annotations
 import functools
 import logging
 import platform
-import threading
 from importlib import metadata
 
-from .. import __version__
+from .. import __version__, fork_safe
 
 log = logging.getLogger("neuron_exporter")
 
@@ -27,7 +26,7 @@ class SelfStats:
         self.hook_seconds = 0.0
         self.sources: dict[str, bool] = {}  # a source whose library is imported -> whether its hooks are in
         self._logged: set[tuple[str, str, str]] = set()
-        self._lock = threading.Lock()
+        self._lock = fork_safe.Lock()
 
     def record_error(self, stage: str, error: BaseException) -> None:
         message = str(error)[:MAX_MESSAGE]

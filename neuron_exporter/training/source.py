@@ -24,7 +24,6 @@ steps of a device, not of a source.
 from __future__ import annotations
 
 import logging
-import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ from typing import Protocol
 
 from prometheus_client.core import Metric
 
+from .. import fork_safe
 from ..config import Options
 from .histogram import Histogram
 from .import_watch import after_import, forget, poll
@@ -135,7 +135,7 @@ class Sources:
         self.retrying = False  # a source failed to start and has tries left
         self.active = False
         self._starters = {kind.name: _starter(self, kind) for kind in kinds}
-        self._lock = threading.RLock()  # the importing thread and the training thread may both try to start one
+        self._lock = fork_safe.RLock()  # the importing thread and the training thread may both try to start one
 
     def watch(self) -> None:
         """Start each source once its library is imported (at once if it is)."""
@@ -226,7 +226,6 @@ class Sources:
             source.diagnosis(rank)
 
     def after_fork(self, stats: SelfStats, phases: TimePhases) -> None:
-        self._lock = threading.RLock()  # another thread of the parent may have held it at the fork
         self.stats = stats
         self.phases = phases
         for source in self.started:

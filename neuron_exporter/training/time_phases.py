@@ -36,6 +36,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from .. import fork_safe
 from ..catalogue import TRAINING_TIME
 
 PHASES = TRAINING_TIME.values_of("phase")  # the label's values, written in the catalogue only
@@ -81,7 +82,7 @@ class TimePhases:
         """``process_start``: when the process started, on ``clock``'s scale (what came before this ledger is
         ``startup``)."""
         self._clock = clock
-        self._lock = threading.Lock()
+        self._lock = fork_safe.Lock()
         self.totals = dict.fromkeys(PHASES, 0.0)
         now = clock()
         self.totals[STARTUP] = max(0.0, now - process_start)

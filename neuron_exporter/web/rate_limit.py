@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import ipaddress
-import threading
 import time
 from collections import OrderedDict
+
+from .. import fork_safe
 
 MAX_CLIENTS = 4096
 
@@ -18,7 +19,7 @@ class TokenBuckets:
     def __init__(self, burst: int, refill_seconds: float):
         self.burst = burst
         self.refill_seconds = refill_seconds
-        self._lock = threading.Lock()
+        self._lock = fork_safe.Lock()
         self._buckets: OrderedDict[str, list[float]] = OrderedDict()  # key -> [tokens, when last refilled]
 
     def has_token(self, key: str) -> bool:
@@ -78,7 +79,7 @@ class Pacer:
     def __init__(self, per_second: float, burst: int):
         self.interval = 1.0 / per_second
         self.tolerance = self.interval * (burst - 1)
-        self._lock = threading.Lock()
+        self._lock = fork_safe.Lock()
         self._next = 0.0  # when the next event is due if events came at exactly the average rate
 
     def reserve(self) -> float:

@@ -16,12 +16,12 @@ thread; every other request waits without one.
 from __future__ import annotations
 
 import gzip
-import threading
 import time
 from collections.abc import Callable, Hashable
 from concurrent.futures import Future
 from concurrent.futures import wait as wait_for_futures
 
+from .. import fork_safe
 from .rate_limit import Pacer
 
 MAX_KEPT = 16  # renders kept (content types, pages); past that, the oldest are forgotten
@@ -36,7 +36,7 @@ class Render:
         self.body = body
         self.content_type = content_type
         self._gzipped: bytes | None = None
-        self._lock = threading.Lock()
+        self._lock = fork_safe.Lock()
 
     def gzipped(self) -> bytes:
         with self._lock:
@@ -50,7 +50,7 @@ class SharedRender:
         self._pacer = pacer
         self._reuse_seconds = reuse_seconds
         self._reuse_factor = reuse_factor
-        self._lock = threading.Lock()
+        self._lock = fork_safe.Lock()
         self._next: dict[Hashable, Future[Render]] = {}  # renders not started yet: whoever asks now shares them
         self._running: dict[Hashable, tuple[float, Future[Render]]] = {}  # by key: when it started, its result
         self._last: dict[Hashable, Render] = {}  # by what was asked (a content type, a page and its format)

@@ -20,6 +20,7 @@ import re
 import threading
 from collections.abc import Callable
 
+from ... import fork_safe
 from .. import dynamo_callbacks
 from .names import BACKEND_LOGGER, FAILURE_PREFIX, FALLBACK_LINE
 
@@ -41,7 +42,7 @@ class CacheWindow:
     def __init__(self, read_stats: Callable[[], dict], on_error: Callable[[BaseException], None]):
         self._read = read_stats
         self._on_error = on_error
-        self._lock = threading.Lock()
+        self._lock = fork_safe.Lock()
         self._started: dict | None = None
         self.graph: dict[str, float] = {"compilations": 0.0, "compile_ms": 0.0}
         self._listener: dynamo_callbacks.Listener | None = None
@@ -90,7 +91,6 @@ class CacheWindow:
             return stats, graph
 
     def clear(self) -> None:
-        self._lock = threading.Lock()
         self._started = None
         self.graph = {"compilations": 0.0, "compile_ms": 0.0}
 
@@ -108,7 +108,7 @@ class GraphFallbacks:
     def __init__(self):
         self.counts: dict[str, int] = {}
         self.messages: dict[str, str] = {}  # reason -> the last full message
-        self._lock = threading.Lock()
+        self._lock = fork_safe.Lock()
         self._local = threading.local()
         self._logger: logging.Logger | None = None
 
@@ -146,5 +146,4 @@ class GraphFallbacks:
             return dict(self.counts), dict(self.messages)
 
     def clear(self) -> None:
-        self._lock = threading.Lock()
         self.counts, self.messages = {}, {}

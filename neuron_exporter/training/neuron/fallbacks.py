@@ -19,6 +19,7 @@ import threading
 from collections.abc import Callable
 from types import FrameType
 
+from ... import fork_safe
 from ..patching import Patch
 from ..sites import UNKNOWN, SiteFinder
 
@@ -30,7 +31,7 @@ class FallbackCalls:
     def __init__(self, sites: SiteFinder, on_error: Callable[[BaseException], None]):
         self._sites = sites
         self._on_error = on_error
-        self._lock = threading.Lock()
+        self._lock = fork_safe.Lock()
         self.calls: dict[str, int] = {}  # path b: op -> calls
         self.sites: dict[str, dict[str, tuple[list[str], bool]]] = {}  # op -> location -> (frames, backward)
         self.seen: set[str] = set()  # every name the set held
@@ -98,5 +99,4 @@ class FallbackCalls:
 
     def clear(self) -> None:
         """In a forked child: its own counts from here."""
-        self._lock = threading.Lock()
         self.calls, self.sites, self.seen = {}, {}, set()

@@ -18,14 +18,13 @@ Which of the two is decided for each optimizer at its first step, by the device 
 
 from __future__ import annotations
 
-import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator
 
 from prometheus_client.core import Metric
 
-from ... import catalogue
+from ... import catalogue, fork_safe
 from ...metric_family import histogram_family, single_series
 from ..histogram import STEP_DURATION_BUCKETS, Histogram
 from ..self_metrics import SelfStats
@@ -42,7 +41,7 @@ class TrainingSteps(Source):
         self._start()
 
     def _start(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = fork_safe.Lock()
         self.lazy_devices: set[str] = set()  # lazy devices whose optimizers stepped: their sources count the steps
         self._devices: dict[int, str | None] = {}  # optimizer -> its lazy device, None if it steps eagerly
         self.steps = 0

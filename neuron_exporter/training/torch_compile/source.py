@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import logging
 import sys
-import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
+from ... import fork_safe
 from .. import dynamo_callbacks
 from ..patching import Patch
 from ..self_metrics import SelfStats
@@ -56,7 +56,7 @@ class TorchCompileSource(Source):
         self.stats = stats
         self._on_error = on_error or self.step_error
         self._families = TorchCompileFamilies(self, max_site_series)
-        self._lock = threading.RLock()
+        self._lock = fork_safe.RLock()
         self._places = Places()
         self._utils: Any = None  # torch._dynamo.utils, whose _compilation_metrics may be replaced by a new deque
         self._listener: dynamo_callbacks.Listener | None = None
@@ -165,7 +165,6 @@ class TorchCompileSource(Source):
     def after_fork(self, stats: SelfStats | None = None) -> None:
         """In a forked child: count from zero, as the child's own."""
         self.stats = stats or self.stats
-        self._lock = threading.RLock()  # another thread of the parent may have held it at the fork
         with self._lock:
             newest, utils = self._newest, self._utils
             frames = dict(self._frames)

@@ -7,12 +7,12 @@ compile cache lookup, so CachedCompile + UncachedCompile counts graphs exactly a
 
 from __future__ import annotations
 
-import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from ... import fork_safe
 from ..histogram import STEP_DURATION_BUCKETS, Histogram
 
 GRAPHS_PER_STEP_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, float("inf"))
@@ -109,7 +109,7 @@ class StepTracker:
         self._graphs = graphs_seen
         self._compiles = compiles_seen
         self._state = StepState()
-        self._lock = threading.Lock()
+        self._lock = fork_safe.Lock()
         # Markers, optimizer events, host reads and uploads as they happen, accounted later in a batch: right after a
         # graph ran the CPU caches are cold, and every line there costs the training thread several times what it
         # costs a few events later. Appending to a deque is atomic, so readers on other threads can flush. The owner's

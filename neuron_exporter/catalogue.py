@@ -4,10 +4,9 @@ The sources, the rank's collector and the node endpoint build their families fro
 refuses one that is not here); the dashboards and rules name only series listed here, and ``docs/metrics.md`` lists
 exactly these, types and labels too (both checked by the tests). A family is one entry here, its row there, its code.
 
-``labels`` are the family's own labels. A family ``per_rank`` also carries the rank's (``run_id``, ``rank``,
-``local_rank``) before them, in every process and on the node endpoint. ``owner`` is what serves it: a source (by its
-``source`` label: ``xla``, ``torch_compile``, ``training_steps``, ``time_phases``, ``neuron``), ``rank`` (the rank's
-own collector, in every attached process) or ``node`` (the node endpoint).
+``labels`` are the family's own labels (a ``per_rank`` one's come after the rank's: ``run_id``, ``rank``,
+``local_rank``); ``values``, every value of a label that dashboards, rules, docs and the diagnosis name (checked
+there by the tests). ``owner`` serves it: a source (its ``source`` label), ``rank`` (the rank's collector) or ``node``.
 """
 
 from __future__ import annotations
@@ -29,7 +28,6 @@ class Family:
     values: tuple[tuple[str, tuple[str, ...]], ...] = ()  # a label's every value, where dashboards and rules rely on it
 
     def values_of(self, label: str) -> tuple[str, ...]:
-        """Every value of ``label`` (a label whose values the dashboards, rules, docs and diagnosis name)."""
         return dict(self.values)[label]
 
     def series(self) -> tuple[str, ...]:
@@ -39,12 +37,12 @@ class Family:
         return (self.name,)
 
 
-def _counter(name: str, help: str, owner: str, *labels: str) -> Family:
-    return Family(name, COUNTER, help, owner, labels)
+def _counter(name: str, help: str, owner: str, *labels: str, values: dict | None = None) -> Family:
+    return Family(name, COUNTER, help, owner, labels, values=tuple((values or {}).items()))
 
 
-def _gauge(name: str, help: str, owner: str, *labels: str) -> Family:
-    return Family(name, GAUGE, help, owner, labels)
+def _gauge(name: str, help: str, owner: str, *labels: str, values: dict | None = None) -> Family:
+    return Family(name, GAUGE, help, owner, labels, values=tuple((values or {}).items()))
 
 
 # -- torch_xla (training/xla/) -------------------------------------------------------------------------------------
@@ -174,14 +172,15 @@ TRAINING_STEP_DURATION = Family(
 
 # -- where the training thread's time goes, every backend (training/phases/) -------------------------------------
 TIME_PHASES = "time_phases"
-TRAINING_TIME = Family(
+PHASES = ("startup", "data", "compile", "host_sync", "checkpoint", "step", "other")  # its phase label's values
+GOODPUT_PHASE = "step"  # the productive phase; every other one is badput
+TRAINING_TIME = _counter(
     "training_time_seconds_total",
-    COUNTER,
     "Wall time of the training thread by phase, from the process's start: step (productive), startup, data, "
     "compile, host_sync, checkpoint, other; goodput is the step share",
     TIME_PHASES,
-    ("phase",),
-    values=(("phase", ("startup", "data", "compile", "host_sync", "checkpoint", "step", "other")),),
+    "phase",
+    values={"phase": PHASES},
 )
 
 # -- torch.compile (training/torch_compile/) ----------------------------------------------------------------------
@@ -389,8 +388,9 @@ COLLECTOR_DURATION = _gauge(
 NODE = "node"
 RANK_UP = _gauge("neuron_exporter_rank_up", "1 if the rank is running, 0 if it is hung or dead", NODE)
 RANK_STATE = _gauge(
-    "neuron_exporter_rank_state", "The rank's state: 1 for the current one of running, hung, dead", NODE, "state"
-)
+    "neuron_exporter_rank_state", "The rank's state: 1 for the current one of running, hung, dead", NODE, "state",
+    values={"state": ("running", "hung", "dead")},
+)  # fmt: skip
 RANK_LAST_REPORT = _gauge(
     "neuron_exporter_rank_last_report_timestamp_seconds", "When the rank last reported progress (unix time)", NODE
 )

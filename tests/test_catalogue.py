@@ -84,3 +84,39 @@ def test_the_dashboards_and_rules_take_the_names_of_series_from_the_catalogue():
                 named = set(re.findall(r"(?<![\w:])([a-z][a-z0-9_]*[a-z0-9])(?![\w:])", node.value)) & SERIES
                 written += [f"{path.relative_to(ROOT)}:{node.lineno}: {name}" for name in sorted(named)]
     assert written == []
+
+
+def test_every_label_value_the_rules_dashboards_docs_and_diagnosis_name_is_in_the_catalogue():
+    """A phase or rank state named anywhere but in its family's entry is checked against it: a new value is one edit."""
+    pytest.importorskip("grafana_foundation_sdk")
+    from neuron_exporter.mixin.build import files
+    from neuron_exporter.mixin.rules import goodput, startup
+
+    declared = {label: set(values) for family in FAMILIES.values() for label, values in family.values}
+    assert declared == {"phase": set(catalogue.PHASES), "state": {"running", "hung", "dead"}}
+    matcher = re.compile(r'\b(phase|state)\s*(=~|!~|!=|=)\s*\\?"([^"\\]*)\\?"')
+    named = [
+        (path, label, value)
+        for path, text in files().items()
+        for label, _, values in matcher.findall(text)
+        for value in values.split("|")
+        if value and "$" not in value  # a dashboard variable, not a value
+    ]
+    assert named and {(path, label, value) for path, label, value in named if value not in declared[label]} == set()
+    assert set(goodput.ADVICE) == set(catalogue.PHASES) - {catalogue.GOODPUT_PHASE}
+    assert set(startup.ADVICE) <= set(catalogue.PHASES)
+    guide = (ROOT / "docs" / "user-guide.md").read_text()
+    table = guide.split("| phase | the training thread is | measured at |")[1].split("\n\n")[0]
+    assert re.findall(r"^\| `(\w+)` \|", table, re.M) == [
+        catalogue.GOODPUT_PHASE,
+        *(phase for phase in catalogue.PHASES if phase != catalogue.GOODPUT_PHASE),
+    ]
+
+
+def test_the_node_accepts_from_a_rank_the_namespaces_of_the_catalogues_per_rank_families():
+    from neuron_exporter.node.exposition_check import RANK_PREFIXES, is_rank_family
+
+    from_ranks = [family.name for family in FAMILIES.values() if family.per_rank and family.owner != catalogue.NODE]
+    assert from_ranks and all(map(is_rank_family, from_ranks))
+    assert not any(is_rank_family(family.name) for family in FAMILIES.values() if family.owner == catalogue.NODE)
+    assert "xla_" in RANK_PREFIXES and "neuron_exporter_" in RANK_PREFIXES and "process_" not in RANK_PREFIXES

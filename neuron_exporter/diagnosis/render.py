@@ -5,6 +5,7 @@ from __future__ import annotations
 import textwrap
 from collections.abc import Callable
 
+from ..catalogue import GOODPUT_PHASE  # the productive phase of ``time_phases``; every other is badput
 from .advice import as_number, findings
 from .document import dumps
 
@@ -46,7 +47,6 @@ def render_text(document: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-GOODPUT_PHASE = "step"  # the productive phase of ``time_phases``; every other phase is badput
 TOP_BADPUT = 3
 
 

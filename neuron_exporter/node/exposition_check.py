@@ -36,7 +36,20 @@ SAMPLE_SUFFIXES = ("", "_bucket", "_sum", "_count", "_created")
 # writes creation times in this format.)
 RESERVED_SUFFIXES = ("_bucket", "_sum", "_count")
 
-RANK_PREFIXES = ("xla_", "neuron_exporter_", "torch_compile_", "training_", "torchneuron_")
+
+def _rank_prefixes() -> tuple[str, ...]:
+    """The namespaces of the catalogue's per-rank families (``xla_``, ``training_``, ...): a family's first word, or
+    its first two where a node family starts with the same word (``neuron_exporter_``)."""
+    node_words = {family.name.split("_")[0] for family in catalogue.FAMILIES.values() if not family.per_rank}
+    prefixes = set()
+    for family in catalogue.FAMILIES.values():
+        if family.per_rank and family.owner != catalogue.NODE:
+            words = family.name.split("_")
+            prefixes.add("_".join(words[: 2 if words[0] in node_words else 1]) + "_")
+    return tuple(sorted(prefixes))
+
+
+RANK_PREFIXES = _rank_prefixes()  # what a rank file may publish: a new family's namespace is its catalogue entry
 # Families the node endpoint itself renders: a rank file must not publish them.
 NODE_FAMILIES = tuple(family.name for family in catalogue.FAMILIES.values() if family.owner == catalogue.NODE)
 NODE_PREFIXES = ("neuron_exporter_host_", "neuron_exporter_spool_")

@@ -42,7 +42,7 @@ from .spool_reader import Refresh, SpoolReader, read_diagnosis, writer_alive
 
 log = logging.getLogger(__name__)
 
-STATES = ("running", "hung", "dead")
+STATES = RUNNING, HUNG, DEAD = catalogue.RANK_STATE.values_of("state")
 REJECT_REASONS = (
     "not_regular",
     "too_large",
@@ -247,11 +247,11 @@ class NodeView:
         if meta.finished:
             state = None
         elif alive is False:
-            state = "dead"
+            state = DEAD
         elif stalled > self.options.hung_after_seconds:
-            state = "hung"
+            state = HUNG
         else:
-            state = "running"
+            state = RUNNING
         return RankStatus(meta, state, progress, exposition, path)
 
     def diagnosis(self, own: dict | None = None) -> dict:

@@ -39,7 +39,7 @@ from collections.abc import Callable
 from .. import fork_safe
 from ..catalogue import TRAINING_TIME
 
-PHASES = TRAINING_TIME.values_of("phase")  # the label's values, written in the catalogue only
+PHASES = TRAINING_TIME.values_of("phase")  # written in the catalogue only
 STARTUP, DATA, COMPILE, HOST_SYNC, CHECKPOINT, STEP, OTHER = PHASES
 BADPUT = tuple(phase for phase in PHASES if phase != STEP)
 

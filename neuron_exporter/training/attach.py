@@ -125,7 +125,7 @@ class ExporterHandle:
     @property
     def claimed(self) -> bool:
         """Whether this process has trained (made a step) or compiled, and so reports as its rank."""
-        return self.last_active is not None or self.sources.compiled
+        return self.last_active is not None or self.sources.has_compiled
 
     @property
     def last_active(self) -> float | None:

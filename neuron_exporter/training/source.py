@@ -16,9 +16,11 @@ XLA source. ``Sources`` runs them all the same way:
 - optimizer events, the fork of the process, the diagnosis document and ``detach()`` go to every started source.
 
 Sibling sources never import each other (``tests/test_layout.py``) nor ask for each other by name; what two of them
-share lives at ``training/``. A source whose device runs an optimizer's work later (torch_xla's) declares that device
-(``Source.device``) and counts the steps that end there (``step_counts``); the training steps ask ``Sources`` for the
-steps of a device, not of a source.
+share lives at ``training/``. What only some sources do is a capability (``SeesOptimizerSteps``, ``SeesStepsEnd``,
+``CountsDeviceSteps``, ...), checked once when a source starts. The couplings between sources are two: the device
+sources feed the time ledger (``Sources.phases``) with host reads and compilations, and a source whose device runs an
+optimizer's work later (torch_xla's) counts the steps that end there (``CountsDeviceSteps``), which the training
+steps ask ``Sources`` for, by device, not by source.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from prometheus_client.core import Metric
 
@@ -53,11 +55,11 @@ class StepCounts(Protocol):
 
 
 class Source(ABC):
-    """The contract of a source, with what a source that has nothing of a kind does. ``install`` and ``uninstall``
-    are each source's own; the rest is optional."""
+    """What every source is: hooks that go in and come out, failures counted, a forked child's own counts, its parts
+    of the rank's collector and of the diagnosis. What only some sources have is a capability (below), a member they
+    have or have not, which ``Sources`` checks once, when a source starts."""
 
     stats: SelfStats | None = None  # where its failures are counted; replaced in a forked child
-    device: str | None = None  # the lazy device whose training steps it ends and counts itself (``step_counts``)
 
     @abstractmethod
     def install(self) -> bool:
@@ -77,35 +79,66 @@ class Source(ABC):
         else:
             log.debug("neuron-exporter: %s failed: %s", type(self).__name__, error)
 
-    def after_fork(self, stats: SelfStats) -> None:  # noqa: B027 (optional: nothing to do)
-        """In a forked child: count from zero, as the child's own, into ``stats``; the hooks stay."""
+    def after_fork(self, stats: SelfStats) -> None:
+        """In a forked child: count from zero, as the child's own, into ``stats``; the hooks stay (its locks are
+        renewed by ``fork_safe``)."""
+        self.stats = stats
 
     def parts(self) -> dict[str, Collect]:
         """Its parts of the rank's collector, by name (``neuron_exporter_collector_success{collector}``)."""
         return {}
 
-    def diagnosis(self, rank: dict) -> None:  # noqa: B027 (optional: nothing to do)
+    def diagnosis(self, rank: dict) -> None:  # noqa: B027 (a source may add nothing)
         """Add its part to this rank's diagnosis document (``neuron_exporter.diagnosis``)."""
 
-    def on_optimizer_created(self) -> None:  # noqa: B027 (optional: nothing to do)
+
+# -- capabilities: what a source has or has not ---------------------------------------------------------------------
+class SeesOptimizersMade(Protocol):
+    def on_optimizer_created(self) -> None:
         """A ``torch.optim`` optimizer was made (training thread; never raises)."""
 
-    def on_optimizer_step(self, optimizer) -> None:  # noqa: B027 (optional: nothing to do)
+
+class SeesOptimizerSteps(Protocol):
+    def on_optimizer_step(self, optimizer) -> None:
         """After an optimizer's ``step()``, on the thread that stepped it: the cheapest thing possible."""
+
+
+class SeesStepsEnd(Protocol):
+    """It sees training steps end: the rank's liveness, and its claim to the rank."""
 
     @property
     def last_active(self) -> float | None:
         """time.perf_counter() at the end of its last step, None if it saw none."""
-        return None
 
+
+class SeesCompilations(Protocol):
     @property
-    def compiled(self) -> bool:
+    def has_compiled(self) -> bool:
         """Whether it saw a compilation (which claims the rank, like a step)."""
-        return False
 
-    def step_counts(self) -> StepCounts | None:
-        """The training steps of optimizers on its ``device``, which it counts itself; None without a device."""
-        return None
+
+class CountsDeviceSteps(Protocol):
+    """A lazy device's source, which ends the training steps of optimizers on its ``device`` (a device type) at the
+    device's own step and counts them: the training steps ask ``Sources`` for them (the one coupling between
+    sources, besides the ledger that the device sources feed)."""
+
+    device: str
+
+    def step_counts(self) -> StepCounts: ...
+
+
+MEMBERS: dict[type, tuple[str, ...]] = {
+    SeesOptimizersMade: ("on_optimizer_created",),
+    SeesOptimizerSteps: ("on_optimizer_step",),
+    SeesStepsEnd: ("last_active",),
+    SeesCompilations: ("has_compiled",),
+    CountsDeviceSteps: ("device", "step_counts"),
+}
+
+
+def has(source: Source, capability: type) -> bool:
+    """Whether ``source`` has ``capability``: its class has every member (a property is not evaluated)."""
+    return all(hasattr(type(source), member) for member in MEMBERS[capability])
 
 
 @dataclass(frozen=True)
@@ -130,6 +163,12 @@ class Sources:
         self.stats = stats  # replaced in a forked child
         self.collector = collector
         self.started: tuple[Source, ...] = ()  # a new tuple at each start: the training thread loops over it
+        # Those of the started with each capability, likewise.
+        self.made: tuple[Any, ...] = ()  # SeesOptimizersMade
+        self.stepped: tuple[Any, ...] = ()  # SeesOptimizerSteps
+        self.steps_end: tuple[Any, ...] = ()  # SeesStepsEnd
+        self.compilations: tuple[Any, ...] = ()  # SeesCompilations
+        self.device_steps: tuple[Any, ...] = ()  # CountsDeviceSteps
         self.by_name: dict[str, Source] = {}
         self.tries: dict[str, int] = {}
         self.retrying = False  # a source failed to start and has tries left
@@ -166,6 +205,11 @@ class Sources:
             return
         self.by_name[kind.name] = source
         self.started = (*self.started, source)
+        self.made += (source,) if has(source, SeesOptimizersMade) else ()
+        self.stepped += (source,) if has(source, SeesOptimizerSteps) else ()
+        self.steps_end += (source,) if has(source, SeesStepsEnd) else ()
+        self.compilations += (source,) if has(source, SeesCompilations) else ()
+        self.device_steps += (source,) if has(source, CountsDeviceSteps) else ()
         self.stats.sources[kind.name] = True
         for name, collect_part in source.parts().items():
             self.collector.add_part(name, collect_part)
@@ -191,7 +235,7 @@ class Sources:
     def step_counts(self, device: str) -> StepCounts | None:
         """The training steps of optimizers on the lazy ``device`` (a device type), from the source that counts them;
         None if no source started counts them."""
-        for source in self.started:
+        for source in self.device_steps:
             if source.device == device:
                 return source.step_counts()
         return None
@@ -199,7 +243,7 @@ class Sources:
     # -- what the handle asks of all -----------------------------------------------------------------------
     def on_optimizer_created(self) -> None:
         self.retry()
-        for source in self.started:
+        for source in self.made:
             source.on_optimizer_created()
         self.phases.optimizer_created()  # after the sources, which may have told it of compilations till now
 
@@ -208,18 +252,18 @@ class Sources:
             self.retry()
         else:
             poll()
-        for source in self.started:
+        for source in self.stepped:
             source.on_optimizer_step(optimizer)
         self.phases.optimizer_stepped()
 
     @property
     def last_active(self) -> float | None:
-        ends = [end for end in (source.last_active for source in self.started) if end is not None]
+        ends = [end for end in (source.last_active for source in self.steps_end) if end is not None]
         return max(ends) if ends else None
 
     @property
-    def compiled(self) -> bool:
-        return any(source.compiled for source in self.started)
+    def has_compiled(self) -> bool:
+        return any(source.has_compiled for source in self.compilations)
 
     def diagnosis(self, rank: dict) -> None:
         for source in self.started:

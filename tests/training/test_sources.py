@@ -86,3 +86,28 @@ def test_the_help_of_source_started_says_how_often_a_source_is_tried():
     from neuron_exporter.training.self_metrics import START_TRIES
 
     assert f"up to {START_TRIES} times" in SOURCE_STARTED.help
+
+
+def test_what_only_some_sources_do_is_a_capability_checked_once_when_they_start():
+    class Stepping(HookingSource):
+        steps_seen = 0
+
+        def on_optimizer_step(self, optimizer) -> None:
+            self.steps_seen += 1
+
+        @property
+        def has_compiled(self) -> bool:
+            raise AssertionError("a capability is found without reading it")
+
+    stats = SelfStats()
+    library = types.SimpleNamespace(call=original)
+    built: list[Stepping] = []
+    kind = SourceKind("stepping", "json", lambda sources: built.append(Stepping(library, stats, False)) or built[-1])
+    sources = Sources((kind,), resolve_options(env={}), stats, RankCollector(stats), TimePhases(0.0))
+    sources.watch()
+    assert sources.stepped == tuple(built) and sources.compilations == tuple(built)
+    assert sources.made == sources.steps_end == sources.device_steps == ()
+    sources.on_optimizer_created()  # none sees optimizers made: nothing is asked of it
+    sources.on_optimizer_step(object())
+    assert built[0].steps_seen == 1
+    sources.stop()

@@ -15,7 +15,6 @@ from .. import dynamo_callbacks
 from ..dynamo_skip import never_compiled
 from ..import_watch import after_import, forget
 from ..patching import Patch
-from ..self_metrics import SelfStats
 from ..source import Source, Sources
 from ..time_phases import PHASES
 from .entry_points import ENTRY_POINTS
@@ -49,9 +48,6 @@ class TimePhasesSource(Source):
         self._listener = None
         for patch in self._patches:
             patch.undo()
-
-    def after_fork(self, stats: SelfStats) -> None:
-        self.stats = stats  # the ledger is the handle's: a forked child's comes with its Sources
 
     def parts(self) -> dict:
         return {"time_phases": self.families}

@@ -350,7 +350,7 @@ class TorchCompileSource(Source):
 
     # -- serving --------------------------------------------------------------------------------------------
     @property
-    def compiled(self) -> bool:
+    def has_compiled(self) -> bool:
         """Whether dynamo compiled anything in this process since attach()."""
         self.poll()
         return bool(self.functions or self.breaks or self.compilations)

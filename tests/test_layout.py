@@ -99,7 +99,7 @@ def test_the_package_keeps_its_import_rules():
         ("training", "from ..reports.explain import explain"),
         ("node", "from ..training.rank import rank_labels"),
         ("node", "import neuron_exporter.training.attach"),
-        ("web", "from ..node import spool"),
+        ("web", "from ..node import spool_format"),
         ("reports", "from ..web.http_server import MetricsServer"),
         ("web", "from ..mixin import build"),
         ("training", "import neuron_exporter.mixin.rules"),

@@ -35,9 +35,9 @@ from ..metric_family import labelled_family, single_series
 from .exposition_check import escape_label_value
 from .host_metrics import HostCollector
 from .seen_times import SeenTimes
-from .spool import DIAGNOSIS_SUFFIX, RankMeta, RankReport, RejectedFile
 from .spool_dir import Spool, SpoolDirError
 from .spool_expiry import is_expired
+from .spool_format import DIAGNOSIS_SUFFIX, RankMeta, RankReport, RejectedFile
 from .spool_reader import Refresh, SpoolReader, read_diagnosis, writer_alive
 
 log = logging.getLogger(__name__)
@@ -68,10 +68,10 @@ class RankStatus:
     path: Path | None = None  # the rank file it was read from; None for the serving process's own
 
 
-Family = tuple[bytes, bytes, "bytes | None", bytes]  # name, HELP line (without "# HELP "), TYPE line, samples
+TextFamily = tuple[bytes, bytes, "bytes | None", bytes]  # name, HELP line (without "# HELP "), TYPE line, samples
 
 
-def split_families(text: bytes) -> list[Family]:
+def split_families(text: bytes) -> list[TextFamily]:
     """The families of an exposition (text format 0.0.4, as prometheus_client writes it), in order."""
     families = []
     for chunk in (b"\n" + text).split(b"\n# HELP ")[1:]:
@@ -83,7 +83,7 @@ def split_families(text: bytes) -> list[Family]:
     return families
 
 
-def merge_families(expositions: Iterable[list[Family]]) -> bytes:
+def merge_families(expositions: Iterable[list[TextFamily]]) -> bytes:
     """One exposition from several split ones: each family once, with its HELP and TYPE from the first exposition
     that has it and the samples of all of them."""
     families: dict[bytes, list] = {}
@@ -123,7 +123,7 @@ class NodeView:
             options.spool_max_files,
             run_id,
         )
-        self._split: dict[Path, tuple[bytes, list[Family]]] = {}  # rank file -> (exposition, its families)
+        self._split: dict[Path, tuple[bytes, list[TextFamily]]] = {}  # rank file -> (exposition, its families)
         self._host = HostCollector()
         self._process = ProcessCollector(registry=None)
         self._logged: set[tuple[str, str]] = set()
@@ -320,12 +320,12 @@ class NodeView:
         # process_* metrics (a rank's are training_process_*, and a rank file may hold no process_* family).
         daemon = self._process if own is None else None
         node = generate_latest(_NodeMetrics(statuses, self._host, self.rejected_counts, self.spool_dir_ok, daemon))
-        split: dict[Path, tuple[bytes, list[Family]]] = {}
+        split: dict[Path, tuple[bytes, list[TextFamily]]] = {}
         ranks = [self._families(status, split) for status in statuses]
         self._split = split  # the files served now: one that is gone is forgotten with its exposition
         return merge_families([*ranks, rank_families(statuses), split_families(node)])
 
-    def _families(self, status: RankStatus, split: dict[Path, tuple[bytes, list[Family]]]) -> list[Family]:
+    def _families(self, status: RankStatus, split: dict[Path, tuple[bytes, list[TextFamily]]]) -> list[TextFamily]:
         """A rank's families, split once per version of its file (kept in ``split``)."""
         if status.path is None:
             return split_families(status.exposition)
@@ -347,10 +347,10 @@ RANK_FAMILIES = tuple(
 )
 
 
-def rank_families(statuses: list[RankStatus]) -> list[Family]:
+def rank_families(statuses: list[RankStatus]) -> list[TextFamily]:
     """The liveness families, one series per rank, written as text: at 128 ranks a node, building them as
-    prometheus_client families took most of a scrape. Rank labels are checked to need no escaping (spool.RANK_LABEL);
-    the run's is escaped.
+    prometheus_client families took most of a scrape. Rank labels are checked to need no escaping
+    (spool_format.RANK_LABEL); the run's is escaped.
     """
     up: list[bytes] = []
     state: list[bytes] = []

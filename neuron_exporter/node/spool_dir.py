@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..config import SPOOL_MODES, Options, user_ids
-from .spool import DEFAULT_SPOOL_MODE, RejectedFile
+from .spool_format import DEFAULT_SPOOL_MODE, RejectedFile
 
 OPEN_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 

@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 
 from .seen_times import SeenTimes
-from .spool import DATA_SUFFIX, LOCK_SUFFIX, PREFIX, TEMP_SUFFIX, RankReport, split_name
 from .spool_dir import Spool, SpoolDirError
+from .spool_format import DATA_SUFFIX, LOCK_SUFFIX, PREFIX, TEMP_SUFFIX, RankReport, split_name
 from .spool_reader import probing_lock, read_header
 
 log = logging.getLogger(__name__)

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from ..diagnosis import rank_order
-from .spool import DATA_SUFFIX, PREFIX, RejectedFile
+from .spool_format import DATA_SUFFIX, PREFIX, RejectedFile
 
 FRESH_SECONDS = 60.0
 MAX_NAMED_REJECTIONS = 1000  # rejected files named (for the log); all of them are counted

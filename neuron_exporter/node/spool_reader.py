@@ -39,7 +39,8 @@ import psutil
 from ..diagnosis import MAX_BYTES as MAX_DIAGNOSIS_BYTES
 from ..diagnosis import rank_order
 from .exposition_check import ExpositionError, recheck
-from .spool import (
+from .spool_dir import Spool, file_identity, open_regular
+from .spool_format import (
     DATA_SUFFIX,
     DIAGNOSIS_SUFFIX,
     FORMAT_VERSION,
@@ -50,7 +51,6 @@ from .spool import (
     RejectedFile,
     file_stem,
 )
-from .spool_dir import Spool, file_identity, open_regular
 from .spool_listing import Rejections, list_rank_files
 
 DEFAULT_MAX_BYTES = 4 * 1024 * 1024  # of one rank file

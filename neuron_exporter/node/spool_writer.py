@@ -20,7 +20,9 @@ from dataclasses import asdict
 from pathlib import Path
 
 from .. import fork_safe, run_identity
-from .spool import (
+from .spool_dir import OPEN_FLAGS, SpoolDirError, file_mode, prepare_spool_dir
+from .spool_expiry import remove_stale_temp_files
+from .spool_format import (
     DATA_SUFFIX,
     DEFAULT_SPOOL_MODE,
     DIAGNOSIS_SUFFIX,
@@ -30,8 +32,6 @@ from .spool import (
     RankMeta,
     file_stem,
 )
-from .spool_dir import OPEN_FLAGS, SpoolDirError, file_mode, prepare_spool_dir
-from .spool_expiry import remove_stale_temp_files
 
 
 class SpoolBusyError(OSError):

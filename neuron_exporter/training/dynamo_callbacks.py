@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .. import fork_safe
-from .dynamo_skip import never_compiled
+from .dynamo_skip import never_traced
 from .patching import Patch
 
 
@@ -62,7 +62,7 @@ def listen(started: Callable[[Compilation], None], ended: Callable[[Compilation]
     from torch._dynamo.callback import callback_handler
 
     listener = Listener(started, ended)
-    never_compiled(started, ended)
+    never_traced(started, ended)
     with _lock:
         if _patch is None:
             _patch = Patch(callback_handler, "install_callbacks", _wrap, on_error)
@@ -96,7 +96,7 @@ def _wrap(original):
     def install_callbacks(*args, **kwargs):
         return _bracket(original(*args, **kwargs), args, kwargs)
 
-    never_compiled(install_callbacks)
+    never_traced(install_callbacks)
     return install_callbacks
 
 

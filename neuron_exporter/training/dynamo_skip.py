@@ -16,7 +16,7 @@ from collections.abc import Callable
 from .import_watch import after_import
 
 
-def never_compiled(*functions: Callable) -> None:
+def never_traced(*functions: Callable) -> None:
     """Mark ``functions`` now, or when dynamo is imported: importing it here would cost a process that never
     compiles most of a second."""
     if "torch._dynamo" in sys.modules:

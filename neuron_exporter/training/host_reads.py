@@ -30,7 +30,7 @@ import torch
 
 from . import dynamo_callbacks
 from .attribution import SYNC_TENSORS
-from .dynamo_skip import never_compiled
+from .dynamo_skip import never_traced
 from .patching import Patch
 from .time_phases import HOST_SYNC, TimePhases
 
@@ -112,7 +112,7 @@ class HostReadHook:
             read = read_device
 
         read.__name__, read.__qualname__, read.__doc__ = name, f"Tensor.{name}", original.__doc__
-        never_compiled(read)
+        never_traced(read)
         return read
 
     def _wrap_to(self, original):
@@ -125,7 +125,7 @@ class HostReadHook:
                 return original(tensor, *args, **kwargs)
 
             to_device.__name__, to_device.__qualname__, to_device.__doc__ = "to", "Tensor.to", original.__doc__
-            never_compiled(to_device)
+            never_traced(to_device)
             return to_device
 
         def to(tensor, *args, **kwargs):
@@ -137,7 +137,7 @@ class HostReadHook:
             return original(tensor, *args, **kwargs)
 
         to.__name__, to.__qualname__, to.__doc__ = "to", "Tensor.to", original.__doc__
-        never_compiled(to)
+        never_traced(to)
         return to
 
     def _wrap_from_aten(self, original):
@@ -151,7 +151,7 @@ class HostReadHook:
                     pass
             return original(tensors, *args, **kwargs)
 
-        never_compiled(_xla_tensors_from_aten)
+        never_traced(_xla_tensors_from_aten)
         return _xla_tensors_from_aten
 
     def _wrap_next_item(self, original):
@@ -166,7 +166,7 @@ class HostReadHook:
                     pass
             return item
 
-        never_compiled(next_item)
+        never_traced(next_item)
         return next_item
 
     def _wrap_sync_multi(self, original):
@@ -175,7 +175,7 @@ class HostReadHook:
         def _xla_sync_multi(tensors, *args, **kwargs):
             return hook._read(original, SYNC_TENSORS, tensors, args, kwargs)
 
-        never_compiled(_xla_sync_multi)
+        never_traced(_xla_sync_multi)
         return _xla_sync_multi
 
     # -- life cycle -----------------------------------------------------------------------------------------

@@ -283,7 +283,7 @@ def test_prometheus_config_passes_promtool():
 
 def test_the_protocols_example_is_a_rank_file_a_reader_serves(tmp_path):
     """deploy/PROTOCOL.md's example header, with its exposition line, read as the endpoint reads a rank file."""
-    from neuron_exporter.node.spool import FORMAT_VERSION, file_stem
+    from neuron_exporter.node.spool_format import FORMAT_VERSION, file_stem
     from neuron_exporter.node.spool_reader import read_rank_file
 
     text = (DEPLOY / "PROTOCOL.md").read_text()

@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from neuron_exporter import __version__
 from neuron_exporter.config import resolve_options
 from neuron_exporter.node.node_view import NodeView
-from neuron_exporter.node.spool import RankMeta
+from neuron_exporter.node.spool_format import RankMeta
 from neuron_exporter.node.spool_writer import write_rank_file
 from tests.support.daemon import Daemon
 from tests.support.exposition import scrape

@@ -12,7 +12,7 @@ import uuid
 import pytest
 
 from neuron_exporter import diagnosis
-from neuron_exporter.node.spool import RankMeta
+from neuron_exporter.node.spool_format import RankMeta
 from neuron_exporter.node.spool_writer import release_rank_lock, write_rank_file
 from neuron_exporter.training.attribution import Attribution
 from tests.scripts.spool_writer import rank_exposition
@@ -178,7 +178,7 @@ def test_a_diagnosis_file_over_the_cap_is_left_out_in_one_line(tmp_path, caplog)
 
     from neuron_exporter.config import resolve_options
     from neuron_exporter.node.node_view import NodeView
-    from neuron_exporter.node.spool import RankMeta
+    from neuron_exporter.node.spool_format import RankMeta
     from neuron_exporter.node.spool_writer import release_rank_lock, write_rank_file
 
     exposition = (

@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from neuron_exporter.config import resolve_options
 from neuron_exporter.node.node_view import STATES, NodeView, merge_families, split_families
-from neuron_exporter.node.spool import RankMeta
+from neuron_exporter.node.spool_format import RankMeta
 from tests.scripts.spool_writer import rank_exposition
 from tests.support.exposition import samples, uncatalogued, value
 from tests.support.paths import ROOT

@@ -13,7 +13,7 @@ import pytest
 from neuron_exporter.config import resolve_options
 from neuron_exporter.node.exposition_check import escape_label_value
 from neuron_exporter.node.node_view import NodeView
-from neuron_exporter.node.spool import RankMeta
+from neuron_exporter.node.spool_format import RankMeta
 from neuron_exporter.node.spool_writer import release_rank_lock, write_rank_file
 from tests.support.exposition import samples
 from tests.support.paths import ROOT
@@ -49,7 +49,7 @@ WRITE_AS_PID_1 = """
 import json, os, sys
 sys.path.insert(0, sys.argv[2])
 from neuron_exporter import run_identity
-from neuron_exporter.node.spool import RankMeta
+from neuron_exporter.node.spool_format import RankMeta
 from neuron_exporter.node.spool_writer import write_rank_file
 from neuron_exporter.node.exposition_check import escape_label_value
 run = run_identity.run_id()

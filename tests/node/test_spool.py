@@ -8,8 +8,8 @@ import time
 import psutil
 import pytest
 
-from neuron_exporter.node.spool import RankMeta
 from neuron_exporter.node.spool_dir import Spool
+from neuron_exporter.node.spool_format import RankMeta
 from neuron_exporter.node.spool_reader import SpoolReader, read_rank_file, writer_alive
 from neuron_exporter.node.spool_writer import SpoolBusyError, release_rank_lock, write_rank_file
 from tests.support.paths import ROOT, RUN

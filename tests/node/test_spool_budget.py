@@ -10,8 +10,8 @@ import pytest
 
 from neuron_exporter.config import Options, resolve_options
 from neuron_exporter.node.node_view import NodeView
-from neuron_exporter.node.spool import RankMeta
 from neuron_exporter.node.spool_dir import Spool
+from neuron_exporter.node.spool_format import RankMeta
 from neuron_exporter.node.spool_reader import SpoolReader
 from neuron_exporter.node.spool_writer import write_rank_file
 from tests.support.daemon import Daemon

@@ -7,9 +7,9 @@ import time
 
 from neuron_exporter.config import resolve_options
 from neuron_exporter.node import spool_expiry
-from neuron_exporter.node.spool import RankMeta
 from neuron_exporter.node.spool_dir import Spool
 from neuron_exporter.node.spool_expiry import ExpiredFiles
+from neuron_exporter.node.spool_format import RankMeta
 from neuron_exporter.node.spool_writer import release_rank_lock, write_rank_file
 from tests.support.daemon import Daemon
 from tests.support.paths import RUN

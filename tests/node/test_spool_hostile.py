@@ -19,8 +19,8 @@ import pytest
 from neuron_exporter.config import ConfigError, Options, resolve_options
 from neuron_exporter.node import spool_dir, spool_expiry
 from neuron_exporter.node.node_view import NodeView
-from neuron_exporter.node.spool import RankMeta, RejectedFile
 from neuron_exporter.node.spool_dir import SpoolDirError, prepare_spool_dir
+from neuron_exporter.node.spool_format import RankMeta, RejectedFile
 from neuron_exporter.node.spool_listing import MAX_NAMED_REJECTIONS
 from neuron_exporter.node.spool_reader import read_rank_file, writer_alive
 from neuron_exporter.node.spool_writer import SpoolBusyError, release_rank_lock, write_rank_file

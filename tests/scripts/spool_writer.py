@@ -33,7 +33,7 @@ from prometheus_client import (
 )
 
 from neuron_exporter import run_identity
-from neuron_exporter.node.spool import RankMeta
+from neuron_exporter.node.spool_format import RankMeta
 from neuron_exporter.node.spool_writer import write_rank_file
 from tests.support.diagnosis_documents import sized_rank_document
 

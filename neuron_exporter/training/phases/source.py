@@ -12,7 +12,7 @@ from prometheus_client.core import Metric
 from ...catalogue import TRAINING_TIME
 from ...metric_family import labelled_family
 from .. import dynamo_callbacks
-from ..dynamo_skip import never_compiled
+from ..dynamo_skip import never_traced
 from ..import_watch import after_import, forget
 from ..patching import Patch
 from ..source import Source, Sources
@@ -118,7 +118,7 @@ def _timed(sources: Sources, phase: str, returns_futures: bool = False) -> Calla
         timed.__qualname__ = getattr(original, "__qualname__", timed.__name__)
         timed.__doc__ = getattr(original, "__doc__", None)
         timed.__wrapped__ = original  # type: ignore[attr-defined]
-        never_compiled(timed)
+        never_traced(timed)
         return timed
 
     return wrap

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..dynamo_skip import never_compiled
+from ..dynamo_skip import never_traced
 from ..patching import Patch
 
 
@@ -36,7 +36,7 @@ class OptimizerHook:
     def install(self) -> None:
         from torch.optim.optimizer import Optimizer, register_optimizer_step_post_hook
 
-        never_compiled(self._on_step)
+        never_traced(self._on_step)
         self._handle = register_optimizer_step_post_hook(self._on_step)
         self.active = True
         if hasattr(Optimizer, "_patch_step_function"):
@@ -51,7 +51,7 @@ class OptimizerHook:
                 hook._on_created()
             return original(optimizer, *args, **kwargs)
 
-        never_compiled(patch_step_function)
+        never_traced(patch_step_function)
         return patch_step_function
 
     def uninstall(self) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 
-from ..dynamo_skip import never_compiled
+from ..dynamo_skip import never_traced
 from ..import_watch import after_import, forget
 from ..patching import Patch
 from ..time_phases import TimePhases
@@ -51,5 +51,5 @@ class BridgeCompilations:
             finally:
                 ledger.compile_ended()
 
-        never_compiled(extract_compiled_graph)
+        never_traced(extract_compiled_graph)
         return extract_compiled_graph

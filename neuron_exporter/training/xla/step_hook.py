@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..dynamo_skip import never_compiled
+from ..dynamo_skip import never_traced
 from ..patching import Patch
 
 
@@ -42,7 +42,7 @@ class StepHook:
 
     def _wrap(self, original: Callable) -> Callable:
         step_marker = self._make_wrapper(original, self)
-        never_compiled(step_marker)
+        never_traced(step_marker)
         return step_marker
 
     def uninstall(self) -> None:

@@ -45,7 +45,11 @@ def test_every_panel_of_the_torchneuron_dashboard_has_data(tmp_path):
                 what="12 scrapes of the TorchNeuron run",
             )
             report, empty = {}, []
+            row = ""
             for panel in board["panels"]:
+                row = panel["title"] if panel.get("type") == "row" else row
+                if row.startswith("Devices"):  # neuron-monitor's, not scraped here: test_device_join_prometheus.py
+                    continue
                 counts = []
                 for query in panel.get("targets", []):
                     expr = substitute_variables(query["expr"], VARIABLES)

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .label_values import CUT_CAUSES, PHASES, RANK_STATES, READ_CAUSES
+
 COUNTER, GAUGE, HISTOGRAM = "counter", "gauge", "histogram"
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 
@@ -72,17 +74,13 @@ XLA_GRAPH_CUTS = _counter(
     "xla_graph_cuts_total",
     "Graphs run before a step marker, by cause (the host read: item, bool, print, ...; cpu_fallback; unattributed) "
     "and source line",
-    XLA,
-    "cause",
-    "location",
-)
+    XLA, "cause", "location", values={"cause": CUT_CAUSES},
+)  # fmt: skip
 XLA_HOST_READS = _counter(
     "xla_host_reads_total",
     "Reads of device data by the host, by cause and source line, whether or not they ran a graph",
-    XLA,
-    "cause",
-    "location",
-)
+    XLA, "cause", "location", values={"cause": READ_CAUSES},
+)  # fmt: skip
 XLA_NEW_GRAPHS = _counter(
     "xla_new_graphs_total",
     "First compilations of a computation (a new code path: the first step, an eval loop, a logging step), by the "
@@ -172,8 +170,6 @@ TRAINING_STEP_DURATION = Family(
 
 # -- where the training thread's time goes, every backend (training/phases/) -------------------------------------
 TIME_PHASES = "time_phases"
-PHASES = ("startup", "data", "compile", "host_sync", "checkpoint", "step", "other")  # its phase label's values
-GOODPUT_PHASE = "step"  # the productive phase; every other one is badput
 TRAINING_TIME = _counter(
     "training_time_seconds_total",
     "Wall time of the training thread by phase, from the process's start: step (productive), startup, data, "
@@ -389,7 +385,7 @@ NODE = "node"
 RANK_UP = _gauge("neuron_exporter_rank_up", "1 if the rank is running, 0 if it is hung or dead", NODE)
 RANK_STATE = _gauge(
     "neuron_exporter_rank_state", "The rank's state: 1 for the current one of running, hung, dead", NODE, "state",
-    values={"state": ("running", "hung", "dead")},
+    values={"state": RANK_STATES},
 )  # fmt: skip
 RANK_LAST_REPORT = _gauge(
     "neuron_exporter_rank_last_report_timestamp_seconds", "When the rank last reported progress (unix time)", NODE

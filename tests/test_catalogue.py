@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from neuron_exporter import catalogue
+from neuron_exporter import catalogue, label_values
 from neuron_exporter.catalogue import COUNTER, FAMILIES, SERIES, Family
 from neuron_exporter.metric_family import labelled_family, single_series
 from neuron_exporter.untrusted import LabelBudget
@@ -89,12 +89,21 @@ def test_the_dashboards_and_rules_take_the_names_of_series_from_the_catalogue():
 def test_every_label_value_the_rules_dashboards_docs_and_diagnosis_name_is_in_the_catalogue():
     """A phase or rank state named anywhere but in its family's entry is checked against it: a new value is one edit."""
     pytest.importorskip("grafana_foundation_sdk")
+    from neuron_exporter.diagnosis.advice import _cause_text
     from neuron_exporter.mixin.build import files
     from neuron_exporter.mixin.rules import goodput, startup
+    from neuron_exporter.training.host_reads import READS
 
-    declared = {label: set(values) for family in FAMILIES.values() for label, values in family.values}
-    assert declared == {"phase": set(catalogue.PHASES), "state": {"running", "hung", "dead"}}
-    matcher = re.compile(r'\b(phase|state)\s*(=~|!~|!=|=)\s*\\?"([^"\\]*)\\?"')
+    declared: dict[str, set[str]] = {}
+    for family in FAMILIES.values():
+        for label, values in family.values:
+            declared.setdefault(label, set()).update(values)
+    assert declared == {
+        "phase": set(label_values.PHASES),
+        "state": set(label_values.RANK_STATES),
+        "cause": set(label_values.CUT_CAUSES),
+    }
+    matcher = re.compile(r'\b(phase|state|cause)\s*(=~|!~|!=|=)\s*\\?"([^"\\]*)\\?"')
     named = [
         (path, label, value)
         for path, text in files().items()
@@ -103,13 +112,15 @@ def test_every_label_value_the_rules_dashboards_docs_and_diagnosis_name_is_in_th
         if value and "$" not in value  # a dashboard variable, not a value
     ]
     assert named and {(path, label, value) for path, label, value in named if value not in declared[label]} == set()
-    assert set(goodput.ADVICE) == set(catalogue.PHASES) - {catalogue.GOODPUT_PHASE}
-    assert set(startup.ADVICE) <= set(catalogue.PHASES)
+    assert set(goodput.ADVICE) == set(label_values.PHASES) - {label_values.GOODPUT_PHASE}
+    assert set(startup.ADVICE) <= set(label_values.PHASES)
+    assert set(READS.values()) == set(label_values.READ_CAUSES)  # the host-read wrappers' causes
+    assert all(_cause_text(cause) != cause for cause in label_values.CUT_CAUSES)  # the diagnosis words each one
     guide = (ROOT / "docs" / "user-guide.md").read_text()
     table = guide.split("| phase | the training thread is | measured at |")[1].split("\n\n")[0]
     assert re.findall(r"^\| `(\w+)` \|", table, re.M) == [
-        catalogue.GOODPUT_PHASE,
-        *(phase for phase in catalogue.PHASES if phase != catalogue.GOODPUT_PHASE),
+        label_values.GOODPUT_PHASE,
+        *(phase for phase in label_values.PHASES if phase != label_values.GOODPUT_PHASE),
     ]
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import textwrap
 from collections.abc import Callable
 
-from ..catalogue import GOODPUT_PHASE  # the productive phase of ``time_phases``; every other is badput
+from ..label_values import GOODPUT_PHASE  # the productive phase of ``time_phases``; every other is badput
 from .advice import as_number, findings
 from .document import dumps
 

@@ -28,6 +28,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from .. import fork_safe
+from ..label_values import CPU_FALLBACK, SYNC_TENSORS, UNATTRIBUTED
 from .sites import UNKNOWN
 
 log = logging.getLogger("neuron_exporter")
@@ -38,12 +39,9 @@ MAX_VARIANTS = 8  # traits remembered per site and sites before it
 MAX_UPLOAD_SITES = 200
 MAX_PRIOR = 8  # earlier graph sites in one step that name a graph
 MAX_CHANGES = 5  # shape changes kept per site for the detailed view
-UNATTRIBUTED = "unattributed"
-CPU_FALLBACK = "cpu_fallback"
-# torch_xla's partial sync of chosen tensors (xm.mesh_reduce and xm.save before they copy to the host, xm.unlazy,
-# torch_xla.utils.serialization, the dynamo bridge before it runs a compiled graph): it runs their graph there, a
-# cut, with no Tensor method in between. Counted as a cut of this cause, not as a host read.
-SYNC_TENSORS = "sync_tensors"
+# SYNC_TENSORS: torch_xla's partial sync of chosen tensors (xm.mesh_reduce and xm.save before they copy to the host,
+# xm.unlazy, torch_xla.utils.serialization, the dynamo bridge before it runs a compiled graph): it runs their graph
+# there, a cut, with no Tensor method in between. Counted as a cut of this cause, not as a host read.
 
 
 @dataclass

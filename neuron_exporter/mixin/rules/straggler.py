@@ -94,7 +94,7 @@ def excess_share(c: Config) -> str:
         """
         (
           ${badput}
-          - on (${run}, phase) group_left
+          - on (${run}, phase) group_left ()
           ${median_badput}
         )
         / on (${run}) group_left ()

@@ -307,6 +307,11 @@ def substitute(expr: str, **overrides: str) -> str:
 # TorchNeuron's dashboard has its data from a TorchNeuron job (test_torchneuron_prometheus.py); here its queries
 # must parse and run.
 NOT_FROM_XLA = {"torchneuron.json"}
+# Panels empty here by design, each with data where it is tested: the Devices rows read neuron-monitor's series
+# (test_device_join_prometheus.py), and these runs are balanced, with no rank that holds one back (the straggler
+# rules' promtool tests and benchmarks/straggler_runs.py).
+EMPTY_HERE_ROWS = ("Devices",)
+EMPTY_HERE_PANELS = {"Ranks that hold the run back"}
 
 
 @pytest.mark.parametrize("dashboard", sorted(dashboards.DASHBOARDS))
@@ -314,7 +319,9 @@ def test_every_dashboard_query_parses_and_every_panel_has_data(run, dashboard):
     board = json.loads((DASHBOARDS / dashboard).read_text())
     end = time.time()
     report, empty = {}, []
+    row = ""
     for panel in board["panels"]:
+        row = panel["title"] if panel.get("type") == "row" else row
         targets = panel.get("targets", [])
         if not targets:
             continue
@@ -325,7 +332,7 @@ def test_every_dashboard_query_parses_and_every_panel_has_data(run, dashboard):
             assert result["status"] == "success", f"{panel['title']}: {expr}: {result.get('error')}"
             counts.append(finite_values(result))
         report[panel["title"]] = counts
-        if not any(counts):
+        if not any(counts) and not row.startswith(EMPTY_HERE_ROWS) and panel["title"] not in EMPTY_HERE_PANELS:
             empty.append(panel["title"])
     print(
         f"\n{dashboard}: finite values per query of each panel:",

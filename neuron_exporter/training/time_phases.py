@@ -36,7 +36,6 @@ import threading
 import time
 from collections.abc import Callable
 
-from .. import fork_safe
 from ..catalogue import TRAINING_TIME
 
 PHASES = TRAINING_TIME.values_of("phase")  # written in the catalogue only
@@ -82,7 +81,8 @@ class TimePhases:
         """``process_start``: when the process started, on ``clock``'s scale (what came before this ledger is
         ``startup``)."""
         self._clock = clock
-        self._lock = fork_safe.Lock()
+        # A plain lock, on the hot path: a forked child never uses this ledger, it gets a new one (process_ledger).
+        self._lock = threading.Lock()
         self.totals = dict.fromkeys(PHASES, 0.0)
         now = clock()
         self.totals[STARTUP] = max(0.0, now - process_start)
@@ -113,8 +113,9 @@ class TimePhases:
         """The calling thread enters ``phase``; the lane to ``close`` when it leaves (None after the end)."""
         if self.finished:
             return None
+        thread = threading.get_ident()
         with self._lock:
-            lane = self._lane(threading.get_ident())
+            lane = self._lanes.get(thread) or self._lane(thread)
             lane.depth += 1
             if lane.depth == 1 and not lane.compiling:
                 lane.phase, lane.phase_start, lane.phase_taken = phase, self._clock(), 0.0
@@ -122,11 +123,15 @@ class TimePhases:
 
     def close(self, lane: Lane) -> None:
         with self._lock:
-            lane.depth = max(0, lane.depth - 1)
-            if not lane.depth and lane.phase is not None:
+            lane.depth -= 1
+            if lane.depth > 0:
+                return
+            lane.depth = 0
+            if lane.phase is not None:
                 self._count_phase(lane, self._clock())
                 lane.phase = None
-            self._drop_if_idle(lane)
+            if lane is not self.training:
+                self._drop_if_idle(lane)
 
     def phase(self, phase: str) -> _Span:
         """``with ledger.phase(DATA): ...``"""

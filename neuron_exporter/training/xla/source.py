@@ -132,21 +132,25 @@ class XlaSource(Source):
                 value = source.reader.counter_value
                 compiles_before = value(UNCACHED_COMPILE) or 0
                 graphs_before = (value(CACHED_COMPILE) or 0) + compiles_before
-                call = source.phases().device_call(source._probe_call, compiles_before)
+                ledger = source.phases()
+                call = ledger.device_call(source._probe_call, compiles_before)
             except Exception as error:  # noqa: BLE001 (never into the training loop)
                 source.step_error(error)  # this marker is not accounted; one failure is counted
-                value = call = None
+                value = None
             own = perf_counter() - start
             try:
                 result = original(*args, **kwargs)  # its exceptions reach the caller unchanged
             finally:
-                if call is not None:
-                    source._call_ended(call, compiles_before)
+                now = perf_counter()
+                if value is not None:
+                    try:
+                        compiles = source._call_ended(ledger, call, compiles_before)
+                    except Exception as error:  # noqa: BLE001
+                        source.step_error(error)
+                        value = None
             if value is None:
                 return result
-            now = perf_counter()
             try:
-                compiles = value(UNCACHED_COMPILE) or 0
                 graphs = (value(CACHED_COMPILE) or 0) + compiles
                 # Graphs run since the last marker that no host read ran: a CPU fallback may have cut them.
                 graphs_seen, compiles_seen = source._graphs_seen, source._compiles_seen
@@ -178,14 +182,17 @@ class XlaSource(Source):
 
         return step_marker
 
-    def _call_ended(self, call: DeviceCall, compiles_before: int) -> None:
-        """A step marker or host read ended: the seconds torch_xla compiled in it (none, mostly) to the ledger."""
+    def _call_ended(self, ledger: TimePhases, call: DeviceCall, compiles_before: int) -> int:
+        """A step marker or host read ended, whatever became of it: the seconds torch_xla compiled in it (none,
+        mostly) to the ledger; the compilations so far (``UncachedCompile``)."""
+        compiles = self.reader.counter_value(UNCACHED_COMPILE) or 0
         try:
-            compilations = (self.reader.counter_value(UNCACHED_COMPILE) or 0) - compiles_before
-            seconds = self.reader.compile_seconds(compilations) if compilations > 0 else 0.0
-            self.phases().device_call_ended(call, seconds)
-        except Exception as error:  # noqa: BLE001 (never into the training loop)
+            seconds = self.reader.compile_seconds(compiles - compiles_before) if compiles != compiles_before else 0.0
+        except Exception as error:  # noqa: BLE001 (never into the training loop; the call must still end)
             self.step_error(error)
+            seconds = 0.0
+        ledger.device_call_ended(call, seconds)
+        return compiles
 
     def _compiling(self, call: DeviceCall) -> bool:
         """Asked by reads of the ledger, from any thread, while a step marker or host read runs: whether it compiles
@@ -237,24 +244,23 @@ class XlaSource(Source):
             value = self.reader.counter_value
             compiles_before = value(UNCACHED_COMPILE) or 0
             graphs_before = (value(CACHED_COMPILE) or 0) + compiles_before
-            call = self.phases().device_call(self._probe_call, compiles_before)
+            ledger = self.phases()
+            call = ledger.device_call(self._probe_call, compiles_before)
             # The site is found before the read: the graph the read may run leaves the CPU caches cold, and the less
             # that runs after it, the less the read costs.
             location = self.sites.site(frame)
             frames = None if location in self.attribution.sites else self.sites.frames(frame)
         except Exception as error:  # noqa: BLE001 (never into the training loop)
             self.step_error(error)  # this read is not accounted; one failure is counted
-            value = call = None
+            value = None
         own = perf_counter() - start
         try:
             return original(tensor, *args, **kwargs)
         finally:
             now = perf_counter()
-            if call is not None:
-                self._call_ended(call, compiles_before)
             if value is not None:
                 try:
-                    compiles = value(UNCACHED_COMPILE) or 0
+                    compiles = self._call_ended(ledger, call, compiles_before)
                     graphs = (value(CACHED_COMPILE) or 0) + compiles - graphs_before
                     compiled = compiles - compiles_before
                     self._graphs_seen += graphs

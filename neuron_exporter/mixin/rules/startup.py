@@ -5,6 +5,8 @@ on its own, while the rank's process lives, and TrainingGoodputLow leaves it out
 
 from __future__ import annotations
 
+from typing import Any
+
 from ...catalogue import PROCESS_CPU, TRAINING_STEPS, TRAINING_TIME
 from ..config import Config
 from .promql import RANK, alert, fill, labels, rank_lookup, run_name, select
@@ -43,7 +45,7 @@ def duration_text(seconds: float) -> str:
 def startup_alerts(c: Config) -> list[dict]:
     the_run = run_name(c)
     limit = duration_text(c.startup_max_seconds)
-    values = {
+    values: dict[str, Any] = {  # Any: mypy would take a str for rank_lookup's with_selector
         "time": TRAINING_TIME.name,
         "steps": TRAINING_STEPS.name,
         "cpu": PROCESS_CPU.name,

@@ -89,7 +89,23 @@ def _time_waits(result, sources: Sources, phase: str) -> None:
     futures = [result] if isinstance(result, Future) else [getattr(result, name, None) for name in FUTURE_FIELDS]
     for future in futures:
         if isinstance(future, Future):
-            future.result = _timed(sources, phase)(future.result)  # type: ignore[method-assign]
+            future.result = _waited(future.result, sources, phase)  # type: ignore[method-assign]
+
+
+def _waited(result: Callable, sources: Sources, phase: str) -> Callable:
+    """``result`` (a future's), timed as ``phase``: made per future, so not marked for dynamo (a registration per
+    future, until dynamo is imported, would pile up)."""
+
+    def timed_result(*args, **kwargs):
+        phases = sources.phases
+        lane = phases.open(phase)
+        try:
+            return result(*args, **kwargs)
+        finally:
+            if lane is not None:
+                phases.close(lane)
+
+    return timed_result
 
 
 def _after(wrap_module: Callable[[str], None], name: str) -> Callable[[], None]:

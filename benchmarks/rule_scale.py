@@ -58,7 +58,7 @@ def template_exposition(work: Path) -> str:
     with log.open("w") as out:
         process = subprocess.Popen(
             [sys.executable, str(EXAMPLE), "--port", str(port), "--continue-for", "600"],
-            env=xla_env(),
+            env=xla_env(NEURON_EXPORTER_SPOOL_DIR=str(work / "spool")),  # its ranks alone, not the machine's
             stdout=out,
             stderr=subprocess.STDOUT,
         )
@@ -70,7 +70,12 @@ def template_exposition(work: Path) -> str:
             time.sleep(1)
         time.sleep(INTERVAL)  # its spool and the node view catch up with the last phase
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as response:
-            return response.read().decode()
+            exposition = response.read().decode()
+        ranks = {(s.labels["run_id"], s.labels["rank"]) for f in text_string_to_metric_families(exposition)
+                 for s in f.samples if "rank" in s.labels}  # fmt: skip
+        if len(ranks) != 1:
+            sys.exit(f"examples/train.py's endpoint served {len(ranks)} ranks, not its own alone")
+        return exposition
     finally:
         process.terminate()
         process.wait(timeout=60)
@@ -183,13 +188,14 @@ def measure(prometheus: Prometheus, seconds: float) -> dict[str, dict]:
     return seen
 
 
-def missed_iterations(prometheus: Prometheus) -> float:
+def own_metric(prometheus: Prometheus, family_name: str) -> float:
+    """The sum of one of Prometheus's own families, from its /metrics."""
     with urllib.request.urlopen(f"{prometheus.url}/metrics", timeout=30) as response:
         text = response.read().decode()
     return sum(
         sample.value
         for family in text_string_to_metric_families(text)
-        if family.name == "prometheus_rule_group_iterations_missed"
+        if family.name == family_name
         for sample in family.samples
     )
 
@@ -246,7 +252,23 @@ def main() -> None:
                 reverse=True,
             )[:6]
             print("slowest rules (median): " + ", ".join(f"{rule} {t * 1000:.1f} ms" for t, rule in slowest))
-            print(f"iterations missed: {missed_iterations(prometheus):g}")
+            straggler = {
+                rule: times
+                for name, entry in seen.items()
+                if "straggler" in name
+                for rule, times in entry["rules"].items()
+            }
+            print(
+                "the straggler's rules (median / max): "
+                + ", ".join(
+                    f"{rule} {statistics.median(t) * 1000:.1f} / {max(t) * 1000:.1f} ms"
+                    for rule, t in straggler.items()
+                )
+            )
+            print(
+                f"iterations missed: {own_metric(prometheus, 'prometheus_rule_group_iterations_missed'):g}; "
+                f"Prometheus resident: {own_metric(prometheus, 'process_resident_memory_bytes') / 2**30:.1f} GiB"
+            )
             alerts = [a for a in prometheus.alerts() if a["labels"]["alertname"] == "TrainingStraggler"]
             for alert in alerts:
                 where = f"rank {alert['labels']['rank']} ({alert['labels']['instance']})"

@@ -30,8 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from neuron_exporter.mixin.config import DEFAULTS, config_from  # noqa: E402
-from neuron_exporter.mixin.rules.recording import recording_rules  # noqa: E402
-from neuron_exporter.mixin.rules.straggler import straggler_alerts  # noqa: E402
+from neuron_exporter.mixin.rules.straggler import straggler_alerts, straggler_recording_rules  # noqa: E402
 from tests.support.prometheus import running_prometheus  # noqa: E402
 from tests.support.straggler_series import INTERVAL, Noise, run_series  # noqa: E402
 
@@ -53,7 +52,7 @@ def excess_of(run: str) -> str:
     """The alert's expression for one run, its threshold at 0 and its recorded series written out: each judged
     rank's largest excess share when above the median."""
     config = config_from({"straggler_excess_share": 0, "selector": f'{DEFAULTS.selector}, run_id="{run}"'})
-    recorded = recording_rules(config)
+    recorded = straggler_recording_rules(config)
     (rule,) = straggler_alerts(config)
     expr = rule["expr"]
     pattern = re.compile(
@@ -61,6 +60,7 @@ def excess_of(run: str) -> str:
     )
     while pattern.search(expr):
         expr = pattern.sub(lambda match: f"({recorded[match.group(1)]})", expr)
+    assert not re.search(r"[a-z_]+:[a-z_]+:[a-z0-9_]+", expr), f"a recorded series is left in {expr}"
     return expr
 
 
@@ -146,7 +146,7 @@ def main() -> None:
             end = start + samples * INTERVAL
             for run in runs:  # one query a run: a range query over all of them takes longer than the API's timeout
                 result = prometheus.query_range(excess_of(run), start, end, step=f"{INTERVAL}s")
-                assert result["status"] == "success", result
+                assert result["status"] == "success" and result["data"]["result"], (run, result)
                 results[run] = judged(result["data"]["result"], start, threshold, for_evaluations)
     print(
         f"{args.runs} balanced runs of {args.ranks} ranks per level, {args.hours:g} h each "

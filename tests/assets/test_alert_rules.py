@@ -53,7 +53,10 @@ def test_promtool_check_rules_is_clean():
 
 def test_alerts_are_grouped_by_topic():
     recording = yaml.safe_load(RULE_FILES[0].read_text())["groups"]
-    assert [group["name"] for group in recording] == ["neuron-exporter.xla.recording"]
+    assert [group["name"] for group in recording] == [
+        "neuron-exporter.xla.recording",
+        "neuron-exporter.straggler.recording",
+    ]
     groups = {group["name"]: group["rules"] for group in yaml.safe_load(RULE_FILES[1].read_text())["groups"]}
     prefixes = {
         "neuron-exporter.xla": "Xla",

@@ -105,7 +105,7 @@ def test_the_configuration_reaches_the_straggler_rule():
     )
     (rule,) = [rule for rule in rules.alert_rules(changed) if rule["alert"] == "TrainingStraggler"]
     assert ") > 0.25\n" in rule["expr"]
-    assert "(rank:training_seconds_per_step:ratio5m) >= 16)" in rule["expr"]
+    assert "(rank:training_steps:rate5m > 0) >= 16)" in rule["expr"]
     assert "(increase(training_steps_total{" in rule["expr"] and "}[5m])) >= 50)" in rule["expr"]
     assert "(min_over_time(training_steps_total{" in rule["expr"] and "}[5m])) >= 5)" in rule["expr"]
     assert rule["for"] == "30m" and rule["labels"]["severity"] == "critical"

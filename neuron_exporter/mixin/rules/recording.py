@@ -20,7 +20,6 @@ from ...catalogue import (
 )
 from ..config import DEFAULTS, Config
 from .promql import fill, labels, select
-from .straggler import straggler_recording_rules
 
 WINDOW = "5m"
 
@@ -40,7 +39,7 @@ FALLBACK_RATE = f"rank_op:xla_cpu_fallback_ops:rate{WINDOW}"
 SITE_CUTS_PER_STEP = f"run_location:xla_graph_cuts_per_step:ratio{WINDOW}"
 SITE_RECOMPILATIONS_PER_STEP = f"run_location:xla_recompilations_per_step:ratio{WINDOW}"
 # Goodput, every backend: the share of the training thread's time in training steps, per rank and per run (over the
-# run's ranks), and each other phase's share per run (badput). The straggler alert's rules are in straggler.py.
+# run's ranks), and each other phase's share per run (badput).
 RANK_GOODPUT = f"rank:training_goodput:ratio{WINDOW}"
 RUN_GOODPUT = f"run:training_goodput:ratio{WINDOW}"
 RUN_BADPUT = f"run_phase:training_badput:ratio{WINDOW}"
@@ -143,7 +142,6 @@ def recording_rules(c: Config = DEFAULTS) -> dict[str, str]:
         RANK_GOODPUT: ratio_of_time(c, rank, 'phase="step"'),
         RUN_GOODPUT: ratio_of_time(c, run, 'phase="step"'),
         RUN_BADPUT: ratio_of_time(c, run, 'phase!="step"', by_phase=True),
-        **straggler_recording_rules(c),
     }
 
 

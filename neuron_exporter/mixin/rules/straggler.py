@@ -27,7 +27,6 @@ PHASES = ("data", "compile", "host_sync", "checkpoint")
 # Recording rule names.
 RANK_STEPS = f"rank:training_steps:rate{WINDOW}"
 RANK_BADPUT_PER_STEP = f"rank_phase:training_badput_seconds_per_step:ratio{WINDOW}"
-RANK_SECONDS_PER_STEP = f"rank:training_seconds_per_step:ratio{WINDOW}"
 RUN_BADPUT_PER_STEP = f"run_phase:training_badput_seconds_per_step:median{WINDOW}"
 RUN_SECONDS_PER_STEP = f"run:training_seconds_per_step:median{WINDOW}"
 
@@ -47,9 +46,9 @@ ADVICE = {
 
 
 def straggler_recording_rules(c: Config) -> dict[str, str]:
-    """{name: expression}, in evaluation order: per rank, its training steps per second, its badput seconds per
-    step by phase and its wall seconds per step; per run, the median rank's of the last two. No value while a rank
-    makes no training step."""
+    """{name: expression}, in evaluation order: per rank, its training steps per second and its badput seconds
+    per step by phase; per run, the median rank's badput seconds per step by phase and wall seconds per step (the
+    inverse of its step rate). No value while a rank makes no training step."""
     rank = labels(*c.rank_labels)
     run = labels(*c.run_labels)
     phases = "|".join(PHASES)
@@ -71,19 +70,8 @@ def straggler_recording_rules(c: Config) -> dict[str, str]:
             window=WINDOW,
             steps=RANK_STEPS,
         ),
-        RANK_SECONDS_PER_STEP: fill(
-            """
-            sum by (${rank}) (rate(${time}[${window}]))
-            /
-            (${steps} > 0)
-            """,
-            rank=rank,
-            time=select(c, TRAINING_TIME.name),
-            window=WINDOW,
-            steps=RANK_STEPS,
-        ),
         RUN_BADPUT_PER_STEP: fill("quantile by (${run}, phase) (0.5, ${badput})", run=run, badput=RANK_BADPUT_PER_STEP),
-        RUN_SECONDS_PER_STEP: fill("quantile by (${run}) (0.5, ${seconds})", run=run, seconds=RANK_SECONDS_PER_STEP),
+        RUN_SECONDS_PER_STEP: fill("quantile by (${run}) (0.5, 1 / (${steps} > 0))", run=run, steps=RANK_STEPS),
     }
 
 
@@ -141,7 +129,7 @@ def straggler_alerts(c: Config) -> list[dict]:
                   (
                     ${excess}
                   ) > ${share}
-                  and on (${run}) (count by (${run}) (${rank_seconds}) >= ${min_ranks})
+                  and on (${run}) (count by (${run}) (${rank_steps} > 0) >= ${min_ranks})
                   and on (${rank}) (sum by (${rank}) (increase(${steps}[${window}])) >= ${min_steps})
                   and on (${rank}) (${started})
                   and on (${rank}) (${live})
@@ -151,7 +139,7 @@ def straggler_alerts(c: Config) -> list[dict]:
                 run=run,
                 excess=excess_share(c).replace("\n", "\n    "),
                 share=f"{c.straggler_excess_share:g}",
-                rank_seconds=RANK_SECONDS_PER_STEP,
+                rank_steps=RANK_STEPS,
                 min_ranks=f"{c.straggler_min_ranks:g}",
                 steps=select(c, TRAINING_STEPS.name),
                 window=WINDOW,

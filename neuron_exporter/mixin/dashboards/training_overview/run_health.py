@@ -14,22 +14,22 @@ BY_RUN = "job, run_id"
 BY_RANK = "job, run_id, instance, rank"
 
 
-def per_step(q: Queries, by: str, matchers: str) -> str:
-    """Training-thread seconds per training step over the time range, of each rank (``by`` ends with its labels):
-    the matched phases' time over the rank's steps."""
-    time = q.rate(TRAINING_TIME.name, by=by, matchers=f"{q.run}, {matchers}" if matchers else q.run, window="$__range")
-    steps = q.rate(TRAINING_STEPS.name, by=BY_RANK, matchers=q.run, window="$__range")
-    return f"{time} / on ({BY_RANK}) group_left () ({steps} > 0)"
+def steps(q: Queries) -> str:
+    """Each rank's training steps per second over the time range."""
+    return q.rate(TRAINING_STEPS.name, by=BY_RANK, matchers=q.run, window="$__range")
 
 
 def excess(q: Queries) -> str:
-    """Per rank and phase: its badput seconds per step less the run's median rank's."""
-    badput = per_step(q, f"{BY_RANK}, phase", f'phase=~"{"|".join(PHASES)}"')
-    return f"({badput} - on ({BY_RUN}, phase) group_left quantile by ({BY_RUN}, phase) (0.5, {badput}))"
+    """Per rank and phase, over the time range: its badput seconds per training step less the run's median
+    rank's."""
+    time = q.rate(TRAINING_TIME.name, by=f"{BY_RANK}, phase", matchers=f'{q.run}, phase=~"{"|".join(PHASES)}"',
+                  window="$__range")  # fmt: skip
+    badput = f"{time} / on ({BY_RANK}) group_left () ({steps(q)} > 0)"
+    return f"({badput} - on ({BY_RUN}, phase) group_left () quantile by ({BY_RUN}, phase) (0.5, {badput}))"
 
 
 def row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
-    run_seconds = f"quantile by ({BY_RUN}) (0.5, {per_step(q, BY_RANK, '')})"
+    run_seconds = f"quantile by ({BY_RUN}) (0.5, 1 / ({steps(q)} > 0))"  # the median rank's wall time per step
     share = f"topk by ({BY_RANK}) (1, {excess(q)} / on ({BY_RUN}) group_left () {run_seconds}) > 0"
     seconds = f"{excess(q)} and on ({BY_RANK}, phase) ({share})"
     return board.with_row(Row("Run health")).with_panel(

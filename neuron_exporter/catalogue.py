@@ -172,11 +172,23 @@ TRAINING_STEP_DURATION = Family(
 TIME_PHASES = "time_phases"
 TRAINING_TIME = _counter(
     "training_time_seconds_total",
-    "Wall time of the training thread by phase, from the process's start: step (productive), startup, data, "
-    "compile, host_sync, checkpoint, other; goodput is the step share",
+    "Wall time of the training thread by phase, from the start of the rank's first process of the run: step "
+    "(productive), startup, data, compile, host_sync, checkpoint, other, and recovery (between a process's end and "
+    "the next one's start); goodput is the step share",
     TIME_PHASES,
     "phase",
     values={"phase": PHASES},
+)
+TRAINING_RESTARTS = _counter(
+    "training_restarts_total",
+    "Processes of this rank of the run that ended without finishing and were followed by another process of it",
+    TIME_PHASES,
+)
+TRAINING_LOST = _counter(
+    "training_lost_seconds_total",
+    "Step time of the steps this rank did again after a restart: an earlier process's steps at or past the step "
+    "the next process resumed from (badput, inside phase step)",
+    TIME_PHASES,
 )
 
 # -- torch.compile (training/torch_compile/) ----------------------------------------------------------------------

@@ -3,7 +3,9 @@ catalogue's entry of each family declares its labels' values from these (``Famil
 every place that names one against them."""
 
 # training_time_seconds_total{phase}: where the training thread's time goes; GOODPUT_PHASE is the productive one.
-PHASES = ("startup", "data", "compile", "host_sync", "checkpoint", "step", "other")
+# RECOVERY_PHASE is the run's, not a process's: from the end of a rank's process to the start of the next one.
+PHASES = ("startup", "data", "compile", "host_sync", "checkpoint", "step", "other", "recovery")
+RECOVERY_PHASE = "recovery"
 GOODPUT_PHASE = "step"
 # neuron_exporter_rank_state{state}
 RANK_STATES = ("running", "hung", "dead")

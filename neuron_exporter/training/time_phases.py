@@ -39,7 +39,7 @@ from collections.abc import Callable
 from ..catalogue import TRAINING_TIME
 
 PHASES = TRAINING_TIME.values_of("phase")  # written in the catalogue only
-STARTUP, DATA, COMPILE, HOST_SYNC, CHECKPOINT, STEP, OTHER = PHASES
+STARTUP, DATA, COMPILE, HOST_SYNC, CHECKPOINT, STEP, OTHER, RECOVERY = PHASES
 BADPUT = tuple(phase for phase in PHASES if phase != STEP)
 
 

@@ -112,6 +112,8 @@ _RANK = {
     "sites": [_SITE],
     "torch_compile": _TORCH_COMPILE,
     "time_phases": {"*": "count"},  # seconds of the training thread by phase (training_time_seconds_total)
+    "restarts": "count",  # processes of the rank in the run that ended without finishing (training_restarts_total)
+    "lost_seconds": "count",  # step seconds done again after restarts (training_lost_seconds_total)
     "trimmed": "text",
 }
 _DOCUMENT = {"format!": "count", "ranks!": [_RANK]}

@@ -50,31 +50,82 @@ def render_text(document: dict) -> str:
 TOP_BADPUT = 3
 
 
+STRAGGLER_PHASES = ("data", "compile", "host_sync", "checkpoint")  # a rank's own badput, which the others wait for
+STRAGGLER_MIN_RANKS = 4
+STRAGGLER_EXCESS_SHARE = 0.1  # of the run's time per step, as TrainingStraggler judges (mixin's thresholds)
+
+
 def goodput_lines(ranks: list) -> list[str]:
-    """One line per run whose ranks say where their time went: its goodput (the training steps' share of its ranks'
-    time) and its largest badput phases, e.g. ``Run 42, 8 ranks: goodput 0.41 | compile 33% host_sync 18% data
-    6%``."""
+    """One line per run whose ranks say where their time went: its goodput over its life (the training steps' share
+    of its ranks' time, less the work done again after restarts) and its largest badput phases, its restarts, and
+    the rank that holds it back, e.g. ``Run 42, 8 ranks: goodput 0.41 | compile 33% host_sync 18% data 6%``."""
     runs: dict[str, list[dict]] = {}
     for rank in ranks:
         if isinstance(rank, dict) and isinstance(rank.get("time_phases"), dict):
-            runs.setdefault(str(rank.get("run_id", "")), []).append(rank["time_phases"])
+            runs.setdefault(str(rank.get("run_id", "")), []).append(rank)
     lines = []
-    for run_id, phases in sorted(runs.items()):
+    for run_id, members in sorted(runs.items()):
         totals: dict[str, float] = {}
-        for seconds in phases:
-            for phase, value in seconds.items():
+        for member in members:
+            for phase, value in member["time_phases"].items():
                 totals[phase] = totals.get(phase, 0.0) + as_number(value)
         whole = sum(totals.values())
         if whole <= 0:
             continue
+        lost = sum(as_number(member.get("lost_seconds")) for member in members)
         badput = sorted((-value, phase) for phase, value in totals.items() if phase != GOODPUT_PHASE and value > 0)
         shares = " ".join(f"{phase} {-value / whole:.0%}" for value, phase in badput[:TOP_BADPUT])
+        if lost > 0:
+            shares += f" lost work {lost / whole:.0%}"
         name = f"Run {run_id}" if run_id else "Run"
         lines.append(
-            f"{name}, {len(phases)} rank{'s' if len(phases) != 1 else ''}: goodput "
-            f"{totals.get(GOODPUT_PHASE, 0.0) / whole:.2f}" + (f" | {shares}" if shares else "")
+            f"{name}, {len(members)} rank{'s' if len(members) != 1 else ''}: goodput "
+            f"{max(0.0, totals.get(GOODPUT_PHASE, 0.0) - lost) / whole:.2f}"
+            + (f" | {shares.strip()}" if shares else "")
         )
+        restarted = [member for member in members if as_number(member.get("restarts")) > 0]
+        if restarted:
+            restarts = max(int(as_number(member.get("restarts"))) for member in restarted)
+            lines.append(
+                f"{name} restarted: {restarts} time{'s' if restarts != 1 else ''} (ranks {_ranks(restarted)}); "
+                f"{totals.get('recovery', 0.0):.1f} s of its ranks' time between processes, and {lost:.1f} s of "
+                "steps done again since the checkpoints they resumed from. Save checkpoints more often to lose less; "
+                "see why the processes ended in their last log lines."
+            )
+        straggler = _straggler(members)
+        if straggler:
+            lines.append(f"{name} is held back by {straggler}.")
     return lines
+
+
+def _ranks(members: list[dict]) -> str:
+    ranks = sorted(str(member.get("rank")) for member in members)
+    return ", ".join(ranks[:8]) + (f" and {len(ranks) - 8} more" if len(ranks) > 8 else "")
+
+
+def _straggler(members: list[dict]) -> str | None:
+    """The rank whose own badput per step (``STRAGGLER_PHASES``) exceeds the run's median rank's most, by at least
+    ``STRAGGLER_EXCESS_SHARE`` of the median rank's time per step, over the ranks' lives: the others wait for it."""
+    stepping = [member for member in members if as_number(member.get("steps")) > 0]
+    if len(stepping) < STRAGGLER_MIN_RANKS:
+        return None
+    per_step = sorted(sum(as_number(v) for v in m["time_phases"].values()) / as_number(m["steps"]) for m in stepping)
+    run_step = per_step[len(per_step) // 2]
+    worst: tuple[float, str, str] | None = None
+    for phase in STRAGGLER_PHASES:
+        own = [as_number(m["time_phases"].get(phase)) / as_number(m["steps"]) for m in stepping]
+        median = sorted(own)[len(own) // 2]
+        for member, seconds in zip(stepping, own, strict=True):
+            excess = (seconds - median) / run_step if run_step > 0 else 0.0
+            if excess >= STRAGGLER_EXCESS_SHARE and (worst is None or excess > worst[0]):
+                worst = (excess, str(member.get("rank")), phase)
+    if worst is None:
+        return None
+    excess, rank, phase = worst
+    return (
+        f"rank {rank}: its {phase} takes {excess:.0%} of the run's time per step more than the median rank's, and "
+        "every other rank waits for it at each collective"
+    )
 
 
 def _compile_summary(ranks: list) -> str | None:

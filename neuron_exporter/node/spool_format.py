@@ -36,6 +36,9 @@ RANK_LABEL = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 MAX_HEADER_BYTES = 4096
 MAX_PID = 2**31 - 1
 MAX_TIME = 2.0**34  # unix seconds, year 2514: anything later is not a time this file could have been written
+MAX_MARKS = 64  # of a history: its JSON stays well inside the header's bytes
+MAX_STEP = 2**53
+MAX_SECONDS = 2.0**40
 DEFAULT_SPOOL_MODE = "private"
 
 
@@ -48,6 +51,48 @@ class RejectedFile(ValueError):
 
 
 @dataclass(frozen=True)
+class RunHistory:
+    """What the next process of the rank needs of this one to go on from it (``training.rank_run``): the run's step
+    it reached, the seconds its own phases counted, whether it made an optimizer step, and marks of its progress:
+    (run step, useful step seconds of the rank so far, 1 if a checkpoint save began there, else 0)."""
+
+    step: int
+    counted: float
+    stepped: bool
+    marks: tuple[tuple[int, float, int], ...] = ()
+
+    @classmethod
+    def of(cls, value: object) -> RunHistory:
+        """A history from its JSON; ``ValueError`` naming what is wrong."""
+        if isinstance(value, RunHistory):
+            return value
+        if not isinstance(value, Mapping):
+            raise ValueError("history: expected an object")
+        marks = value.get("marks", ())
+        if not isinstance(marks, (list, tuple)) or len(marks) > MAX_MARKS:
+            raise ValueError(f"history.marks: expected at most {MAX_MARKS} marks")
+        checked = []
+        for mark in marks:
+            if not isinstance(mark, (list, tuple)) or len(mark) != 3:
+                raise ValueError("history.marks: expected [step, seconds, save] each")
+            step, seconds, save = mark
+            checked.append((
+                _checked(step, "history.marks step", int, 0, MAX_STEP),
+                _checked(seconds, "history.marks seconds", float, 0, MAX_SECONDS),
+                _checked(save, "history.marks save", int, 0, 1),
+            ))  # fmt: skip
+        stepped = value.get("stepped")
+        if not isinstance(stepped, bool):
+            raise ValueError("history.stepped: expected true or false")
+        return cls(
+            _checked(value.get("step"), "history.step", int, 0, MAX_STEP),
+            _checked(value.get("counted"), "history.counted", float, 0, MAX_SECONDS),
+            stepped,
+            tuple(checked),
+        )
+
+
+@dataclass(frozen=True)
 class RankMeta:
     rank: str
     local_rank: str
@@ -56,6 +101,7 @@ class RankMeta:
     finished: bool = False  # the last report of a rank that ended cleanly (detach)
     last_step_time: float | None = None  # unix time of the rank's last step; None: use the file's age
     run_id: str = ""  # the run the rank belongs to (run_identity); "" is taken for this process's run
+    history: RunHistory | None = None  # for the rank's next process, if this one ends without finishing
 
     def __post_init__(self):
         if not self.run_id:
@@ -82,6 +128,7 @@ class RankMeta:
             _flag(meta, "finished"),
             None if last_step is None else _number(meta, "last_step_time", float, 0, MAX_TIME),
             _label(meta, "run_id") if "run_id" in meta else "",
+            None if meta.get("history") is None else RunHistory.of(meta["history"]),
         )
 
 
@@ -99,7 +146,10 @@ def _label(meta: Mapping, key: str) -> str:
 
 
 def _number(meta: Mapping, key: str, kind: type, low: float, high: float):
-    value = meta.get(key)
+    return _checked(meta.get(key), key, kind, low, high)
+
+
+def _checked(value: object, key: str, kind: type, low: float, high: float):
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not isinstance(value, int)):
         raise ValueError(f"{key}: expected {'an integer' if kind is int else 'a number'}")
     if isinstance(value, float) and not math.isfinite(value) or not low <= value <= high:

@@ -66,7 +66,10 @@ def write_rank_file(
     path = directory / (stem + DATA_SUFFIX)
     if diagnosis is not None:
         _replace(directory / (stem + DIAGNOSIS_SUFFIX), diagnosis, spool_mode)
-    header = json.dumps({"format": FORMAT_VERSION, **asdict(meta)}, separators=(",", ":")).encode()
+    fields = {"format": FORMAT_VERSION, **asdict(meta)}
+    if meta.history is None:
+        del fields["history"]
+    header = json.dumps(fields, separators=(",", ":")).encode()
     _replace(path, header + b"\n" + exposition, spool_mode)
     if meta.finished:
         release_rank_lock(spool_dir, meta.rank, meta.run_id)

@@ -56,6 +56,7 @@ from .phases import SOURCE as TIME_PHASES
 from .process_tag import apply_process_tag
 from .rank import rank_labels
 from .rank_collector import RankCollector
+from .rank_run import RankRun, process_run, read_earlier
 from .self_metrics import SelfStats
 from .source import Sources
 from .steps import SOURCE as TRAINING_STEPS
@@ -82,7 +83,7 @@ class ExporterHandle:
         self.stats = SelfStats()
         self.collector = RankCollector(self.stats)
         self._process_start = psutil.Process().create_time()
-        self.sources = Sources(SOURCES, options, self.stats, self.collector, process_ledger(self._process_start))
+        self.sources = Sources(SOURCES, options, self.stats, self.collector, self._process_run())
         self.device_join = DeviceJoin(InstanceIdLookup(options.instance_id, self._lookup_error))
         self.collector.add_part("device_join", self.device_join.collect)
         self._rank_registry = CollectorRegistry(auto_describe=False)
@@ -95,6 +96,9 @@ class ExporterHandle:
         self._endpoint = EndpointKeeper(self, self._rank_registry, web_config)
         self._detached = False
         self._crashed = False
+
+    def _process_run(self) -> RankRun:
+        return process_run(process_ledger(self._process_start), self._process_start)
 
     # -- the training thread ------------------------------------------------------------------------------
     def _step_error(self, error: BaseException) -> None:
@@ -175,17 +179,39 @@ class ExporterHandle:
             "last_step_time": last_step_time,
         }
 
+    def take_up_earlier(self) -> None:
+        """Go on from the rank's earlier process in this run, if its report is in the spool directory (the spool
+        thread, before this process writes its own; again if the rank's labels changed before that)."""
+        run = self.sources.run
+        labels = rank_labels()
+        if run.wrote or run.taken_for == (labels["rank"], labels["run_id"]):
+            return
+        earlier = None
+        if self.options.spool_dir:
+            try:
+                earlier = read_earlier(self.options.spool_dir, labels)
+            except (OSError, ValueError) as error:  # one that cannot be read is not gone on from, and says why
+                self.stats.record_error("spool", error)
+        run.take_up(labels, earlier)
+
     def _write_spool(self, finished: bool = False) -> None:
         if not self.options.spool_dir or not self.claimed:
             return  # a process that has not trained (a launcher, a DataLoader worker) reports no rank
         try:
+            run = self.sources.run
+            self.take_up_earlier()
+            run.sample()
+            exposition = generate_latest(self._rank_registry)
+            own, steps = self.sources.phases.progress()  # after the exposition: what it counted, or less
+            meta = {**self._meta(finished), "history": run.history(own, steps)}
             write_rank_file(
                 self.options.spool_dir,
-                self._meta(finished),
-                generate_latest(self._rank_registry),
+                meta,
+                exposition,
                 self.options.spool_mode,
                 json.dumps(self.diagnosis()).encode(),
             )
+            run.wrote = True
         except Exception as error:  # noqa: BLE001
             self.stats.record_error("spool", error)
 
@@ -219,7 +245,7 @@ class ExporterHandle:
         self.stats.sources = dict(sources)
         self.collector.stats = self.stats
         self._process_start = psutil.Process().create_time()
-        self.sources.after_fork(self.stats, process_ledger(self._process_start))
+        self.sources.after_fork(self.stats, self._process_run())
         self.device_join.instance_id.after_fork_in_child()
         self._tag_process()  # the parent's tag is the parent's: a forked worker's runtime gets one of its own
         self.auto = True  # like a child started afresh: bind the port only once it trains, and quietly

@@ -53,6 +53,8 @@ class ServedRank(Protocol):
 
     def _write_spool(self, finished: bool = False) -> None: ...
 
+    def take_up_earlier(self) -> None: ...
+
 
 class EndpointKeeper:
     def __init__(self, rank: ServedRank, registry: CollectorRegistry, web_config: WebConfig | None):
@@ -182,6 +184,10 @@ class EndpointKeeper:
     def _spool_loop(self) -> None:
         interval = self.options.spool_interval_seconds
         next_write = time.monotonic() + interval
+        try:
+            self.rank.take_up_earlier()  # before anything is served: the earlier process's counts come first
+        except Exception as error:  # noqa: BLE001
+            self.rank.stats.record_error("spool", error)
         while not self._stop.is_set():
             try:
                 next_write = self._spool_turn(next_write, interval)

@@ -38,6 +38,7 @@ from ..config import Options
 from .histogram import Histogram
 from .import_watch import after_import, forget, poll
 from .rank_collector import RankCollector
+from .rank_run import RankRun
 from .self_metrics import START_TRIES, SelfStats
 from .time_phases import TimePhases
 
@@ -155,10 +156,11 @@ class Sources:
         options: Options,
         stats: SelfStats,
         collector: RankCollector,
-        phases: TimePhases,
+        run: RankRun,
     ):
         self.kinds = kinds
-        self.phases = phases  # the training thread's time, which every source may feed (replaced in a forked child)
+        self.run = run  # the rank's run across its processes (replaced in a forked child)
+        self.phases: TimePhases = run.ledger  # the training thread's time, which every source may feed
         self.options = options
         self.stats = stats  # replaced in a forked child
         self.collector = collector
@@ -269,9 +271,10 @@ class Sources:
         for source in self.started:
             source.diagnosis(rank)
 
-    def after_fork(self, stats: SelfStats, phases: TimePhases) -> None:
+    def after_fork(self, stats: SelfStats, run: RankRun) -> None:
         self.stats = stats
-        self.phases = phases
+        self.run = run
+        self.phases = run.ledger
         for source in self.started:
             source.after_fork(stats)
 

@@ -95,6 +95,7 @@ class TimePhases:
         self._base_start = now  # the base stretch not yet counted: from here, less what phases took of it
         self._base_taken = 0.0
         self._stepped = False
+        self.steps = 0  # optimizer steps of the training thread
         self.finished = False
         self._finished_at = 0.0
 
@@ -225,6 +226,7 @@ class TimePhases:
                     return  # another thread that trains: the first one's time is served
                 self._claim(thread, base)
             self._stepped = True
+            self.steps += 1
             self._count_base(base)
 
     def _claim(self, thread: threading.Thread, base: str) -> None:
@@ -276,6 +278,10 @@ class TimePhases:
     def read(self) -> dict[str, float]:
         """The totals so far, with a compilation running now counted up to now; before the first optimizer step, the
         start-up up to now (it can only be start-up)."""
+        return self.progress()[0]
+
+    def progress(self) -> tuple[dict[str, float], int]:
+        """``read``, and the training thread's optimizer steps counted in it, at once."""
         call = self._calls.get(self.training.thread)
         compiling = call is not None and call.probe is not None and call.probe(call)  # outside the lock: it reads
         with self._lock:
@@ -289,7 +295,7 @@ class TimePhases:
                     self._device_progress(call, compiling, now)
                 if not self._stepped and lane.phase is None:
                     self._count_base(STARTUP)
-            return dict(self.totals)
+            return dict(self.totals), self.steps
 
     # -- the arithmetic, under the lock -------------------------------------------------------------------------
     def _lane(self, thread: int) -> Lane:

@@ -210,3 +210,23 @@ def test_the_diagnosis_opens_with_each_runs_goodput_and_its_largest_badput_phase
         "Run b, 1 rank: goodput 0.90 | checkpoint 10%",
     ]
     assert lines[3] == "" or not lines[3].startswith("Run")
+
+
+def test_the_diagnosis_names_a_runs_restarts_its_lost_work_and_the_rank_that_holds_it_back():
+    def rank(number: int, data: float, restarts: int = 1, lost: float = 5.0) -> dict:
+        phases = {"step": 80.0 - data, "data": data, "recovery": 10.0, "startup": 10.0}
+        return {"run_id": "r", "rank": str(number), "steps": 100, "time_phases": phases, "restarts": restarts,
+                "lost_seconds": lost}  # fmt: skip
+
+    ranks = [rank(0, 2.0), rank(1, 2.0), rank(2, 22.0), rank(3, 2.5)]  # rank 2 waits 0.2 s more per step for data
+    checked = diagnosis.loads(json.dumps({"format": 1, "ranks": ranks}).encode(), "a test")
+    lines = diagnosis.render_text(checked).splitlines()
+    assert lines[1] == "Run r, 4 ranks: goodput 0.68 | recovery 10% startup 10% data 7% lost work 5%"
+    assert lines[2].startswith("Run r restarted: 1 time (ranks 0, 1, 2, 3); 40.0 s of its ranks' time between")
+    assert "20.0 s of steps done again" in lines[2]
+    assert lines[3].startswith("Run r is held back by rank 2: its data takes 20% of the run's time per step more")
+    balanced = [rank(number, 2.0, restarts=0, lost=0.0) for number in range(4)]
+    lines = diagnosis.render_text(
+        diagnosis.loads(json.dumps({"format": 1, "ranks": balanced}).encode(), "a")
+    ).splitlines()
+    assert not any("restarted" in line or "held back" in line for line in lines)

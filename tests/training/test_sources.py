@@ -10,6 +10,7 @@ import pytest
 from neuron_exporter.config import resolve_options
 from neuron_exporter.training.patching import Patch
 from neuron_exporter.training.rank_collector import RankCollector
+from neuron_exporter.training.rank_run import RankRun
 from neuron_exporter.training.self_metrics import SelfStats
 from neuron_exporter.training.source import Source, SourceKind, Sources
 from neuron_exporter.training.time_phases import TimePhases
@@ -46,7 +47,7 @@ def sources_of(library) -> tuple[Sources, list[HookingSource]]:
         return built[-1]
 
     kind = SourceKind("hooking", "json", start)  # json is imported: it starts at once
-    return Sources((kind,), resolve_options(env={}), stats, RankCollector(stats), TimePhases(0.0)), built
+    return Sources((kind,), resolve_options(env={}), stats, RankCollector(stats), RankRun(TimePhases(0.0), 0.0)), built
 
 
 def test_a_source_that_fails_half_way_is_taken_out_and_its_next_try_hooks_once():
@@ -103,7 +104,7 @@ def test_what_only_some_sources_do_is_a_capability_checked_once_when_they_start(
     library = types.SimpleNamespace(call=original)
     built: list[Stepping] = []
     kind = SourceKind("stepping", "json", lambda sources: built.append(Stepping(library, stats, False)) or built[-1])
-    sources = Sources((kind,), resolve_options(env={}), stats, RankCollector(stats), TimePhases(0.0))
+    sources = Sources((kind,), resolve_options(env={}), stats, RankCollector(stats), RankRun(TimePhases(0.0), 0.0))
     sources.watch()
     assert sources.stepped == tuple(built) and sources.compilations == tuple(built)
     assert sources.made == sources.steps_end == sources.device_steps == ()

@@ -15,6 +15,7 @@ from neuron_exporter.training.time_phases import (
     HOST_SYNC,
     OTHER,
     PHASES,
+    RECOVERY,
     STARTUP,
     STEP,
     TimePhases,
@@ -80,6 +81,7 @@ def test_a_training_run_is_partitioned_into_its_phases():
         STEP: 2.0,
         COMPILE: 0.0,
         OTHER: 0.5,
+        RECOVERY: 0.0,  # the run's, between processes: never a process's own
     }
 
 

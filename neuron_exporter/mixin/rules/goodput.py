@@ -27,6 +27,8 @@ ADVICE = {
     "startup": "the job spends its time starting: imports, model building or loading before the first optimizer step "
     "(see TrainingStartupSlow); a long job amortises it, a short or restarting one does not",
     "other": "time after the last training step (an evaluation at the end, a final save)",
+    "recovery": "ranks restart: see the Run health row and the rank's last log lines before it ended; a process "
+    "that dies costs the time until the next one starts, and the steps since the last checkpoint",
 }
 
 

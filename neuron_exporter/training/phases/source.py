@@ -9,8 +9,8 @@ from concurrent.futures import Future
 
 from prometheus_client.core import Metric
 
-from ...catalogue import TRAINING_TIME
-from ...metric_family import labelled_family
+from ...catalogue import TRAINING_LOST, TRAINING_RESTARTS, TRAINING_TIME
+from ...metric_family import labelled_family, single_series
 from .. import dynamo_callbacks
 from ..dynamo_skip import never_traced
 from ..import_watch import after_import, forget
@@ -18,6 +18,7 @@ from ..patching import Patch
 from ..source import Source, Sources
 from ..time_phases import PHASES
 from .entry_points import ENTRY_POINTS
+from .resume_points import RESUME_POINTS, restored_step
 
 FUTURE_FIELDS = ("staging_completion", "upload_completion")  # torch.distributed.checkpoint's AsyncSaveResponse
 
@@ -36,6 +37,9 @@ class TimePhasesSource(Source):
         for module in ENTRY_POINTS:
             self._watching[module] = watch = _after(self._wrap_module, module)
             after_import(module, watch)
+        for module in RESUME_POINTS:
+            self._watching[module + ":resume"] = watch = _after(self._wrap_resume_point, module)
+            after_import(module, watch)
         after_import("torch._dynamo", self._listen)
         return True
 
@@ -53,11 +57,18 @@ class TimePhasesSource(Source):
         return {"time_phases": self.families}
 
     def diagnosis(self, rank: dict) -> None:
-        rank["time_phases"] = self._sources.phases.read()
+        run = self._sources.run
+        rank["time_phases"] = run.totals(self._sources.phases.read())
+        rank["restarts"], rank["lost_seconds"] = run.restarts, run.lost_seconds
 
     def families(self, labels: dict[str, str]) -> Iterator[Metric]:
-        totals = self._sources.phases.read()
+        run = self._sources.run
+        if run.taken_for is None:
+            return  # until the spool thread has looked for the rank's earlier process: its counts come first
+        totals = run.totals(self._sources.phases.read())
         yield labelled_family(TRAINING_TIME, labels, (((phase,), totals[phase]) for phase in PHASES))
+        yield single_series(TRAINING_RESTARTS, labels, run.restarts)
+        yield single_series(TRAINING_LOST, labels, run.lost_seconds)
 
     # -- hooks ------------------------------------------------------------------------------------------------
     def _listen(self) -> None:
@@ -78,9 +89,19 @@ class TimePhasesSource(Source):
             owner = getattr(module, owner_name, None) if owner_name else module
             if owner is None or not callable(getattr(owner, attribute, None)):
                 continue
-            patch = Patch(owner, attribute, _timed(self._sources, phase, bool(future)), self.step_error)
+            timed = _timed(self._sources, phase, bool(future), save="save" in attribute)
+            patch = Patch(owner, attribute, timed, self.step_error)
             if patch.install():
                 self._patches.append(patch)
+
+    def _wrap_resume_point(self, name: str) -> None:
+        owner_name, attribute, kind = RESUME_POINTS[name]
+        owner = getattr(sys.modules.get(name), owner_name, None)
+        if not self._installed or owner is None or not callable(getattr(owner, attribute, None)):
+            return
+        patch = Patch(owner, attribute, _restoring(self._sources, kind, self.step_error), self.step_error)
+        if patch.install():
+            self._patches.append(patch)
 
 
 def _time_waits(result, sources: Sources, phase: str) -> None:
@@ -115,10 +136,42 @@ def _after(wrap_module: Callable[[str], None], name: str) -> Callable[[], None]:
     return imported
 
 
-def _timed(sources: Sources, phase: str, returns_futures: bool = False) -> Callable[[Callable], Callable]:
+def _restoring(
+    sources: Sources, kind: str, on_error: Callable[[BaseException], None]
+) -> Callable[[Callable], Callable]:
+    """``load_state_dict`` of an optimizer or scheduler (``kind``), telling the run the step its state had made."""
+
+    def wrap(original: Callable) -> Callable:
+        def load_state_dict(self, state_dict, *args, **kwargs):
+            result = original(self, state_dict, *args, **kwargs)
+            try:
+                step = restored_step(kind, state_dict)
+                if step is not None:
+                    sources.run.restored(kind, step)
+            except Exception as error:  # noqa: BLE001 (never into the user's loading)
+                on_error(error)
+            return result
+
+        load_state_dict.__name__ = load_state_dict.__qualname__ = getattr(original, "__name__", "load_state_dict")
+        load_state_dict.__doc__ = getattr(original, "__doc__", None)
+        load_state_dict.__wrapped__ = original  # type: ignore[attr-defined]
+        never_traced(load_state_dict)
+        return load_state_dict
+
+    return wrap
+
+
+def _timed(
+    sources: Sources, phase: str, returns_futures: bool = False, save: bool = False
+) -> Callable[[Callable], Callable]:
     def wrap(original: Callable) -> Callable:
         def timed(*args, **kwargs):
             phases = sources.phases
+            if save:
+                try:
+                    sources.run.saving()
+                except Exception as error:  # noqa: BLE001
+                    sources.stats.record_error("step", error)
             lane = phases.open(phase)
             if lane is None:
                 return original(*args, **kwargs)

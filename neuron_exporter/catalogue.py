@@ -191,6 +191,32 @@ TRAINING_LOST = _counter(
     TIME_PHASES,
 )
 
+# -- the work the training steps do, every backend (training/throughput/) ----------------------------------------
+THROUGHPUT = "throughput"
+TRAINING_SAMPLES = _counter(
+    "training_samples_total",
+    "Samples in the batches the input pipeline handed the training thread: each batch's leading dimension",
+    THROUGHPUT,
+)
+TRAINING_TOKENS = _counter(
+    "training_tokens_total",
+    "Tokens in the batches the input pipeline handed the training thread: the elements of their integer token-id "
+    "tensors of two or more dimensions (input_ids)",
+    THROUGHPUT,
+)
+TRAINING_FLOPS = _counter(
+    "training_flops_total",
+    "Floating-point operations of the training steps the rank ran, forward and backward, counted from the graphs "
+    "and kernels themselves as torch.utils.flop_counter counts them (2 per multiply-add)",
+    THROUGHPUT,
+)
+TRAINING_PEAK_FLOPS = _gauge(
+    "training_peak_flops",
+    "The peak floating-point operations per second of the rank's devices for the dtype it trains in (the peak_flops "
+    "option, else the Trainium generation's table); absent where unknown",
+    THROUGHPUT,
+)
+
 # -- torch.compile (training/torch_compile/) ----------------------------------------------------------------------
 COMPILE = "torch_compile"
 COMPILE_COMPILATIONS = _counter(

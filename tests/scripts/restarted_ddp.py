@@ -8,6 +8,7 @@ and for each of its steps the seconds that were ``step`` (the step's wall time l
 and, if it is stopped or dies, when; the test compares the exporter's figures with them.
 
     torchrun --standalone --nproc-per-node 4 --max-restarts 1 restarted_ddp.py --steps 60 --clocks DIR
+    (or --until <unix time> instead of --steps)
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ class Samples(Dataset):
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, required=True)
+    parser.add_argument("--steps", type=int, default=1 << 30)
+    parser.add_argument("--until", type=float, default=None, help="unix time to stop at (rank 0 decides)")
     parser.add_argument("--clocks", type=Path, required=True)
     parser.add_argument("--checkpoint", type=Path, required=True)
     parser.add_argument("--checkpoint-every", type=int, default=10)
@@ -111,6 +113,11 @@ def main() -> None:
             os.replace(args.checkpoint.with_suffix(".tmp"), args.checkpoint)
             last += time.perf_counter() - saved  # the save is checkpoint, not step
         dist.barrier()  # every rank resumes from the same checkpoint
+        if args.until is not None and step % 20 == 0:  # every rank stops at the same step: rank 0 decides
+            done = torch.tensor(float(rank == 0 and time.time() > args.until))
+            dist.broadcast(done, 0)
+            if done.item():
+                break
     write(finished=time.time())
     dist.destroy_process_group()
 

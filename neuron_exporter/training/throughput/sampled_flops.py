@@ -86,7 +86,9 @@ class SampledFlops:
 
     # -- sampling -----------------------------------------------------------------------------------------------
     def _may_sample(self) -> bool:
-        return self._open is None and self.stepped > 0 and not self.broken and len(self._known) < MAX_SHAPES and not self._compiled()
+        if self._open is not None or not self.stepped or self.broken or len(self._known) >= MAX_SHAPES:
+            return False
+        return not self._compiled()
 
     def _sample(self, shape: tuple) -> None:
         try:

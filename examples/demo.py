@@ -3,7 +3,10 @@
 Starts Prometheus (Debian's `prometheus`) on a free loopback port with the alert and recording rules (their `for`
 durations shortened, and the run's warm-up set to 0 steps, so the demo does not wait minutes), runs
 examples/train.py, waits (at most --timeout seconds) until its four phases have printed and both the CPU-fallback
-and the recompilation alerts fire, and prints every alert that fired and the URLs. Run from a terminal, it then
+and the recompilation alerts fire, and prints every alert that fired. Then a data-parallel run of four ranks under
+`neuron-exporter run -- torchrun --max-restarts 1` (examples/data_parallel.py), in which rank 1 reads its data
+slowly and rank 2 dies: it prints each rank's restarts, recovery and work lost, and what `diagnose` says of the run
+(its restart and the rank that holds it back), and the URLs. Run from a terminal, it then
 keeps Prometheus and the training run going, so the URLs keep working, until Ctrl-C; otherwise (CI, a pipe) it
 stops them and ends. `--keep` and `--no-keep` choose either way.
 """
@@ -98,6 +101,59 @@ def ui_prefix(prometheus: str) -> str:
     return ""
 
 
+def data_parallel(work: Path, port: int, prometheus: str) -> bool:
+    """examples/data_parallel.py on four ranks under `neuron-exporter run -- torchrun --max-restarts 1`, rank 1 slow and
+    rank 2 dying: each rank's restarts, recovery and lost work as Prometheus last scraped them, and what `diagnose`
+    says of the run once it has ended. Whether all four restarted once."""
+    print(
+        "\ndemo: a data-parallel run of 4 ranks under torchrun --max-restarts 1: rank 1 reads its data slowly, "
+        "rank 2 dies at step 120",
+        flush=True,
+    )
+    torchrun = [str(Path(sys.executable).parent / "torchrun"), "--standalone", "--nproc-per-node", "4"]
+    torchrun += ["--max-restarts", "1", str(ROOT / "examples" / "data_parallel.py")]
+    torchrun += ["--checkpoint", str(work / "checkpoint.pt"), "--slow-rank", "1", "--die-rank", "2"]
+    command = [sys.executable, "-m", "neuron_exporter", "run", "--addr", "127.0.0.1", "--port", str(port)]
+    command += ["--spool-dir", str(work / "spool-parallel"), "--", *torchrun]
+    env = {**os.environ, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "OMP_NUM_THREADS": "1"}
+    job = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = [line for line in job.stdout if line.startswith("rank ")]  # type: ignore[union-attr]
+    job.wait()
+    print("".join(f"  {line}" for line in lines), end="")
+    figures = {}
+    for name, expr in (
+        ("restarts", 'training_restarts_total{job="data-parallel"}'),
+        ("recovery s", 'training_time_seconds_total{job="data-parallel", phase="recovery"}'),
+        ("lost work s", 'training_lost_seconds_total{job="data-parallel"}'),
+    ):
+        result = get_json(f"{prometheus}/api/v1/query?query=" + urllib.parse.quote(f"max by (rank) ({expr})"))
+        figures[name] = {s["metric"]["rank"]: float(s["value"][1]) for s in result["data"]["result"]}
+    for rank in sorted(figures["restarts"]):
+        print(f"  rank {rank}: " + ", ".join(f"{name} {values.get(rank, 0):g}" for name, values in figures.items()))
+    # The run has ended: a node endpoint on its spool shows what its ranks left there, as the daemon would.
+    serve_port = free_port()
+    serve = subprocess.Popen(
+        [sys.executable, "-m", "neuron_exporter", "serve", "--addr", "127.0.0.1", "--port", str(serve_port)]
+        + ["--spool-dir", str(work / "spool-parallel")],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        diagnosed = ""
+        for _ in range(50):
+            diagnose = [sys.executable, "-m", "neuron_exporter", "diagnose", f"http://127.0.0.1:{serve_port}"]
+            done = subprocess.run(diagnose, capture_output=True, text=True)
+            if done.returncode == 0:
+                diagnosed = done.stdout
+                break
+            time.sleep(0.2)
+    finally:
+        serve.terminate()
+        serve.wait()
+    print("  neuron-exporter diagnose:\n" + "".join(f"    {line}\n" for line in diagnosed.splitlines()[1:4]), end="")
+    return job.returncode == 0 and set(figures["restarts"].values()) == {1.0}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -119,13 +175,15 @@ def main() -> int:
     (work / "rules").mkdir(parents=True)
     for name, content in rule_files(DEMO_THRESHOLDS).items():
         (work / "rules" / name).write_text(rules_yaml(content))
-    exporter_port, prometheus_port = free_port(), free_port()
+    exporter_port, prometheus_port, parallel_port = free_port(), free_port(), free_port()
     (work / "prometheus.yml").write_text(
         "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
         f"rule_files: ['{work}/rules/*.yml']\n"
         "scrape_configs:\n"
         "  - job_name: neuron-exporter\n"
         f"    static_configs: [{{targets: ['127.0.0.1:{exporter_port}']}}]\n"
+        "  - job_name: data-parallel\n"
+        f"    static_configs: [{{targets: ['127.0.0.1:{parallel_port}']}}]\n"
     )
     prometheus_url = f"http://127.0.0.1:{prometheus_port}"
     prometheus = subprocess.Popen(
@@ -185,6 +243,7 @@ def main() -> int:
                 + f" (Prometheus log: {work / 'prometheus.log'})",
                 file=sys.stderr,
             )
+        parallel_ok = data_parallel(work, parallel_port, prometheus_url)
         print(
             "\ndemo: Prometheus and the training run keep going until Ctrl-C:"
             if keep
@@ -201,7 +260,7 @@ def main() -> int:
         )
         sys.stdout.flush()
         if not keep:
-            return 1 if output.phases < PHASES or missing else 0
+            return 1 if output.phases < PHASES or missing or not parallel_ok else 0
         while training.poll() is None and prometheus.poll() is None:
             time.sleep(1)
         ended = "the training run" if training.poll() is not None else "Prometheus"

@@ -150,7 +150,7 @@ def data_parallel(work: Path, port: int, prometheus: str) -> bool:
     finally:
         serve.terminate()
         serve.wait()
-    print("  neuron-exporter diagnose:\n" + "".join(f"    {line}\n" for line in diagnosed.splitlines()[1:4]), end="")
+    print("  diagnose:\n" + "".join(f"    {line}\n" for line in diagnosed.splitlines()[1:4]), end="")
     return job.returncode == 0 and set(figures["restarts"].values()) == {1.0}
 
 

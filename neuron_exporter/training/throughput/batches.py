@@ -22,15 +22,26 @@ from collections.abc import Mapping
 import torch
 
 TOKEN_IDS = "input_ids"
-TOKEN_DTYPES = (torch.int32, torch.int64)
+INT32, INT64 = torch.int32, torch.int64  # token ids' dtypes
 MAX_ITEMS = 64  # containers and values looked at in one batch
 
 
 def counted_tensor(batch: object) -> torch.Tensor | None:
     """The tensor ``batch`` is counted by: a mapping's ``input_ids``, else its first tensor; None if it has none
     within ``MAX_ITEMS``."""
-    if isinstance(batch, torch.Tensor):
+    # The most common batches first: a dict with input_ids, a tensor, a tuple or list that starts with a tensor.
+    if isinstance(batch, dict):
+        ids = batch.get(TOKEN_IDS)
+        if isinstance(ids, torch.Tensor):
+            return ids
+    elif isinstance(batch, torch.Tensor):
         return batch
+    elif isinstance(batch, (tuple, list)) and batch and isinstance(batch[0], torch.Tensor):
+        return batch[0]
+    return _walk(batch)
+
+
+def _walk(batch: object) -> torch.Tensor | None:
     stack = [batch]
     looked = 0
     while stack and looked < MAX_ITEMS:
@@ -62,9 +73,9 @@ def batch_counts(batch: object) -> tuple[int, int]:
     tensor = counted_tensor(batch)
     if tensor is None:
         return 0, 0
-    dimensions = tensor.dim()
+    dimensions = tensor.ndim
     if dimensions == 0:
         return 1, 0
-    samples = int(tensor.shape[0])
-    tokens = int(tensor.numel()) if dimensions >= 2 and tensor.dtype in TOKEN_DTYPES else 0
-    return samples, tokens
+    dtype = tensor.dtype
+    tokens = int(tensor.numel()) if dimensions >= 2 and (dtype is INT64 or dtype is INT32) else 0
+    return int(tensor.shape[0]), tokens

@@ -18,7 +18,8 @@ counted). The cases, each measured as what the exporter's counters grew by:
   ``vision`` (a torchvision ResNet on FakeData images: samples, no tokens; left out without torchvision).
 
 Prints one JSON line: for each case, the counts exported (scraped from the rank's endpoint) and the script's own;
-the ``training_peak_flops`` served, None if none; and the exporter's failures on the training thread.
+the ``training_peak_flops`` served, None if none; the exporter's failures on the training thread; and, on ``xla``,
+whether counting device batches (taken, and still to compute) left torch_xla's counters and metrics as they were.
 """
 
 from __future__ import annotations
@@ -252,6 +253,23 @@ if backend == "eager":
 
         case("vision", (10, 0), train_vision)
 
+untouched = None
+if backend == "xla":  # counting a device batch, taken or still to compute, runs, compiles and moves nothing
+    import torch_xla.debug.metrics as met
+
+    from neuron_exporter.training.throughput.batches import batch_counts
+
+    def device_state() -> tuple:
+        counters = {name: met.counter_value(name) for name in met.counter_names()}
+        return counters, [met.metric_data(name) for name in ("CompileTime", "ExecuteTime", "TransferFromDeviceTime")]
+
+    taken = next(iter(batches(DataLoader(Sequences(), batch_size=BATCH, collate_fn=pad))))
+    pending = {"input_ids": taken["input_ids"] * 2, "labels": taken["labels"] + 1}  # not computed yet
+    torch_xla.sync()
+    before = device_state()
+    counts = [batch_counts(taken) for _ in range(100)] + [batch_counts(pending) for _ in range(100)]
+    untouched = device_state() == before and set(counts) == {(BATCH, BATCH * 8)}
+
 _, _, peak, errors = exported()
-print(json.dumps({"cases": cases, "peak": peak, "errors": errors}), flush=True)
+print(json.dumps({"cases": cases, "peak": peak, "errors": errors, "untouched": untouched}), flush=True)
 handle.detach()

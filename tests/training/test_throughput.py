@@ -60,3 +60,4 @@ def test_mp_device_loader_batches_count_once_on_the_training_thread():
     result = run("xla")
     assert_exact(result, {"dict", "accumulation"})
     assert result["peak"] is None  # torch_xla on its CPU device
+    assert result["untouched"] is True  # no graph run or compiled, no transfer: only shapes were read

@@ -131,6 +131,12 @@ class Options:
         "dispatch mode that sees every operator call. Costs microseconds per operator for that one step, and "
         "may compile it once more (not counted as a recompilation).",
     )
+    peak_flops: float = _option(
+        0.0,
+        "The peak FLOP/s of a rank's devices for the data type it trains in, served as `training_peak_flops` (the "
+        "denominator of MFU); 0: the Trainium generation's, from the Neuron documentation's figures, absent where "
+        "unknown (the CPU, a GPU).",
+    )
     run_id: str | None = _option(
         None,
         "The run's identity, the `run_id` label of every series (default: torchrun's or Slurm's job id, else "
@@ -270,6 +276,7 @@ _CHECKS: dict[str, Callable] = {
     "warmup_steps": _check_not_negative,
     "max_op_series": _check_positive,
     "max_site_series": _check_positive,
+    "peak_flops": _check_not_negative,
     "run_id": _check_no_nul,
     "instance_id": _check_instance_id,
     "web_config_file": _check_no_nul,

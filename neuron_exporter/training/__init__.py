@@ -1,9 +1,9 @@
-"""Runs inside the training process: ``attach()``, the sources (one sub-package each, behind the contract of
-``source``: ``steps/``, ``phases/``, ``torch_compile/``, ``xla/``, ``neuron/``), what they share (patching, import
-watching, host reads, sites, attribution, the ledger of the training thread's time) and the rank's own collector.
-Every line here can cost the user a step, so it stays small and off the hot path. May import the top-level modules,
-``node`` (to write the spool and serve the node view) and ``web``; never ``reports``. Sibling sources never import
-each other.
+"""Runs inside the training process: ``attach()``, the sources (one sub-package each, behind the contract of ``source``:
+``steps/``, ``phases/``, ``throughput/``, ``torch_compile/``, ``xla/``, ``neuron/``), what they share (patching, import
+watching, the input pipelines' entry points, host reads, sites, attribution, the ledger of the training thread's time)
+and the rank's own collector. Every line here can cost the user a step, so it stays small and off the hot path. May
+import the top-level modules, ``node`` (to write the spool and serve the node view) and ``web``; never ``reports``.
+Sibling sources never import each other.
 """
 
 import os

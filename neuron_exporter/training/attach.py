@@ -5,6 +5,8 @@ The handle keeps the list of sources (``SOURCES``) and runs their life cycle (``
 library it reads, so a process without torch_xla never loads it:
 - ``training_steps`` (``steps/``): every ``torch.optim`` optimizer step (``OptimizerHook``), whatever runs the model;
 - ``time_phases`` (``phases/``): where the training thread's time goes, with the ledger the other sources feed;
+- ``throughput`` (``throughput/``): the samples and tokens of the batches the training thread takes, and the peak of
+  its devices;
 - ``torch_compile`` (``torch_compile/``): dynamo's records, once ``torch._dynamo`` is imported;
 - ``xla`` (``xla/``): torch_xla's step markers, host reads and fallbacks, once torch_xla is imported;
 - ``neuron`` (``neuron/``): TorchNeuron's CPU fallbacks, compile cache, host reads and memory, once torch_neuronx is
@@ -61,12 +63,14 @@ from .self_metrics import SelfStats
 from .source import Sources
 from .steps import SOURCE as TRAINING_STEPS
 from .steps.optimizer_hook import OptimizerHook
+from .throughput import SOURCE as THROUGHPUT
 from .time_phases import process_ledger
 from .torch_compile import SOURCE as TORCH_COMPILE
 from .xla import SOURCE as XLA
 
 log = logging.getLogger("neuron_exporter")
-SOURCES = (TRAINING_STEPS, TIME_PHASES, TORCH_COMPILE, XLA, NEURON)  # each starts with its library (``source``)
+# Each starts with its library (``source``).
+SOURCES = (TRAINING_STEPS, TIME_PHASES, THROUGHPUT, TORCH_COMPILE, XLA, NEURON)
 
 _lock = fork_safe.RLock()
 _current: ExporterHandle | None = None

@@ -1,9 +1,10 @@
 """What a source of the training process is, and the handle's list of them.
 
 A *source* reads one library: the training steps of ``torch.optim`` (``steps/``), where the training thread's time
-goes (``phases/``: input pipelines, checkpoints, dynamo's compilations; the other sources feed its ledger too),
-dynamo's records (``torch_compile/``), torch_xla's step markers, host reads and fallbacks (``xla/``), TorchNeuron's
-fallbacks, compile cache, host reads and memory (``neuron/``). Each room declares itself with a ``SourceKind`` in
+goes (``phases/``: input pipelines, checkpoints, dynamo's compilations; the other sources feed its ledger too), the
+samples and tokens of its batches (``throughput/``), dynamo's records (``torch_compile/``), torch_xla's step
+markers, host reads and fallbacks (``xla/``), TorchNeuron's fallbacks, compile cache, host reads and memory
+(``neuron/``). Each room declares itself with a ``SourceKind`` in
 its ``__init__`` (which imports nothing of the library): its name (the ``source`` label), the module whose import
 starts it, and ``start(sources)``, which builds it then and only then, so a process without torch_xla never loads the
 XLA source. ``Sources`` runs them all the same way:

@@ -163,6 +163,8 @@ def test_environment_errors_name_the_variable(env, expected):
         ({"port": 70000}, "option port: 70000 is not a valid port (0-65535)"),
         ({"port": True}, "option port: expected an integer, got True"),
         ({"warmup_steps": -1}, "option warmup_steps: -1 must be 0 or more"),
+        ({"peak_flops": -1e14}, "option peak_flops: -1e+14 must be 0 or more"),
+        ({"peak_flops": "lots"}, 'option peak_flops: expected a number, got "lots"'),
         ({"node_view": "perhaps"}, 'option node_view: expected true or false, got "perhaps"'),
         ({"prot": 1}, "option prot: unknown option (known: addr, port, "),
     ],
@@ -254,3 +256,8 @@ def test_children_get_the_training_packages_autostart_folder_first_and_once():
     )
     assert "NEURON_EXPORTER_SPOOL_DIR" not in env
     assert child_environment({}, "run-1", AUTOSTART_DIR, environ=env)["PYTHONPATH"] == env["PYTHONPATH"]
+
+
+def test_peak_flops_is_unset_by_default_and_read_as_flop_per_second():
+    assert resolve_options(env={}).peak_flops == 0
+    assert resolve_options(env={"NEURON_EXPORTER_PEAK_FLOPS": "1.9e14"}).peak_flops == 1.9e14

@@ -77,7 +77,7 @@ def test_the_texts_that_list_the_sources_name_every_one():
     from neuron_exporter.training import attach, source
 
     rooms = {f"``{kind.start.__module__.rpartition('.')[2]}/``" for kind in attach.SOURCES}
-    assert len(rooms) == 5
+    assert len(rooms) == 6
     for module in (training, source, attach):
         assert {room for room in rooms if room not in (module.__doc__ or "")} == set(), module.__name__
 

@@ -2,23 +2,19 @@
 is imported. A name a release lacks is passed over. An entry marked ``FUTURE`` returns futures (a
 ``concurrent.futures.Future``, or an object holding them): waiting on one (``result()``) is the same phase.
 
-The data phase's reach: ``next()`` on a DataLoader's iterator, ``iter()`` of a DataLoader (its workers start there),
-and torch_xla's per-device loader. A plain generator or any other iterable the loop draws from is not timed (Python's
-``next()`` cannot be wrapped without a cost on every call of every iterator): its time is the step's."""
+The data phase is the input pipelines' entry points (``training/input_pipelines.py``, shared with the throughput
+source, which counts their batches): ``next()`` on a DataLoader's iterator, ``iter()`` of a DataLoader, and
+torch_xla's per-device loader. A plain generator or any other iterable the loop draws from is not timed: its time
+is the step's."""
 
 from __future__ import annotations
 
-from ..time_phases import CHECKPOINT, DATA
+from ..time_phases import CHECKPOINT
 
 FUTURE = "future"
 
 # module -> [(owner inside the module, '' for the module itself; attribute; phase[, FUTURE])]
 ENTRY_POINTS: dict[str, list[tuple[str, ...]]] = {
-    # Every DataLoader iterator (single- and multi-process) takes its batches through the base class's __next__;
-    # iter(loader) makes the iterator, starting the worker processes.
-    "torch.utils.data.dataloader": [("_BaseDataLoaderIter", "__next__", DATA), ("DataLoader", "__iter__", DATA)],
-    # torch_xla's MpDeviceLoader hands the training thread its batches here (and runs a step marker in it).
-    "torch_xla.distributed.parallel_loader": [("PerDeviceLoader", "__next__", DATA)],
     "torch": [("", "save", CHECKPOINT), ("", "load", CHECKPOINT)],
     "torch.serialization": [("", "save", CHECKPOINT), ("", "load", CHECKPOINT)],
     "torch_xla.core.xla_model": [("", "save", CHECKPOINT)],

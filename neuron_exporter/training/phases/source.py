@@ -1,5 +1,6 @@
-"""The time-phases source: wraps the entry points (``entry_points``) as their modules are imported, tells the ledger
-of dynamo's compilations, and serves the ledger's totals."""
+"""The time-phases source: wraps the entry points (``entry_points``) as their modules are imported, listens to the
+input pipelines' (``input_pipelines``: the data phase), tells the ledger of dynamo's compilations, and serves the
+ledger's totals."""
 
 from __future__ import annotations
 
@@ -14,9 +15,10 @@ from ...metric_family import labelled_family, single_series
 from .. import dynamo_callbacks
 from ..dynamo_skip import never_traced
 from ..import_watch import after_import, forget
+from ..input_pipelines import BATCH, PIPELINES, START
 from ..patching import Patch
 from ..source import Source, Sources
-from ..time_phases import PHASES
+from ..time_phases import DATA, PHASES, Lane, TimePhases
 from .entry_points import ENTRY_POINTS
 from .resume_points import RESUME_POINTS, restored_step
 
@@ -30,10 +32,12 @@ class TimePhasesSource(Source):
         self._patches: list[Patch] = []
         self._watching: dict[str, Callable[[], None]] = {}
         self._listener: dynamo_callbacks.Listener | None = None
+        self._data = DataPhase(sources)
         self._installed = False
 
     def install(self) -> bool:
         self._installed = True
+        PIPELINES.add(self._data, (BATCH, START), self.step_error)
         for module in ENTRY_POINTS:
             self._watching[module] = watch = _after(self._wrap_module, module)
             after_import(module, watch)
@@ -45,6 +49,7 @@ class TimePhasesSource(Source):
 
     def uninstall(self) -> None:
         self._installed = False
+        PIPELINES.remove(self._data)
         for watch in self._watching.values():
             forget(watch)
         forget(self._listen)
@@ -102,6 +107,23 @@ class TimePhasesSource(Source):
         patch = Patch(owner, attribute, _restoring(self._sources, kind, self.step_error), self.step_error)
         if patch.install():
             self._patches.append(patch)
+
+
+class DataPhase:
+    """The input pipelines' entry points, timed as the ``data`` phase on the ledger of the moment (a forked child's is
+    another)."""
+
+    def __init__(self, sources: Sources):
+        self._sources = sources
+
+    def entered(self) -> tuple[TimePhases, Lane] | None:
+        phases = self._sources.phases
+        lane = phases.open(DATA)
+        return None if lane is None else (phases, lane)
+
+    def left(self, opened: tuple[TimePhases, Lane] | None, batch: object) -> None:
+        if opened is not None:
+            opened[0].close(opened[1])
 
 
 def _time_waits(result, sources: Sources, phase: str) -> None:

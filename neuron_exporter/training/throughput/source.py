@@ -1,0 +1,138 @@
+"""The throughput source: counts the samples and tokens of the batches the input pipelines hand the training thread,
+reads once what the rank trains in, and serves them with the peak of its devices.
+
+A batch is counted where an input pipeline returns it (``input_pipelines``: a DataLoader iterator's ``next()``,
+torch_xla's per-device loader), once:
+- on the training thread (``TimePhases.training_thread``): torch_xla's ``MpDeviceLoader`` iterates its DataLoader on
+  a thread of its own, whose batches reach the training thread through its per-device loader, counted there;
+- at the outermost entry point: a loader that draws from another on the same thread (accelerate's
+  ``DataLoaderShard``, a DataLoader iterator calling another's) hands over one batch, not two;
+- with gradients on: a batch taken under ``torch.no_grad()`` or ``inference_mode`` (an evaluation loop) is not
+  training.
+The cost on the training thread: a few attribute reads per batch (``batch_counts``), and one look at the optimizer's
+parameters at its first step.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from typing import NamedTuple
+
+import torch
+from prometheus_client.core import Metric
+
+from ...catalogue import TRAINING_PEAK_FLOPS, TRAINING_SAMPLES, TRAINING_TOKENS
+from ...metric_family import single_series
+from ..input_pipelines import BATCH, NO_BATCH, PIPELINES
+from ..self_metrics import SelfStats
+from ..source import Source, Sources
+from .batches import batch_counts
+from .peaks import neuroncore_version, table_peak
+
+MAX_PARAMETERS = 64  # looked at for the first floating-point one
+MAX_LOOKS = 8  # optimizer steps that look for it
+UNREAD = object()
+
+
+class TrainedIn(NamedTuple):
+    dtype: str  # torch's name: torch.bfloat16
+    device: str  # the device's type: xla, neuron, cpu
+
+
+class ThroughputSource(Source):
+    def __init__(self, sources: Sources):
+        self._sources = sources
+        self.stats = sources.stats
+        self._peak_option = sources.options.peak_flops
+        self._version: object = UNREAD  # the NeuronCores' version, read once when the table is asked
+        self._start()
+
+    def _start(self) -> None:
+        self.samples = 0
+        self.tokens = 0
+        self._inside = False  # the training thread is in an entry point whose batch it counts
+        self.trained_in: TrainedIn | None = None
+        self._looks = 0
+
+    def install(self) -> bool:
+        PIPELINES.add(self, (BATCH,), self.step_error)
+        return True
+
+    def uninstall(self) -> None:
+        PIPELINES.remove(self)
+
+    def after_fork(self, stats: SelfStats) -> None:
+        super().after_fork(stats)
+        self._start()
+
+    def parts(self) -> dict:
+        return {"throughput": self.families}
+
+    # -- the input pipelines' entry points (``input_pipelines.Listener``) -------------------------------------------
+    def entered(self) -> bool:
+        if self._inside or threading.get_ident() != self._sources.phases.thread or not torch.is_grad_enabled():
+            return False
+        self._inside = True
+        return True
+
+    def left(self, counting: bool, batch: object) -> None:
+        if not counting:
+            return
+        self._inside = False
+        if batch is NO_BATCH:
+            return
+        try:
+            samples, tokens = batch_counts(batch)
+        except Exception as error:  # noqa: BLE001 (a batch of an unusual shape: never into the loop)
+            self.step_error(error)
+            return
+        self.samples += samples
+        self.tokens += tokens
+
+    # -- optimizer steps (``SeesOptimizerSteps``) ---------------------------------------------------------------------
+    def on_optimizer_step(self, optimizer) -> None:
+        if self.trained_in is not None or self._looks >= MAX_LOOKS:
+            return
+        self._looks += 1
+        try:
+            self.trained_in = _trained_in(optimizer)
+        except Exception as error:  # noqa: BLE001 (an optimizer of an unusual shape)
+            self.step_error(error)
+
+    # -- reading ------------------------------------------------------------------------------------------------------
+    def families(self, labels: dict[str, str]) -> Iterator[Metric]:
+        yield single_series(TRAINING_SAMPLES, labels, self.samples)
+        yield single_series(TRAINING_TOKENS, labels, self.tokens)
+        # training_flops_total: to be counted in flops*.py of this room, and served here.
+        peak = self.peak()
+        if peak is not None:
+            yield single_series(TRAINING_PEAK_FLOPS, labels, peak)
+
+    def peak(self) -> float | None:
+        """The rank's peak FLOP/s: the ``peak_flops`` option, else the table's for what it trains in; None if
+        unknown (not on a NeuronCore, not trained yet, a data type the tables lack)."""
+        if self._peak_option > 0:
+            return self._peak_option
+        trained = self.trained_in
+        if trained is None:
+            return None
+        if self._version is UNREAD:
+            self._version = neuroncore_version()  # a few small sysfs reads, once, off the training thread
+        version = self._version if isinstance(self._version, int) else None
+        return table_peak(version, trained.dtype, trained.device, os.environ)
+
+
+def _trained_in(optimizer) -> TrainedIn | None:
+    """The dtype and device type of the first floating-point parameter ``optimizer`` steps; None if none of the
+    first ``MAX_PARAMETERS`` is one."""
+    looked = 0
+    for group in optimizer.param_groups:
+        for parameter in group["params"]:
+            if parameter.is_floating_point():
+                return TrainedIn(str(parameter.dtype), parameter.device.type)
+            looked += 1
+            if looked >= MAX_PARAMETERS:
+                return None
+    return None

@@ -250,6 +250,9 @@ class ExporterHandle:
         self.collector.stats = self.stats
         self._process_start = psutil.Process().create_time()
         self.sources.after_fork(self.stats, self._process_run())
+        # The rank's process before it is its parent, which lives on: nothing to go on from (under other labels, set
+        # after the fork, the spool thread looks for that rank's earlier process).
+        self.sources.run.take_up(rank_labels(), None)
         self.device_join.instance_id.after_fork_in_child()
         self._tag_process()  # the parent's tag is the parent's: a forked worker's runtime gets one of its own
         self.auto = True  # like a child started afresh: bind the port only once it trains, and quietly

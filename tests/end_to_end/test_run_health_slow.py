@@ -53,8 +53,8 @@ def test_training_straggler_names_the_slow_rank_of_a_restarted_run_and_never_a_b
         "global": {"scrape_interval": "15s", "evaluation_interval": "15s"},
         "rule_files": [str(path) for path in sorted(RULES.glob("*.yml"))],
         "scrape_configs": [
-            {"job_name": name, "static_configs": [{"targets": [f"127.0.0.1:{port}"]}]}
-            for name, port in (("slow", slow_port), ("balanced", balanced_port))
+            {"job_name": f"neuron-exporter-{name}", "static_configs": [{"targets": [f"127.0.0.1:{port}"]}]}
+            for name, port in (("slow", slow_port), ("balanced", balanced_port))  # the rules' job matcher
         ],
     }
     try:
@@ -77,21 +77,20 @@ def test_training_straggler_names_the_slow_rank_of_a_restarted_run_and_never_a_b
             everything = f"{MINUTES + 2}m"
             pending = prometheus.query(f'max_over_time(ALERTS{{alertname="TrainingStraggler"}}[{everything}])')
             restarts = {
-                job: prometheus.by_rank(f'max by (rank) (training_restarts_total{{job="{job}"}})')
+                job: prometheus.by_rank(f'max by (rank) (training_restarts_total{{job="neuron-exporter-{job}"}})')
                 for job in ("slow", "balanced")
             }
-            lost = prometheus.by_rank('max by (rank) (training_lost_seconds_total{job="balanced"})')
+            lost = prometheus.by_rank('max by (rank) (training_lost_seconds_total{job="neuron-exporter-balanced"})')
             resets = {name: prometheus.scalar(f"sum(resets({name}[{everything}]))") for name in COUNTERS}
     finally:
         for job in (slow, balanced):
             job.terminate()
         for job in (slow, balanced):
             job.wait(timeout=120)
-    assert [(a["labels"]["job"], a["labels"]["rank"], a["labels"]["phase"]) for a in alerts] == [
-        ("slow", str(SLOW_RANK), "data")
-    ], alerts
+    slow_rank = ("neuron-exporter-slow", str(SLOW_RANK), "data")
+    assert [(a["labels"]["job"], a["labels"]["rank"], a["labels"]["phase"]) for a in alerts] == [slow_rank], alerts
     ever = [(s["metric"]["job"], s["metric"]["rank"], s["metric"]["phase"]) for s in pending["data"]["result"]]
-    assert set(ever) == {("slow", str(SLOW_RANK), "data")}, ever  # never a victim, never the balanced run
+    assert set(ever) == {slow_rank}, ever  # never a victim, never the balanced run
     assert restarts == {"slow": {str(r): 1 for r in range(RANKS)}, "balanced": {str(r): 0 for r in range(RANKS)}}
     assert lost == {str(r): 0 for r in range(RANKS)}
     assert resets == dict.fromkeys(COUNTERS, 0.0)

@@ -11,6 +11,10 @@ torch_xla's per-device loader), once:
   training.
 The cost on the training thread: a few attribute reads per batch (``batch_counts``), and one look at the optimizer's
 parameters at its first step.
+
+FLOPs (``training_flops_total``) come from the graphs ``torch.compile`` compiles (``graph_flops``: counted once
+each, when dynamo hands them to its backend, and then at each call), else from the batches' work on an eager device
+or torch_xla (``sampled_flops``: the first batch of each shape sampled).
 """
 
 from __future__ import annotations
@@ -23,13 +27,17 @@ from typing import NamedTuple
 import torch
 from prometheus_client.core import Metric
 
-from ...catalogue import TRAINING_PEAK_FLOPS, TRAINING_SAMPLES, TRAINING_TOKENS
+from ...catalogue import TRAINING_FLOPS, TRAINING_PEAK_FLOPS, TRAINING_SAMPLES, TRAINING_TOKENS
 from ...metric_family import single_series
+from ..import_watch import after_import, forget
 from ..input_pipelines import BATCH, NO_BATCH, PIPELINES
+from ..patching import Patch
 from ..self_metrics import SelfStats
 from ..source import Source, Sources
 from .batches import batch_counts
+from .graph_flops import GraphFlops
 from .peaks import neuroncore_version, table_peak
+from .sampled_flops import SampledFlops
 
 MAX_PARAMETERS = 64  # looked at for the first floating-point one
 MAX_LOOKS = 8  # optimizer steps that look for it
@@ -47,21 +55,47 @@ class ThroughputSource(Source):
         self.stats = sources.stats
         self._peak_option = sources.options.peak_flops
         self._version: object = UNREAD  # the NeuronCores' version, read once when the table is asked
+        self._compiler_patch: Patch | None = None
         self._start()
 
     def _start(self) -> None:
         self.samples = 0
         self.tokens = 0
+        self.graph_flops = GraphFlops(self.step_error)
+        self.sampled_flops = SampledFlops(self.step_error, compiled=self._compiled)
         self._inside = False  # the training thread is in an entry point whose batch it counts
         self.trained_in: TrainedIn | None = None
         self._looks = 0
 
     def install(self) -> bool:
         PIPELINES.add(self, (BATCH,), self.step_error)
+        after_import("torch._dynamo.output_graph", self._count_compiled_graphs)
         return True
 
     def uninstall(self) -> None:
         PIPELINES.remove(self)
+        forget(self._count_compiled_graphs)
+        if self._compiler_patch is not None:
+            self._compiler_patch.undo()
+
+    def _count_compiled_graphs(self) -> None:
+        from torch._dynamo.output_graph import OutputGraph
+
+        if self._compiler_patch is None:
+            wrap = self._wrap_compiler  # the graphs' counts of this source as it is now (a forked child has new ones)
+            self._compiler_patch = Patch(OutputGraph, "call_user_compiler", wrap, self.step_error)
+        self._compiler_patch.install()
+
+    def _wrap_compiler(self, original):
+        counts = self
+
+        def call_user_compiler(output_graph, gm, example_inputs, *args, **kwargs):
+            return counts.graph_flops.wrap(original)(output_graph, gm, example_inputs, *args, **kwargs)
+
+        return call_user_compiler
+
+    def _compiled(self) -> bool:
+        return self.graph_flops.compiled > 0
 
     def after_fork(self, stats: SelfStats) -> None:
         super().after_fork(stats)
@@ -75,6 +109,7 @@ class ThroughputSource(Source):
         if self._inside or threading.get_ident() != self._sources.phases.thread or not torch.is_grad_enabled():
             return False
         self._inside = True
+        self.sampled_flops.fetching()  # the last batch's work is done
         return True
 
     def left(self, counting: bool, batch: object) -> None:
@@ -90,9 +125,15 @@ class ThroughputSource(Source):
             return
         self.samples += samples
         self.tokens += tokens
+        try:
+            self.sampled_flops.fetched(batch)
+        except Exception as error:  # noqa: BLE001
+            self.step_error(error)
 
     # -- optimizer steps (``SeesOptimizerSteps``) ---------------------------------------------------------------------
     def on_optimizer_step(self, optimizer) -> None:
+        if threading.get_ident() == self._sources.phases.thread:
+            self.sampled_flops.optimizer_stepped()
         if self.trained_in is not None or self._looks >= MAX_LOOKS:
             return
         self._looks += 1
@@ -105,7 +146,7 @@ class ThroughputSource(Source):
     def families(self, labels: dict[str, str]) -> Iterator[Metric]:
         yield single_series(TRAINING_SAMPLES, labels, self.samples)
         yield single_series(TRAINING_TOKENS, labels, self.tokens)
-        # training_flops_total: to be counted in flops*.py of this room, and served here.
+        yield single_series(TRAINING_FLOPS, labels, self.sampled_flops.total + self.graph_flops.total())
         peak = self.peak()
         if peak is not None:
             yield single_series(TRAINING_PEAK_FLOPS, labels, peak)

@@ -25,7 +25,7 @@ from torch.utils.data import DataLoader, Dataset
 
 
 class Samples(Dataset):
-    """Random samples, ``delay`` seconds slower per batch."""
+    """Random sequences of 32 token ids and a label, ``delay`` seconds slower per batch."""
 
     def __init__(self, batch: int, delay: float):
         self.batch, self.delay = batch, delay
@@ -36,7 +36,20 @@ class Samples(Dataset):
     def __getitem__(self, index: int):
         if self.delay and index % self.batch == 0:
             time.sleep(self.delay)
-        return torch.randn(64), torch.tensor(index % 10)
+        return torch.randint(0, 1024, (32,)), torch.tensor(index % 10)
+
+
+class Classifier(torch.nn.Module):
+    """Token embeddings, a hidden layer over each token, averaged, and the class."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embedding = torch.nn.Embedding(1024, 64)
+        self.hidden = torch.nn.Linear(64, 256)
+        self.out = torch.nn.Linear(256, 10)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.relu(self.hidden(self.embedding(ids))).mean(dim=1))
 
 
 def main() -> None:
@@ -56,9 +69,7 @@ def main() -> None:
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    model = DistributedDataParallel(
-        torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
-    )
+    model = DistributedDataParallel(Classifier())
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1000)
     step = 0

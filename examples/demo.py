@@ -125,11 +125,13 @@ def data_parallel(work: Path, port: int, prometheus: str) -> bool:
         ("restarts", 'training_restarts_total{job="data-parallel"}'),
         ("recovery s", 'training_time_seconds_total{job="data-parallel", phase="recovery"}'),
         ("lost work s", 'training_lost_seconds_total{job="data-parallel"}'),
+        ("tokens/s", 'rate(training_tokens_total{job="data-parallel"}[30s])'),
+        ("GFLOP/s", 'rate(training_flops_total{job="data-parallel"}[30s]) / 1e9'),
     ):
         result = get_json(f"{prometheus}/api/v1/query?query=" + urllib.parse.quote(f"max by (rank) ({expr})"))
         figures[name] = {s["metric"]["rank"]: float(s["value"][1]) for s in result["data"]["result"]}
     for rank in sorted(figures["restarts"]):
-        print(f"  rank {rank}: " + ", ".join(f"{name} {values.get(rank, 0):g}" for name, values in figures.items()))
+        print(f"  rank {rank}: " + ", ".join(f"{name} {values.get(rank, 0):.4g}" for name, values in figures.items()))
     # The run has ended: a node endpoint on its spool shows what its ranks left there, as the daemon would.
     serve_port = free_port()
     serve = subprocess.Popen(
@@ -150,7 +152,7 @@ def data_parallel(work: Path, port: int, prometheus: str) -> bool:
     finally:
         serve.terminate()
         serve.wait()
-    print("  diagnose:\n" + "".join(f"    {line}\n" for line in diagnosed.splitlines()[1:4]), end="")
+    print("  diagnose:\n" + "".join(f"    {line}\n" for line in diagnosed.splitlines()[1:5]), end="")
     return job.returncode == 0 and set(figures["restarts"].values()) == {1.0}
 
 

@@ -114,6 +114,8 @@ _RANK = {
     "time_phases": {"*": "count"},  # seconds of the training thread by phase (training_time_seconds_total)
     "restarts": "count",  # processes of the rank in the run that ended without finishing (training_restarts_total)
     "lost_seconds": "count",  # step seconds done again after restarts (training_lost_seconds_total)
+    # the process's work since it started: samples, tokens, FLOPs, over its seconds, and its devices' peak FLOP/s
+    "throughput": {"samples": "count", "tokens": "count", "flops": "count", "seconds": "count", "peak_flops": "count"},
     "trimmed": "text",
 }
 _DOCUMENT = {"format!": "count", "ranks!": [_RANK]}

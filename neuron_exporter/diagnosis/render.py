@@ -83,6 +83,9 @@ def goodput_lines(ranks: list) -> list[str]:
             f"{max(0.0, totals.get(GOODPUT_PHASE, 0.0) - lost) / whole:.2f}"
             + (f" | {shares.strip()}" if shares else "")
         )
+        throughput = _throughput(members)
+        if throughput:
+            lines.append(f"{name} since its processes started: {throughput}")
         restarted = [member for member in members if as_number(member.get("restarts")) > 0]
         if restarted:
             restarts = max(int(as_number(member.get("restarts"))) for member in restarted)
@@ -96,6 +99,41 @@ def goodput_lines(ranks: list) -> list[str]:
         if straggler:
             lines.append(f"{name} is held back by {straggler}.")
     return lines
+
+
+def _throughput(members: list[dict]) -> str | None:
+    """The run's samples, tokens and FLOPs per second (each rank's over its process's life, summed), and its MFU where
+    every rank that counted FLOPs knows its peak; None if no rank counted any work."""
+    rates = {"samples": 0.0, "tokens": 0.0, "flops": 0.0}
+    peak, peaks_known = 0.0, True
+    for member in members:
+        work = member.get("throughput")
+        if not isinstance(work, dict) or as_number(work.get("seconds")) <= 0:
+            continue
+        for key in rates:
+            rates[key] += as_number(work.get(key)) / as_number(work["seconds"])
+        if as_number(work.get("flops")) > 0:
+            peak += as_number(work.get("peak_flops"))
+            peaks_known = peaks_known and as_number(work.get("peak_flops")) > 0
+    if not any(rates.values()):
+        return None
+    parts = [f"{rates['samples']:,.1f} samples/s"]
+    if rates["tokens"]:
+        parts.append(f"{rates['tokens']:,.0f} tokens/s")
+    if rates["flops"]:
+        parts.append(_flop_rate(rates["flops"]))
+        if peak and peaks_known:
+            share = rates["flops"] / peak
+            wrong = f"MFU over 100%: the peak ({_flop_rate(peak)}) is wrong, set peak_flops"
+            parts.append(f"MFU {share:.1%}" if share <= 1 else wrong)
+    return ", ".join(parts) + "."
+
+
+def _flop_rate(flops: float) -> str:
+    for scale, unit in ((1e15, "PFLOP/s"), (1e12, "TFLOP/s"), (1e9, "GFLOP/s"), (1e6, "MFLOP/s")):
+        if flops >= scale:
+            return f"{flops / scale:,.3g} {unit}"
+    return f"{flops:,.0f} FLOP/s"
 
 
 def _ranks(members: list[dict]) -> str:

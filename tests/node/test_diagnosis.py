@@ -230,3 +230,21 @@ def test_the_diagnosis_names_a_runs_restarts_its_lost_work_and_the_rank_that_hol
         diagnosis.loads(json.dumps({"format": 1, "ranks": balanced}).encode(), "a")
     ).splitlines()
     assert not any("restarted" in line or "held back" in line for line in lines)
+
+
+def test_the_diagnosis_tells_a_runs_throughput_and_its_mfu_or_that_its_peak_is_wrong():
+    def rank(number: int, peak: float) -> dict:
+        work = {"samples": 1000, "tokens": 64000, "flops": 4e15, "seconds": 100.0, "peak_flops": peak}
+        return {"run_id": "t", "rank": str(number), "time_phases": {"step": 100.0}, "throughput": work}
+
+    def lines_of(ranks: list[dict]) -> list[str]:
+        return diagnosis.render_text(
+            diagnosis.loads(json.dumps({"format": 1, "ranks": ranks}).encode(), "a")
+        ).splitlines()
+
+    assert lines_of([rank(0, 2e14), rank(1, 2e14)])[2] == (
+        "Run t since its processes started: 20.0 samples/s, 1,280 tokens/s, 80 TFLOP/s, MFU 20.0%."
+    )
+    assert "MFU over 100%: the peak (20 TFLOP/s) is wrong" in lines_of([rank(0, 1e13), rank(1, 1e13)])[2]
+    unknown = lines_of([rank(0, 2e14), {**rank(1, 0), "throughput": {"samples": 5, "flops": 1e15, "seconds": 10}}])
+    assert "MFU" not in unknown[2]  # a rank without a peak: no share of an unknown whole

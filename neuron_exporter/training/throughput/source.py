@@ -104,6 +104,16 @@ class ThroughputSource(Source):
     def parts(self) -> dict:
         return {"throughput": self.families}
 
+    def diagnosis(self, rank: dict) -> None:
+        work = {
+            "samples": self.samples,
+            "tokens": self.tokens,
+            "flops": self.sampled_flops.total + self.graph_flops.total(),
+            "seconds": sum(self._sources.phases.read().values()),  # this process's life: its counts' too
+        }
+        peak = self.peak()
+        rank["throughput"] = work if peak is None else {**work, "peak_flops": peak}
+
     # -- the input pipelines' entry points (``input_pipelines.Listener``) -------------------------------------------
     def entered(self) -> bool:
         if self._inside or threading.get_ident() != self._sources.phases.thread or not torch.is_grad_enabled():

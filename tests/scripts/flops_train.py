@@ -71,7 +71,7 @@ class Batches(Dataset):
 
 def exported() -> dict[str, float]:
     if handle is None:
-        return {"flops": 0.0, "samples": 0.0, "errors": 0.0}
+        return {"flops": 0.0, "samples": 0.0, "tokens": 0.0, "errors": 0.0}
     with urllib.request.urlopen(handle.url, timeout=30) as response:
         text = response.read().decode()
     values = {
@@ -82,6 +82,7 @@ def exported() -> dict[str, float]:
     return {
         "flops": values["training_flops_total", None],
         "samples": values["training_samples_total", None],
+        "tokens": values["training_tokens_total", None],
         "errors": values["neuron_exporter_collection_errors_total", "step"],
     }
 
@@ -106,7 +107,8 @@ for _ in range(2):  # two epochs
         if backend == "xla":
             torch_xla.sync()
 tokens = 2 * sum(SIZES) * SEQUENCE
-result = {"token": {**exported(), "expected": 6 * tokens * (WIDTH * HIDDEN + HIDDEN * VOCABULARY)}}
+expected = {"expected": 6 * tokens * (WIDTH * HIDDEN + HIDDEN * VOCABULARY), "expected_samples": 2 * sum(SIZES)}
+result = {"token": {**exported(), **expected, "expected_tokens": tokens}}
 
 if "--vision" in sys.argv:
     import torchvision

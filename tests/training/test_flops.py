@@ -1,7 +1,8 @@
 """``training_flops_total`` of a real training loop (``tests/scripts/flops_train.py``) against the model's FLOPs from
-its shapes, on every backend: a token model fed Hugging Face-style dict batches with a shorter batch now and then,
-and a torchvision ResNet (whose FLOPs ``FlopCounterMode`` counts on a copy, on the CPU). Within 5%, as the counting
-promises; on torch_xla, with no compilation more than the same run without the exporter."""
+its shapes, on every backend, with the samples and tokens exact: a token model fed Hugging Face-style dict batches
+with a shorter batch now and then, and a torchvision ResNet (whose FLOPs ``FlopCounterMode`` counts on a copy, on the
+CPU). Within 5%, as the counting promises; on torch_xla, with no compilation more than the same run without the
+exporter."""
 
 from __future__ import annotations
 
@@ -32,8 +33,10 @@ def assert_counted(result: dict) -> None:
         if model in result:
             counted = result[model]
             assert counted["flops"] == pytest.approx(counted["expected"], rel=TOLERANCE), (model, counted)
-    if "vision" in result:
-        assert result["vision"]["samples"] == result["vision"]["expected_samples"]
+    for model in ("token", "vision"):
+        if model in result:
+            assert result[model]["samples"] == result[model]["expected_samples"]
+    assert result["token"]["tokens"] == result["token"]["expected_tokens"]
 
 
 def vision() -> tuple[str, ...]:

@@ -245,6 +245,24 @@ def test_recording_rules_are_used_by_the_alerts():
     }
 
 
+def test_goodput_counts_lost_work_as_badput_and_over_the_life_reads_the_counters_values():
+    """One goodput everywhere: the steps' time less the steps done again after a restart, over all the time. Over a
+    run's life it is the counters' values (a rank carries them across its restarts): no rate, no window, each rank
+    once whatever the aggregation labels. Its values are in deploy/prometheus/rules/tests/goodput-recording.yml."""
+    for name in ("rank:training_goodput:ratio5m", "run:training_goodput:ratio5m"):
+        assert "rate(training_lost_seconds_total{" in rules.RECORDING_RULES[name], name
+    (rule,) = [rule for rule in committed_alerts() if rule["alert"] == "TrainingGoodputLow"]
+    assert "rate(training_lost_seconds_total{" in rule["expr"]
+    for labels in (DEFAULTS.aggregation_labels, ("cluster", "job")):
+        recording = dict(rules.recording_rules(config_from({"aggregation_labels": list(labels)})))
+        life = recording["run:training_goodput:ratio_life"]
+        assert "rate(" not in life and "increase(" not in life and "[" not in life
+        run = ", ".join(labels)
+        rank = ", ".join(dict.fromkeys((*labels, "run_id", "rank")))
+        assert f"sum by ({run}) (max by ({rank}) (training_lost_seconds_total{{" in life
+        assert f"(sum by ({run}) (max by ({rank}, phase) (training_time_seconds_total{{" in life
+
+
 def test_recompilation_alert_counts_recompilations_of_every_site_and_never_new_graphs():
     recorded = rules.RECORDING_RULES["rank:xla_recompilations_per_step:ratio5m"]
     assert "rate(xla_recompilations_total{" in recorded and "rank:xla_steps:rate5m" in recorded

@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 
 import pytest
+import yaml
 
 pytest.importorskip("grafana_foundation_sdk", reason="the dashboards extra (Python 3.11 or later)")
-from neuron_exporter.mixin import build, dashboards
+from neuron_exporter.mixin import build, dashboards, rules
 from tests.support.contract import CONTRACT_METRICS, DEVICE_METRICS, metric_names
-from tests.support.paths import DASHBOARDS
+from tests.support.paths import DASHBOARDS, ROOT
+from tests.support.prometheus import dashboard_variables, substitute_variables
 
 
 def load(name: str) -> dict:
@@ -373,12 +376,15 @@ def test_training_overview_opens_with_goodput_by_run_phase_and_rank():
         panel["title"]: panel for panel in rows_of(load("training-overview.json"))["Goodput: where the time goes"]
     }
     assert list(panels) == ["Goodput by run", "Badput by phase", "Goodput by rank"]
-    assert 'phase="step"' in panels["Goodput by run"]["targets"][0]["expr"]
+    # Goodput as the recording rules take it: the steps' time less the steps done again after a restart.
+    goodput = panels["Goodput by run"]["targets"][0]["expr"]
+    assert 'phase="step"' in goodput and "rate(training_lost_seconds_total{" in goodput
     assert panels["Badput by phase"]["fieldConfig"]["defaults"]["custom"]["stacking"]["mode"] == "normal"
-    # One row per rank, the one that loses the most first, with every badput phase beside it.
+    assert [t["legendFormat"] for t in panels["Badput by phase"]["targets"]] == ["{{phase}}", "lost work"]
+    # One row per rank, the one that loses the most first, with every badput phase and the lost work beside it.
     assert site_table_columns(panels["Goodput by rank"]) == (
         ["Run", "Instance", "Rank"],
-        ["Badput", "Data", "Compile", "Host sync", "Checkpoint", "Startup", "Other"],
+        ["Badput", "Data", "Compile", "Host sync", "Checkpoint", "Startup", "Other", "Recovery", "Lost work"],
     )
     assert all("training_time_seconds_total{" in t["expr"] for t in panels["Goodput by rank"]["targets"])
 
@@ -398,3 +404,93 @@ def test_training_overview_has_a_compact_where_row():
         assert transformations[-2:] == ["sortBy", "limit"] and panel["transformations"][-1]["options"] == {
             "limitField": 5
         }
+
+
+def test_the_run_row_shows_goodput_over_the_life_what_restarts_cost_and_the_stragglers():
+    panels = {panel["title"]: panel for panel in rows_of(load("training-overview.json"))["Run health"]}
+    assert list(panels) == [
+        "Goodput over the run's life",
+        "Restarts by run",
+        "Ranks that restarted",
+        "Ranks that hold the run back",
+    ]
+    # Over the run's whole life: the counters' values (a rank carries them across its restarts), no window.
+    life = panels["Goodput over the run's life"]
+    (expr,) = [target["expr"] for target in life["targets"]]
+    assert life["type"] == "stat" and "[" not in expr and "rate(" not in expr and "increase(" not in expr
+    assert "training_lost_seconds_total{" in expr and 'phase="step"' in expr
+    assert "max by (job, run_id, rank)" in expr and "max by (job, run_id, rank, phase)" in expr  # a rank once
+    assert life["targets"][0]["legendFormat"] == "{{job}} {{run_id}}"
+    assert site_table_columns(panels["Restarts by run"]) == (
+        ["Run"],
+        ["Time lost", "Restarts", "Ranks restarted", "Recovery", "Lost work"],
+    )
+    assert site_table_columns(panels["Ranks that restarted"]) == (
+        ["Run", "Instance", "Rank"],
+        ["Time lost", "Restarts", "Recovery", "Lost work"],
+    )
+    for title in ("Restarts by run", "Ranks that restarted"):
+        exprs = [target["expr"] for target in panels[title]["targets"]]
+        assert all("[$__range]" in expr for expr in exprs), title
+        assert 'phase="recovery"' in exprs[0] and "training_lost_seconds_total{" in exprs[0], title
+        assert any("training_restarts_total{" in expr for expr in exprs), title
+        assert panels[title]["fieldConfig"]["defaults"]["unit"] == "s"
+    # A rank appears once its restarts cost time; the ten that lost the most.
+    ranks = panels["Ranks that restarted"]
+    assert all(target["expr"].endswith(" > 0") for target in ranks["targets"])
+    assert ranks["transformations"][-1]["options"] == {"limitField": 10}
+
+
+def test_the_run_row_counts_a_restart_as_the_rules_do(tmp_path):
+    """The run row's queries, run by promtool on the restart of deploy/prometheus/rules/tests/goodput-recording.yml
+    (run r1: rank 1's process ends at 30m, the next one goes on from it at 35m with 300 s of recovery and 288 s of
+    lost work; r2 balanced; r3 without the restart series; r4 is r1 with the next process on another instance) over
+    a time range of 1h ending at 60m: the life goodput is the recorded one, each rank counted once, and the
+    restart's cost is counted once, for its rank and for its run."""
+    rules_dir = ROOT / build.RULES_DIR
+    recording = yaml.safe_load((rules_dir / "tests" / "goodput-recording.yml").read_text())
+    (scenario,) = [t for t in recording["tests"] if t["name"].startswith("a rank that restarts")]
+    panels = {panel["title"]: panel for panel in rows_of(load("training-overview.json"))["Run health"]}
+    variables = {**dashboard_variables("neuron-exporter"), "$__range": "1h"}
+
+    def run(r: str, **extra: str) -> str:
+        return "{" + ", ".join(f'{k}="{v}"' for k, v in {"job": "neuron-exporter", "run_id": r, **extra}.items()) + "}"
+
+    rank_1 = {"instance": "trn0:19478", "rank": "1"}
+    expected = {
+        ("Goodput over the run's life", 0): [(run("r1"), 720), (run("r2"), 900), (run("r3"), 600), (run("r4"), 720)],
+        ("Restarts by run", 0): [(run("r1"), 588), (run("r2"), 0)],  # time lost: recovery and lost work
+        ("Restarts by run", 1): [(run("r1"), 1), (run("r2"), 0)],
+        ("Restarts by run", 2): [(run("r1"), 1)],  # ranks restarted
+        ("Restarts by run", 3): [(run("r1"), 300), (run("r2"), 0)],
+        ("Restarts by run", 4): [(run("r1"), 288), (run("r2"), 0)],
+        ("Ranks that restarted", 0): [(run("r1", **rank_1), 588)],
+        ("Ranks that restarted", 1): [(run("r1", **rank_1), 1)],
+        ("Ranks that restarted", 2): [(run("r1", **rank_1), 300)],
+        ("Ranks that restarted", 3): [(run("r1", **rank_1), 288)],
+    }
+    checks = []
+    for (title, ref), samples in expected.items():
+        life = title.startswith("Goodput")
+        runs = {"$run_id": ".*" if life else "r1|r2|r3"}  # r4's next process is a new series: no increase there
+        expr = substitute_variables(panels[title]["targets"][ref]["expr"], {**variables, **runs})
+        scale = 1000 if life else 1
+        checks.append(
+            {
+                "expr": f"round({scale} * ({expr}))",
+                "eval_time": "60m",
+                "exp_samples": [{"labels": labels, "value": value} for labels, value in samples],
+            }
+        )
+    recorded = "round(1000 * sum by (job, run_id) (run:training_goodput:ratio_life))"
+    checks.append({"expr": recorded, "eval_time": "60m", "exp_samples": checks[0]["exp_samples"]})
+    document = {
+        "rule_files": [str(rules_dir / rules.RECORDING_FILE)],
+        "evaluation_interval": "15s",
+        "tests": [{"interval": "15s", "input_series": scenario["input_series"], "promql_expr_test": checks}],
+    }
+    (tmp_path / "run-row.yml").write_text(yaml.safe_dump(document, width=200))
+    result = subprocess.run(
+        ["promtool", "test", "rules", str(tmp_path / "run-row.yml")], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-2000:]

@@ -309,9 +309,10 @@ def substitute(expr: str, **overrides: str) -> str:
 NOT_FROM_XLA = {"torchneuron.json"}
 # Panels empty here by design, each with data where it is tested: the Devices rows read neuron-monitor's series
 # (test_device_join_prometheus.py), and these runs are balanced, with no rank that holds one back (the straggler
-# rules' promtool tests and benchmarks/straggler_runs.py).
+# rules' promtool tests and benchmarks/straggler_runs.py) and no restart (tests/assets/test_dashboards.py runs the
+# restart tables on the restart of the goodput recording rules' promtool tests).
 EMPTY_HERE_ROWS = ("Devices",)
-EMPTY_HERE_PANELS = {"Ranks that hold the run back"}
+EMPTY_HERE_PANELS = {"Ranks that hold the run back", "Ranks that restarted"}
 
 
 @pytest.mark.parametrize("dashboard", sorted(dashboards.DASHBOARDS))

@@ -56,6 +56,7 @@ def test_alerts_are_grouped_by_topic():
     assert [group["name"] for group in recording] == [
         "neuron-exporter.xla.recording",
         "neuron-exporter.straggler.recording",
+        "neuron-exporter.throughput.recording",
     ]
     groups = {group["name"]: group["rules"] for group in yaml.safe_load(RULE_FILES[1].read_text())["groups"]}
     prefixes = {

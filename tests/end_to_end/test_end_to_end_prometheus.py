@@ -1,10 +1,11 @@
 """A real Prometheus scrapes two real torch_xla training runs: one with a CPU-fallback operator and batch sizes that
 keep changing (a recompilation now and then), and one shaped like a Hugging Face Trainer run (a graph cut in every
-step's forward pass, two step markers per training step, a logging .item() every 5 steps). Every dashboard query
-and every rule goes through Prometheus' HTTP API; the fallback alert fires once for the run naming the operator
-and the worst rank, the fragmentation alert fires on both runs naming the top site (source line and cause), the
-recompilation alert (at a lower threshold) names the line that ran the recompiled graphs, and the dashboards'
-site tables name the lines of the training scripts."""
+step's forward pass, two step markers per training step, a logging .item() every 5 steps, its batches from a
+DataLoader and a peak set with the peak_flops option, so that the throughput and MFU panels and rules have data
+there). Every dashboard query and every rule goes through Prometheus' HTTP API; the fallback alert fires once for the
+run naming the operator and the worst rank, the fragmentation alert fires on both runs naming the top site (source
+line and cause), the recompilation alert (at a lower threshold) names the line that ran the recompiled graphs, and
+the dashboards' site tables name the lines of the training scripts."""
 
 from __future__ import annotations
 

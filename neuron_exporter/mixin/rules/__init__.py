@@ -12,9 +12,9 @@ per-rank and per-site detail is on the dashboards. Every alert carries a ``sever
 Every expression and annotation is written out as one PromQL or Go-template text in which ``${name}`` stands for
 what the configuration decides (labels, selectors, windows, thresholds) and is filled in by ``promql.fill``. The
 alerts come in one group per area, a module each: XLA training (xla.py), torch.compile (torch_compile.py),
-TorchNeuron (torchneuron.py), start-up, goodput and stragglers on every backend (startup.py, goodput.py,
-straggler.py, which count the ranks of rank_filters.py), and the exporter itself (exporter.py). A new source adds
-its module and its line in ``ALERT_GROUPS``.
+TorchNeuron (torchneuron.py), start-up, goodput, stragglers and throughput on every backend (startup.py,
+goodput.py, straggler.py, throughput.py, which count the ranks of rank_filters.py), and the exporter itself
+(exporter.py). A new source adds its module and its line in ``ALERT_GROUPS``.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from .goodput import goodput_alerts
 from .recording import recording_rules
 from .startup import startup_alerts
 from .straggler import straggler_alerts, straggler_recording_rules
-from .throughput import throughput_recording_rules
+from .throughput import throughput_alerts, throughput_recording_rules
 from .torch_compile import torch_compile_alerts
 from .torchneuron import torchneuron_alerts
 from .xla import xla_alerts
@@ -50,6 +50,7 @@ ALERT_GROUPS: dict[str, Callable[[Config], list[dict]]] = {
     "neuron-exporter.startup": startup_alerts,
     "neuron-exporter.goodput": goodput_alerts,
     "neuron-exporter.straggler": straggler_alerts,
+    "neuron-exporter.throughput": throughput_alerts,
     "neuron-exporter.exporter": exporter_alerts,
 }
 

@@ -494,3 +494,82 @@ def test_the_run_row_counts_a_restart_as_the_rules_do(tmp_path):
         ["promtool", "test", "rules", str(tmp_path / "run-row.yml")], capture_output=True, text=True, timeout=120
     )
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-2000:]
+
+
+def test_the_throughput_row_shows_each_runs_work_flops_and_mfu_and_each_ranks():
+    panels = {panel["title"]: panel for panel in rows_of(load("training-overview.json"))["Throughput and step time"]}
+    assert list(panels) == [
+        "Tokens per second by run",
+        "Samples per second by run",
+        "FLOP/s by run",
+        "MFU by run",
+        "Throughput by rank",
+        "Steps per second by rank",
+        "Step time percentiles",
+    ]
+    for title, counter in (
+        ("Tokens per second by run", "training_tokens_total"),
+        ("Samples per second by run", "training_samples_total"),
+        ("FLOP/s by run", "training_flops_total"),
+    ):
+        target = panels[title]["targets"][0]
+        assert (
+            target["expr"].startswith(f"sum by (job, run_id) (rate({counter}{{")
+            and "{{run_id}}" in target["legendFormat"]
+        )
+    assert "training_peak_flops{" in panels["FLOP/s by run"]["targets"][1]["expr"]
+    # MFU above 1 is a peak that is too low: the panels say so in words, not as 563%.
+    mfu = panels["MFU by run"]
+    assert mfu["type"] == "stat" and mfu["fieldConfig"]["defaults"]["unit"] == "percentunit"
+    (mapping,) = mfu["fieldConfig"]["defaults"]["mappings"]
+    assert mapping["type"] == "range" and mapping["options"]["from"] == 1 and mapping["options"]["to"] > 1e100
+    assert mapping["options"]["result"]["text"] == "peak too low: set peak_flops"
+    table = panels["Throughput by rank"]
+    assert site_table_columns(table) == (
+        ["Run", "Instance", "Rank"],
+        ["Tokens/s", "Samples/s", "FLOP/s", "Peak", "MFU"],
+    )
+    overrides = {o["matcher"]["options"]: o["properties"] for o in table["fieldConfig"]["overrides"]}
+    assert {p["id"]: p["value"] for p in overrides["MFU"]} == {"unit": "percentunit", "mappings": [mapping]}
+    assert all("[$__range]" in target["expr"] for i, target in enumerate(table["targets"]) if i != 3)
+
+
+def test_the_throughput_row_counts_mfu_and_the_peak_as_the_rules_do(tmp_path):
+    """The run panels' MFU and peak, run by promtool with a 5m rate window on the runs of
+    deploy/prometheus/rules/tests/throughput-recording.yml (m1: two ranks at 40%; m2: a rank without a peak; m3: a peak
+    too low; m4: no FLOPs counted; m5: a rank that ended), are the recorded ones."""
+    rules_dir = ROOT / build.RULES_DIR
+    recording = yaml.safe_load((rules_dir / "tests" / "throughput-recording.yml").read_text())
+    (scenario,) = recording["tests"]
+    panels = {panel["title"]: panel for panel in rows_of(load("training-overview.json"))["Throughput and step time"]}
+    variables = {**dashboard_variables("neuron-exporter"), "$__rate_interval": "5m"}
+
+    def run(r: str) -> str:
+        return f'{{job="neuron-exporter", run_id="{r}"}}'
+
+    checks = []
+    for panel, ref, record, scale, values in (
+        ("MFU by run", 0, "run:training_mfu:ratio5m", "1000", {"m1": 400, "m3": 5630, "m5": 400}),  # per mille
+        (
+            "FLOP/s by run",
+            1,
+            "run:training_peak_flops:sum",
+            "1e-12",
+            {"m1": 200, "m2": 100, "m3": 1, "m4": 100, "m5": 100},
+        ),
+    ):
+        samples = [{"labels": run(r), "value": value} for r, value in values.items()]
+        expr = substitute_variables(panels[panel]["targets"][ref]["expr"], variables)
+        checks.append({"expr": f"round({scale} * ({expr}))", "eval_time": "10m", "exp_samples": samples})
+        recorded = f"round({scale} * sum by (job, run_id) ({record}))"
+        checks.append({"expr": recorded, "eval_time": "10m", "exp_samples": samples})
+    document = {
+        "rule_files": [str(rules_dir / rules.RECORDING_FILE)],
+        "evaluation_interval": "15s",
+        "tests": [{"interval": "15s", "input_series": scenario["input_series"], "promql_expr_test": checks}],
+    }
+    (tmp_path / "throughput-row.yml").write_text(yaml.safe_dump(document, width=200))
+    result = subprocess.run(
+        ["promtool", "test", "rules", str(tmp_path / "throughput-row.yml")], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-2000:]

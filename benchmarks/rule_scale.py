@@ -6,12 +6,17 @@ device: graph cuts, a CPU fallback, recompilations, so every family has its site
 that exposition, each rank's copy with its own run, rank and local rank, is what 16 node endpoints serve (one HTTP
 server, a path per node), counters growing from each rank's start. Training time splits as a run that trains 80%
 of the time; rank 1000 waits 0.2 s more a second for data than the others (the straggler, which the others wait
-for in their steps), and the 128 ranks of node 5 restart at --restart-minute (their counters start again).
+for in their steps), and the 128 ranks of node 5 restart at --restart-minute: their processes end, the node serves
+their last values for a minute, then the next processes start their own counters again (steps, CPU time, torch_xla's)
+and go on from the run's (training time, with a minute of recovery and another start-up; 240 s of lost work, the
+steps since the checkpoint they resume from; a restart). Every other rank serves its restarts, lost work and
+recovery at 0, as a rank of a run that never restarted does.
 
 After --minutes (the longest window of the rules is 30m: wait it out), it polls the rules API for the last
 --measure-minutes and prints, per rule group, how many evaluations it saw and their durations (median, 90th
-percentile, largest) against the 15 s interval, the slowest rules, the iterations Prometheus missed, and the
-TrainingStraggler alerts.
+percentile, largest) against the 15 s interval, the slowest rules, the iterations Prometheus missed, the
+TrainingStraggler alerts, the run's goodput over its life beside what the model of the run gives, and how long
+the Run health row's queries take over the last hour.
 
     python benchmarks/rule_scale.py [--nodes 16] [--ranks-per-node 128] [--minutes 36] [--measure-minutes 6]
 """
@@ -19,6 +24,7 @@ TrainingStraggler alerts.
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import statistics
 import subprocess
@@ -35,9 +41,15 @@ from prometheus_client.parser import text_string_to_metric_families
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from neuron_exporter.catalogue import TRAINING_LOST, TRAINING_RESTARTS, TRAINING_TIME  # noqa: E402
 from tests.support.daemon import free_port  # noqa: E402
 from tests.support.processes import xla_env  # noqa: E402
-from tests.support.prometheus import Prometheus, running_prometheus  # noqa: E402
+from tests.support.prometheus import (  # noqa: E402
+    Prometheus,
+    dashboard_variables,
+    running_prometheus,
+    substitute_variables,
+)
 
 RULES = ROOT / "deploy" / "prometheus" / "rules"
 EXAMPLE = ROOT / "examples" / "train.py"
@@ -49,6 +61,15 @@ RESTARTING_NODE = 5
 PHASES = {"step": 0.80, "data": 0.06, "compile": 0.04, "host_sync": 0.03, "checkpoint": 0.02, "other": 0.0}
 STEPS_PER_SECOND = 2.0
 STARTUP_SECONDS = 30.0
+# A restart of node 5's ranks: the seconds between a process's end and the next one's start, and the step time of
+# the steps the next one does again (5 minutes of steps since the last checkpoint).
+RECOVERY_SECONDS = 60.0
+LOST_SECONDS = 0.80 * 300
+# What a rank carries across its restarts (the run's counters), and what its next process adds to them when it
+# starts: another start-up, the recovery, the lost work, a restart.
+CARRIED = (TRAINING_TIME.name, TRAINING_LOST.name, TRAINING_RESTARTS.name)
+ON_RESTART = {"startup": STARTUP_SECONDS, "recovery": RECOVERY_SECONDS, TRAINING_LOST.name: LOST_SECONDS,
+              TRAINING_RESTARTS.name: 1.0}  # fmt: skip
 
 
 def template_exposition(work: Path) -> str:
@@ -83,12 +104,16 @@ def template_exposition(work: Path) -> str:
 
 class Line:
     """One series of a node's exposition: its text before the value, and the value as a function of the rank's
-    uptime (``base + slope * uptime``; gauges have no slope)."""
+    uptime (``base + slope * uptime``; gauges have no slope). A ``carried`` series is the run's: a restarted rank's
+    next process goes on from its value, adding ``on_restart``; the others start again."""
 
-    __slots__ = ("prefix", "base", "slope", "rank")
+    __slots__ = ("prefix", "base", "slope", "rank", "name", "phase", "carried", "on_restart")
 
-    def __init__(self, prefix: str, base: float, slope: float, rank: int | None):
+    def __init__(self, prefix: str, base: float, slope: float, rank: int | None, name: str = "", phase: str = ""):
         self.prefix, self.base, self.slope, self.rank = prefix, base, slope, rank
+        self.name, self.phase = name, phase
+        self.carried = name in CARRIED
+        self.on_restart = ON_RESTART.get(phase or name, 0.0) if self.carried else 0.0
 
 
 def label_text(labels: dict[str, str]) -> str:
@@ -103,11 +128,14 @@ def node_lines(exposition: str, node: int, ranks_per_node: int, uptime: float) -
     once. Counters grow at the rate that brought them to their template value in ``uptime`` seconds; the training
     time, steps and CPU time are those of the module's model of a run."""
     lines = []
+    rank_labels: dict[int, dict[str, str]] = {}
     for family in text_string_to_metric_families(exposition):
         counter = family.type in ("counter", "histogram", "summary")
         for sample in family.samples:
-            if sample.name.endswith("_created"):
-                continue
+            if sample.name.endswith("_created") or sample.name in (TRAINING_LOST.name, TRAINING_RESTARTS.name):
+                continue  # the restart's series are the model's, below, whether the template serves them or not
+            if sample.name == TRAINING_TIME.name and sample.labels["phase"] not in (*PHASES, "startup"):
+                continue  # recovery, below
             per_rank = "rank" in sample.labels
             for local in range(ranks_per_node) if per_rank else [None]:
                 labels = dict(sample.labels)
@@ -116,16 +144,24 @@ def node_lines(exposition: str, node: int, ranks_per_node: int, uptime: float) -
                     rank = node * ranks_per_node + local
                     labels.update(run_id=RUN, rank=str(rank), local_rank=str(local))
                 base, slope = sample.value, (sample.value / uptime if counter else 0.0)
-                if sample.name == "training_time_seconds_total":
+                phase = ""
+                if sample.name == TRAINING_TIME.name:
                     phase = labels["phase"]
                     base, slope = (STARTUP_SECONDS, 0.0) if phase == "startup" else (0.0, PHASES[phase])
                     if rank == STRAGGLER and phase in ("data", "step"):
                         slope += 0.2 if phase == "data" else -0.2
                 elif sample.name in ("training_steps_total", "xla_steps_total"):
                     base, slope = 0.0, STEPS_PER_SECOND
+                    if sample.name == "training_steps_total" and rank is not None:
+                        rank_labels[rank] = {k: v for k, v in labels.items() if k != "phase"}
                 elif sample.name == "training_process_cpu_seconds_total":
                     base, slope = 0.0, 0.5
-                lines.append(Line(sample.name + label_text(labels), base, slope, rank))
+                lines.append(Line(sample.name + label_text(labels), base, slope, rank, sample.name, phase))
+    for rank, labels in rank_labels.items():
+        recovery = {**labels, "phase": "recovery"}
+        lines.append(Line(TRAINING_TIME.name + label_text(recovery), 0.0, 0.0, rank, TRAINING_TIME.name, "recovery"))
+        for name in (TRAINING_LOST.name, TRAINING_RESTARTS.name):
+            lines.append(Line(name + label_text(labels), 0.0, 0.0, rank, name))
     return lines
 
 
@@ -135,24 +171,45 @@ class Nodes:
     def __init__(self, exposition: str, nodes: int, ranks_per_node: int, restart_after: float):
         self.started = time.time() - 60  # every rank has trained a minute when the first scrape comes
         self.restart_at = self.started + 60 + restart_after
+        self.resume_at = self.restart_at + RECOVERY_SECONDS
         self.ranks_per_node = ranks_per_node
         uptime = 60.0
         self.lines = [node_lines(exposition, node, ranks_per_node, uptime) for node in range(nodes)]
 
+    def value(self, node: int, line: Line, now: float) -> float:
+        """``line``'s value at ``now``: node 5's processes end at ``restart_at``, the node serves their last values
+        until ``resume_at``, then the next ones start their own counters again and go on from the run's."""
+        if node != RESTARTING_NODE or now < self.restart_at:
+            return line.base + line.slope * (now - self.started)
+        before = line.base + line.slope * (self.restart_at - self.started)
+        if now < self.resume_at:
+            return before
+        since = line.slope * (now - self.resume_at)
+        return before + line.on_restart + since if line.carried else line.base + since
+
     def render(self, node: int) -> bytes:
         now = time.time()
-        origin = self.started
-        if node == RESTARTING_NODE and now >= self.restart_at:
-            origin = self.restart_at
-        uptime = now - origin
         out = []
         for line in self.lines[node]:
             if line.prefix.startswith("neuron_exporter_rank_last_report_timestamp_seconds"):
                 value = now
             else:
-                value = line.base + line.slope * uptime
+                value = self.value(node, line, now)
             out.append(f"{line.prefix} {value:.6f}\n")
         return "".join(out).encode()
+
+    def life_goodput(self, now: float) -> float:
+        """The run's goodput over its life at ``now`` in this model: step less lost over all the training time."""
+        step = lost = total = 0.0
+        for node, lines in enumerate(self.lines):
+            for line in lines:
+                value = self.value(node, line, now)
+                if line.name == TRAINING_TIME.name:
+                    total += value
+                    step += value if line.phase == "step" else 0.0
+                elif line.name == TRAINING_LOST.name:
+                    lost += value
+        return (step - lost) / total
 
 
 def serve(nodes: Nodes) -> ThreadingHTTPServer:
@@ -275,7 +332,39 @@ def main() -> None:
                 print(f"TrainingStraggler {alert['state']}: {where}, {alert['labels']['phase']}")
             if not alerts:
                 print("TrainingStraggler: none")
+            others = sorted({a["labels"]["alertname"] for a in prometheus.alerts()} - {"TrainingStraggler"})
+            print(f"other alerts: {', '.join(others) or 'none'}")
+            recorded, model = prometheus.scalar("run:training_goodput:ratio_life"), nodes.life_goodput(time.time())
+            life = f"recorded {recorded:.4f}" if recorded is not None else "not recorded"
+            print(f"goodput over the run's life: {life}, the model's {model:.4f}")
+            run_row_queries(prometheus)
         server.shutdown()
+
+
+def run_row_queries(prometheus: Prometheus) -> None:
+    """Each query of the Training overview's Run health row over the last hour, as Grafana sends it: how long it
+    takes at this scale, and what it finds."""
+    board = json.loads((ROOT / "dashboards" / "training-overview.json").read_text())
+    variables = {**dashboard_variables("neuron-exporter"), "$__rate_interval": "1m", "$__range": "1h"}
+    row, end = "", time.time()
+    print("the Run health row's queries over the last hour:")
+    for panel in board["panels"]:
+        row = panel["title"] if panel["type"] == "row" else row
+        if row != "Run health" or panel["type"] == "row":
+            continue
+        for target in panel["targets"]:
+            expr = substitute_variables(target["expr"], variables)
+            began = time.monotonic()
+            if target.get("instant"):
+                result = prometheus.query(expr)
+            else:  # a stat: a range query, at Grafana's step for about 1,000 pixels
+                result = prometheus.query_range(expr, end - 3600, end, step="15s")
+            took = time.monotonic() - began
+            found = result["data"]["result"] if result["status"] == "success" else result.get("error")
+            if isinstance(found, list):
+                last = [float(r["value"][1] if "value" in r else r["values"][-1][1]) for r in found]
+                found = f"{len(last)} series" + (f", largest {max(last):.4g}" if last else "")
+            print(f"  {panel['title']} {target['refId']}: {took * 1000:.0f} ms, {found}")
 
 
 if __name__ == "__main__":

@@ -130,6 +130,22 @@ class Config:
     straggler_for: str = "15m"
     straggler_severity: str = "warning"
 
+    # TrainingThroughputDropped: a run's tokens per second (samples per second for a run without token ids) over 5m
+    # below (1 - throughput_drop_share) of its recent level, its rate over throughput_recent_window ending
+    # throughput_for + 5m ago (so the drop is not in it when the alert fires), for throughput_for. It judges a run
+    # with a live rank that was served when its recent window began, whose busiest rank made at least
+    # throughput_min_steps training steps per 5m over that window, on average. The description names the badput
+    # phase whose share of the run's time grew the most between the two windows, and what to do about it.
+    throughput_drop_share: float = 0.3
+    throughput_recent_window: str = "1h"
+    throughput_min_steps: float = 10
+    throughput_for: str = "15m"
+    throughput_severity: str = "warning"
+    # TrainingPeakFlopsTooLow: a run's MFU above 1 (its FLOP/s above the peak its live ranks serve, which must then
+    # be wrong) for peak_flops_for.
+    peak_flops_for: str = "15m"
+    peak_flops_severity: str = "info"
+
     # XlaTrainingStalled: no training step ended within the window on some rank whose endpoint answers.
     stall_window: str = "10m"
     stall_for: str = "5m"
@@ -193,6 +209,10 @@ class Config:
                     f"{name}: {value!r} is not a list of label matchers such as "
                     'job="neuron-exporter", namespace=~"ml-.*" (without braces)'
                 )
+        if not self.throughput_drop_share < 1:
+            raise ValueError(
+                f"throughput_drop_share: {self.throughput_drop_share!r} must be below 1 (a share of the rate)"
+            )
 
     def as_dict(self) -> dict[str, Any]:
         """The configuration as a plain mapping (lists for the label tuples), the form ``config_from`` takes."""

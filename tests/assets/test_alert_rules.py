@@ -56,6 +56,7 @@ def test_alerts_are_grouped_by_topic():
     assert [group["name"] for group in recording] == [
         "neuron-exporter.xla.recording",
         "neuron-exporter.straggler.recording",
+        "neuron-exporter.throughput.recording",
     ]
     groups = {group["name"]: group["rules"] for group in yaml.safe_load(RULE_FILES[1].read_text())["groups"]}
     prefixes = {
@@ -65,6 +66,7 @@ def test_alerts_are_grouped_by_topic():
         "neuron-exporter.startup": "TrainingStartup",
         "neuron-exporter.goodput": "TrainingGoodput",
         "neuron-exporter.straggler": "TrainingStraggler",
+        "neuron-exporter.throughput": "Training",
         "neuron-exporter.exporter": "NeuronExporter",
     }
     assert list(groups) == list(prefixes)
@@ -160,7 +162,7 @@ PER_RUN = {rule["alert"] for rule in committed_alerts() if rule["expr"].startswi
 
 @pytest.mark.parametrize("rule", committed_alerts(), ids=lambda r: r["alert"])
 def test_every_alert_has_severity_summary_description_and_runbook(rule):
-    assert rule["labels"]["severity"] in ("warning", "critical")
+    assert rule["labels"]["severity"] in ("warning", "critical", "info")
     annotations = rule["annotations"]
     assert set(annotations) == {"summary", "description", "runbook_url"}
     assert annotations["runbook_url"] == f"{RUNBOOK_URL}#{rule['alert'].lower()}"
@@ -243,6 +245,24 @@ def test_recording_rules_are_used_by_the_alerts():
         "rank:xla_device_to_host_transfers_per_step:ratio5m",
         "rank:xla_compile_time_share:ratio5m",
     }
+
+
+def test_goodput_counts_lost_work_as_badput_and_over_the_life_reads_the_counters_values():
+    """One goodput everywhere: the steps' time less the steps done again after a restart, over all the time. Over a
+    run's life it is the counters' values (a rank carries them across its restarts): no rate, no window, each rank
+    once whatever the aggregation labels. Its values are in deploy/prometheus/rules/tests/goodput-recording.yml."""
+    for name in ("rank:training_goodput:ratio5m", "run:training_goodput:ratio5m"):
+        assert "rate(training_lost_seconds_total{" in rules.RECORDING_RULES[name], name
+    (rule,) = [rule for rule in committed_alerts() if rule["alert"] == "TrainingGoodputLow"]
+    assert "rate(training_lost_seconds_total{" in rule["expr"]
+    for labels in (DEFAULTS.aggregation_labels, ("cluster", "job")):
+        recording = dict(rules.recording_rules(config_from({"aggregation_labels": list(labels)})))
+        life = recording["run:training_goodput:ratio_life"]
+        assert "rate(" not in life and "increase(" not in life and "[" not in life
+        run = ", ".join(labels)
+        rank = ", ".join(dict.fromkeys((*labels, "run_id", "rank")))
+        assert f"sum by ({run}) (max by ({rank}) (training_lost_seconds_total{{" in life
+        assert f"(sum by ({run}) (max by ({rank}, phase) (training_time_seconds_total{{" in life
 
 
 def test_recompilation_alert_counts_recompilations_of_every_site_and_never_new_graphs():

@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 
 import pytest
+import yaml
 
 pytest.importorskip("grafana_foundation_sdk", reason="the dashboards extra (Python 3.11 or later)")
-from neuron_exporter.mixin import build, dashboards
+from neuron_exporter.mixin import build, dashboards, rules
 from tests.support.contract import CONTRACT_METRICS, DEVICE_METRICS, metric_names
-from tests.support.paths import DASHBOARDS
+from tests.support.paths import DASHBOARDS, ROOT
+from tests.support.prometheus import dashboard_variables, substitute_variables
 
 
 def load(name: str) -> dict:
@@ -373,12 +376,15 @@ def test_training_overview_opens_with_goodput_by_run_phase_and_rank():
         panel["title"]: panel for panel in rows_of(load("training-overview.json"))["Goodput: where the time goes"]
     }
     assert list(panels) == ["Goodput by run", "Badput by phase", "Goodput by rank"]
-    assert 'phase="step"' in panels["Goodput by run"]["targets"][0]["expr"]
+    # Goodput as the recording rules take it: the steps' time less the steps done again after a restart.
+    goodput = panels["Goodput by run"]["targets"][0]["expr"]
+    assert 'phase="step"' in goodput and "rate(training_lost_seconds_total{" in goodput
     assert panels["Badput by phase"]["fieldConfig"]["defaults"]["custom"]["stacking"]["mode"] == "normal"
-    # One row per rank, the one that loses the most first, with every badput phase beside it.
+    assert [t["legendFormat"] for t in panels["Badput by phase"]["targets"]] == ["{{phase}}", "lost work"]
+    # One row per rank, the one that loses the most first, with every badput phase and the lost work beside it.
     assert site_table_columns(panels["Goodput by rank"]) == (
         ["Run", "Instance", "Rank"],
-        ["Badput", "Data", "Compile", "Host sync", "Checkpoint", "Startup", "Other"],
+        ["Badput", "Data", "Compile", "Host sync", "Checkpoint", "Startup", "Other", "Recovery", "Lost work"],
     )
     assert all("training_time_seconds_total{" in t["expr"] for t in panels["Goodput by rank"]["targets"])
 
@@ -398,3 +404,172 @@ def test_training_overview_has_a_compact_where_row():
         assert transformations[-2:] == ["sortBy", "limit"] and panel["transformations"][-1]["options"] == {
             "limitField": 5
         }
+
+
+def test_the_run_row_shows_goodput_over_the_life_what_restarts_cost_and_the_stragglers():
+    panels = {panel["title"]: panel for panel in rows_of(load("training-overview.json"))["Run health"]}
+    assert list(panels) == [
+        "Goodput over the run's life",
+        "Restarts by run",
+        "Ranks that restarted",
+        "Ranks that hold the run back",
+    ]
+    # Over the run's whole life: the counters' values (a rank carries them across its restarts), no window.
+    life = panels["Goodput over the run's life"]
+    (expr,) = [target["expr"] for target in life["targets"]]
+    assert life["type"] == "stat" and "[" not in expr and "rate(" not in expr and "increase(" not in expr
+    assert "training_lost_seconds_total{" in expr and 'phase="step"' in expr
+    assert "max by (job, run_id, rank)" in expr and "max by (job, run_id, rank, phase)" in expr  # a rank once
+    assert life["targets"][0]["legendFormat"] == "{{job}} {{run_id}}"
+    assert site_table_columns(panels["Restarts by run"]) == (
+        ["Run"],
+        ["Time lost", "Restarts", "Ranks restarted", "Recovery", "Lost work"],
+    )
+    assert site_table_columns(panels["Ranks that restarted"]) == (
+        ["Run", "Instance", "Rank"],
+        ["Time lost", "Restarts", "Recovery", "Lost work"],
+    )
+    for title in ("Restarts by run", "Ranks that restarted"):
+        exprs = [target["expr"] for target in panels[title]["targets"]]
+        assert all("[$__range]" in expr for expr in exprs), title
+        assert 'phase="recovery"' in exprs[0] and "training_lost_seconds_total{" in exprs[0], title
+        assert any("training_restarts_total{" in expr for expr in exprs), title
+        assert panels[title]["fieldConfig"]["defaults"]["unit"] == "s"
+    # A rank appears once its restarts cost time; the ten that lost the most.
+    ranks = panels["Ranks that restarted"]
+    assert all(target["expr"].endswith(" > 0") for target in ranks["targets"])
+    assert ranks["transformations"][-1]["options"] == {"limitField": 10}
+
+
+def test_the_run_row_counts_a_restart_as_the_rules_do(tmp_path):
+    """The run row's queries, run by promtool on the restart of deploy/prometheus/rules/tests/goodput-recording.yml
+    (run r1: rank 1's process ends at 30m, the next one goes on from it at 35m with 300 s of recovery and 288 s of
+    lost work; r2 balanced; r3 without the restart series; r4 is r1 with the next process on another instance) over
+    a time range of 1h ending at 60m: the life goodput is the recorded one, each rank counted once, and the
+    restart's cost is counted once, for its rank and for its run."""
+    rules_dir = ROOT / build.RULES_DIR
+    recording = yaml.safe_load((rules_dir / "tests" / "goodput-recording.yml").read_text())
+    (scenario,) = [t for t in recording["tests"] if t["name"].startswith("a rank that restarts")]
+    panels = {panel["title"]: panel for panel in rows_of(load("training-overview.json"))["Run health"]}
+    variables = {**dashboard_variables("neuron-exporter"), "$__range": "1h"}
+
+    def run(r: str, **extra: str) -> str:
+        return "{" + ", ".join(f'{k}="{v}"' for k, v in {"job": "neuron-exporter", "run_id": r, **extra}.items()) + "}"
+
+    rank_1 = {"instance": "trn0:19478", "rank": "1"}
+    expected = {
+        ("Goodput over the run's life", 0): [(run("r1"), 720), (run("r2"), 900), (run("r3"), 600), (run("r4"), 720)],
+        ("Restarts by run", 0): [(run("r1"), 588), (run("r2"), 0)],  # time lost: recovery and lost work
+        ("Restarts by run", 1): [(run("r1"), 1), (run("r2"), 0)],
+        ("Restarts by run", 2): [(run("r1"), 1)],  # ranks restarted
+        ("Restarts by run", 3): [(run("r1"), 300), (run("r2"), 0)],
+        ("Restarts by run", 4): [(run("r1"), 288), (run("r2"), 0)],
+        ("Ranks that restarted", 0): [(run("r1", **rank_1), 588)],
+        ("Ranks that restarted", 1): [(run("r1", **rank_1), 1)],
+        ("Ranks that restarted", 2): [(run("r1", **rank_1), 300)],
+        ("Ranks that restarted", 3): [(run("r1", **rank_1), 288)],
+    }
+    checks = []
+    for (title, ref), samples in expected.items():
+        life = title.startswith("Goodput")
+        runs = {"$run_id": ".*" if life else "r1|r2|r3"}  # r4's next process is a new series: no increase there
+        expr = substitute_variables(panels[title]["targets"][ref]["expr"], {**variables, **runs})
+        scale = 1000 if life else 1
+        checks.append(
+            {
+                "expr": f"round({scale} * ({expr}))",
+                "eval_time": "60m",
+                "exp_samples": [{"labels": labels, "value": value} for labels, value in samples],
+            }
+        )
+    recorded = "round(1000 * sum by (job, run_id) (run:training_goodput:ratio_life))"
+    checks.append({"expr": recorded, "eval_time": "60m", "exp_samples": checks[0]["exp_samples"]})
+    document = {
+        "rule_files": [str(rules_dir / rules.RECORDING_FILE)],
+        "evaluation_interval": "15s",
+        "tests": [{"interval": "15s", "input_series": scenario["input_series"], "promql_expr_test": checks}],
+    }
+    (tmp_path / "run-row.yml").write_text(yaml.safe_dump(document, width=200))
+    result = subprocess.run(
+        ["promtool", "test", "rules", str(tmp_path / "run-row.yml")], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-2000:]
+
+
+def test_the_throughput_row_shows_each_runs_work_flops_and_mfu_and_each_ranks():
+    panels = {panel["title"]: panel for panel in rows_of(load("training-overview.json"))["Throughput and step time"]}
+    assert list(panels) == [
+        "Tokens per second by run",
+        "Samples per second by run",
+        "FLOP/s by run",
+        "MFU by run",
+        "Throughput by rank",
+        "Steps per second by rank",
+        "Step time percentiles",
+    ]
+    for title, counter in (
+        ("Tokens per second by run", "training_tokens_total"),
+        ("Samples per second by run", "training_samples_total"),
+        ("FLOP/s by run", "training_flops_total"),
+    ):
+        target = panels[title]["targets"][0]
+        assert (
+            target["expr"].startswith(f"sum by (job, run_id) (rate({counter}{{")
+            and "{{run_id}}" in target["legendFormat"]
+        )
+    assert "training_peak_flops{" in panels["FLOP/s by run"]["targets"][1]["expr"]
+    # MFU above 1 is a peak that is too low: the panels say so in words, not as 563%.
+    mfu = panels["MFU by run"]
+    assert mfu["type"] == "stat" and mfu["fieldConfig"]["defaults"]["unit"] == "percentunit"
+    (mapping,) = mfu["fieldConfig"]["defaults"]["mappings"]
+    assert mapping["type"] == "range" and mapping["options"]["from"] == 1 and mapping["options"]["to"] > 1e100
+    assert mapping["options"]["result"]["text"] == "peak too low: set peak_flops"
+    table = panels["Throughput by rank"]
+    assert site_table_columns(table) == (
+        ["Run", "Instance", "Rank"],
+        ["Tokens/s", "Samples/s", "FLOP/s", "Peak", "MFU"],
+    )
+    overrides = {o["matcher"]["options"]: o["properties"] for o in table["fieldConfig"]["overrides"]}
+    assert {p["id"]: p["value"] for p in overrides["MFU"]} == {"unit": "percentunit", "mappings": [mapping]}
+    assert all("[$__range]" in target["expr"] for i, target in enumerate(table["targets"]) if i != 3)
+
+
+def test_the_throughput_row_counts_mfu_and_the_peak_as_the_rules_do(tmp_path):
+    """The run panels' MFU and peak, run by promtool with a 5m rate window on the runs of
+    deploy/prometheus/rules/tests/throughput-recording.yml (m1: two ranks at 40%; m2: a rank without a peak; m3: a peak
+    too low; m4: no FLOPs counted; m5: a rank that ended), are the recorded ones."""
+    rules_dir = ROOT / build.RULES_DIR
+    recording = yaml.safe_load((rules_dir / "tests" / "throughput-recording.yml").read_text())
+    (scenario,) = recording["tests"]
+    panels = {panel["title"]: panel for panel in rows_of(load("training-overview.json"))["Throughput and step time"]}
+    variables = {**dashboard_variables("neuron-exporter"), "$__rate_interval": "5m"}
+
+    def run(r: str) -> str:
+        return f'{{job="neuron-exporter", run_id="{r}"}}'
+
+    checks = []
+    for panel, ref, record, scale, values in (
+        ("MFU by run", 0, "run:training_mfu:ratio5m", "1000", {"m1": 400, "m3": 5630, "m5": 400}),  # per mille
+        (
+            "FLOP/s by run",
+            1,
+            "run:training_peak_flops:sum",
+            "1e-12",
+            {"m1": 200, "m2": 100, "m3": 1, "m4": 100, "m5": 100},
+        ),
+    ):
+        samples = [{"labels": run(r), "value": value} for r, value in values.items()]
+        expr = substitute_variables(panels[panel]["targets"][ref]["expr"], variables)
+        checks.append({"expr": f"round({scale} * ({expr}))", "eval_time": "10m", "exp_samples": samples})
+        recorded = f"round({scale} * sum by (job, run_id) ({record}))"
+        checks.append({"expr": recorded, "eval_time": "10m", "exp_samples": samples})
+    document = {
+        "rule_files": [str(rules_dir / rules.RECORDING_FILE)],
+        "evaluation_interval": "15s",
+        "tests": [{"interval": "15s", "input_series": scenario["input_series"], "promql_expr_test": checks}],
+    }
+    (tmp_path / "throughput-row.yml").write_text(yaml.safe_dump(document, width=200))
+    result = subprocess.run(
+        ["promtool", "test", "rules", str(tmp_path / "throughput-row.yml")], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-2000:]

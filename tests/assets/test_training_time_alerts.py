@@ -20,6 +20,9 @@ def test_start_up_and_liveness_keys_reach_the_training_time_alerts():
     assert "(training_steps_total{" in startup["expr"] and "}) < 5)" in startup["expr"]
     assert "still starting after 90m" in startup["annotations"]["summary"]
     assert "first 5 training steps 90m after" in startup["annotations"]["description"]
+    # A rank that restarted (its training time carried over) counts once its process has made no step for 90m.
+    assert "(max_over_time(training_steps_total{" in startup["expr"] and "}[90m])) < 5\n" in startup["expr"]
+    assert "} offset 90m)" in startup["expr"] and "(training_restarts_total{" in startup["expr"]
     # Goodput counts a rank once it had made its start-up steps at the window's first sample, while it is live.
     assert "(min_over_time(training_steps_total{" in goodput["expr"] and "}[1h])) >= 5)" in goodput["expr"]
     for rule in (startup, goodput):

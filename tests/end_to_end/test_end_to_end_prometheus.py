@@ -1,10 +1,11 @@
 """A real Prometheus scrapes two real torch_xla training runs: one with a CPU-fallback operator and batch sizes that
 keep changing (a recompilation now and then), and one shaped like a Hugging Face Trainer run (a graph cut in every
-step's forward pass, two step markers per training step, a logging .item() every 5 steps). Every dashboard query
-and every rule goes through Prometheus' HTTP API; the fallback alert fires once for the run naming the operator
-and the worst rank, the fragmentation alert fires on both runs naming the top site (source line and cause), the
-recompilation alert (at a lower threshold) names the line that ran the recompiled graphs, and the dashboards'
-site tables name the lines of the training scripts."""
+step's forward pass, two step markers per training step, a logging .item() every 5 steps, its batches from a
+DataLoader and a peak set with the peak_flops option, so that the throughput and MFU panels and rules have data
+there). Every dashboard query and every rule goes through Prometheus' HTTP API; the fallback alert fires once for the
+run naming the operator and the worst rank, the fragmentation alert fires on both runs naming the top site (source
+line and cause), the recompilation alert (at a lower threshold) names the line that ran the recompiled graphs, and
+the dashboards' site tables name the lines of the training scripts."""
 
 from __future__ import annotations
 
@@ -309,9 +310,10 @@ def substitute(expr: str, **overrides: str) -> str:
 NOT_FROM_XLA = {"torchneuron.json"}
 # Panels empty here by design, each with data where it is tested: the Devices rows read neuron-monitor's series
 # (test_device_join_prometheus.py), and these runs are balanced, with no rank that holds one back (the straggler
-# rules' promtool tests and benchmarks/straggler_runs.py).
+# rules' promtool tests and benchmarks/straggler_runs.py) and no restart (tests/assets/test_dashboards.py runs the
+# restart tables on the restart of the goodput recording rules' promtool tests).
 EMPTY_HERE_ROWS = ("Devices",)
-EMPTY_HERE_PANELS = {"Ranks that hold the run back"}
+EMPTY_HERE_PANELS = {"Ranks that hold the run back", "Ranks that restarted"}
 
 
 @pytest.mark.parametrize("dashboard", sorted(dashboards.DASHBOARDS))

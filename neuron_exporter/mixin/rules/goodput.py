@@ -1,5 +1,6 @@
 """The goodput alert, every backend: a run whose training steps take too small a share of its training threads'
-time, with the phase that takes the most of the rest and what to do about it.
+time, with the phase that takes the most of the rest and what to do about it. Goodput is what the recording rules
+call it: the steps' time less the steps done again after a restart (lost work), over all the time.
 
 It judges a run while it trains: over the ranks that are live and had started before its window began. A start-up
 (the first compilations too) is TrainingStartupSlow's to judge, against a threshold of its own; a run that ended,
@@ -7,7 +8,7 @@ whose last values the node endpoint may serve for an hour, is not judged at all.
 
 from __future__ import annotations
 
-from ...catalogue import TRAINING_TIME
+from ...catalogue import TRAINING_LOST, TRAINING_TIME
 from ..config import Config
 from .promql import RANK, alert, fill, labels, rank_lookup, run_name, select
 from .rank_filters import live_ranks, started_ranks
@@ -27,8 +28,10 @@ ADVICE = {
     "startup": "the job spends its time starting: imports, model building or loading before the first optimizer step "
     "(see TrainingStartupSlow); a long job amortises it, a short or restarting one does not",
     "other": "time after the last training step (an evaluation at the end, a final save)",
-    "recovery": "ranks restart: see the Run health row and the rank's last log lines before it ended; a process "
-    "that dies costs the time until the next one starts, and the steps since the last checkpoint",
+    "recovery": "the ranks' processes ended and the launcher started them again: the time in between counts. Find "
+    "why they ended (NeuronExporterRankDead, the launcher's and the kernel's logs) and how long a restart takes; the "
+    "Run health row of the Training overview dashboard has each run's and rank's restarts, recovery and work done "
+    "again",
 }
 
 
@@ -65,10 +68,17 @@ def goodput_alerts(c: Config) -> list[dict]:
             c.goodput_severity,
             expr=fill(
                 """
-                sum by (${run}) (
-                  rate(${step}[${window}])
-                  and on (${rank}) (${started})
-                  and on (${rank}) (${live})
+                clamp_min(
+                  sum by (${run}) (
+                    (
+                      sum by (${rank}) (rate(${step}[${window}]))
+                      - sum by (${rank}) (rate(${lost}[${window}]))
+                      or sum by (${rank}) (rate(${step}[${window}]))
+                    )
+                    and on (${rank}) (${started})
+                    and on (${rank}) (${live})
+                  ),
+                  0
                 )
                 / on (${run})
                 (sum by (${run}) (
@@ -81,6 +91,7 @@ def goodput_alerts(c: Config) -> list[dict]:
                 run=run,
                 rank=labels(*c.rank_labels),
                 step=select(c, TRAINING_TIME.name, 'phase="step"'),
+                lost=select(c, TRAINING_LOST.name),
                 all=select(c, TRAINING_TIME.name),
                 window=c.goodput_window,
                 started=started_ranks(c, c.goodput_window),
@@ -89,8 +100,9 @@ def goodput_alerts(c: Config) -> list[dict]:
             ),
             summary=fill("Little of ${run_name}'s time trains the model", run_name=the_run),
             description=fill(
-                "Training steps took {{ $value | humanizePercentage }} of ${run_name}'s training threads' time over "
-                "the last ${window}, start-up left out (goodput; the alert's threshold is ${minimum_percent})."
+                "Training steps, less any done again after a restart, took {{ $value | humanizePercentage }} of "
+                "${run_name}'s training threads' time over the last ${window}, start-up left out (goodput; the "
+                "alert's threshold is ${minimum_percent})."
                 "${largest}${lowest}",
                 run_name=the_run,
                 window=c.goodput_window,

@@ -14,6 +14,8 @@ from ..config import Config
 RANK = 'rank {{ label "rank" . }} (local rank {{ label "local_rank" . }}) of {{ label "instance" . }}'
 
 PLACEHOLDER = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+DURATION_PART = re.compile(r"([0-9]+)(ms|s|m|h|d|w|y)")
+SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
 
 
 def fill(template: str, **values: str) -> str:
@@ -33,6 +35,11 @@ def fill(template: str, **values: str) -> str:
     if missing or unused:
         raise ValueError(f"placeholders without values {sorted(missing)}, values without placeholders {sorted(unused)}")
     return PLACEHOLDER.sub(lambda match: values[match.group(1)], template)
+
+
+def duration_seconds(duration: str) -> float:
+    """A Prometheus duration (``15m``, ``1h30m``) in seconds."""
+    return sum(int(number) * SECONDS[unit] for number, unit in DURATION_PART.findall(duration))
 
 
 def labels(*names: str) -> str:
@@ -67,8 +74,17 @@ def run_name(c: Config) -> str:
     )
 
 
-def rank_lookup(c: Config, query: str, body: str, *extra_labels: str, with_selector: bool = True, **values: str) -> str:
-    """Template text that runs ``query`` for the alert's run and renders ``body`` with its first sample as ``.``.
+def rank_lookup(
+    c: Config,
+    query: str,
+    body: str,
+    *extra_labels: str,
+    with_selector: bool = True,
+    otherwise: str = "",
+    **values: str,
+) -> str:
+    """Template text that runs ``query`` for the alert's run and renders ``body`` with its first sample as ``.``, or
+    ``otherwise`` when the query finds nothing.
 
     ``query`` is a PromQL template (see ``fill``, which fills it with ``values``) in which ``${match}`` stands for
     the matchers of the alert's run: the selector (unless ``with_selector`` is false, for recorded series), every
@@ -82,10 +98,11 @@ def rank_lookup(c: Config, query: str, body: str, *extra_labels: str, with_selec
     promql = fill(query.replace("%", "%%"), match=", ".join(matchers), **escaped)
     arguments = " ".join(f"$labels.{name}" for _ in range(query.count("${match}")) for name in names)
     return fill(
-        "{{ with printf ${query} ${arguments} | query }}{{ with first . }}${body}{{ end }}{{ end }}",
+        "{{ with printf ${query} ${arguments} | query }}{{ with first . }}${body}{{ end }}${otherwise}{{ end }}",
         query=go_string(promql),
         arguments=arguments,
         body=body,
+        otherwise="{{ else }}" + otherwise if otherwise else "",
     )
 
 

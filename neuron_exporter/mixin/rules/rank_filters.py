@@ -10,7 +10,7 @@ spool write, and stops with the process.
 
 from __future__ import annotations
 
-from ...catalogue import PROCESS_CPU, TRAINING_STEPS
+from ...catalogue import PROCESS_CPU, TRAINING_RESTARTS, TRAINING_STEPS, TRAINING_TIME
 from ..config import Config
 from .promql import fill, labels, select
 
@@ -43,5 +43,32 @@ def starting_ranks(c: Config) -> str:
         "max by (${rank}) (${steps}) < ${startup_steps}",
         rank=labels(*c.rank_labels),
         steps=select(c, TRAINING_STEPS.name),
+        startup_steps=f"{c.startup_steps:g}",
+    )
+
+
+def starting_all_along(c: Config, window: str) -> str:
+    """The ranks whose process has been starting for all of ``window``, where their training time cannot tell: a
+    rank that restarted carries its training time over from its earlier processes, so it passes once it has made no
+    ``startup_steps`` training steps in all of ``window`` (its step counter starts again with each process) and its
+    steps were served at the window's start (a rank that restarted on another instance is a new series there). A
+    rank that never restarted passes: its training time is its process's."""
+    return fill(
+        """
+        (
+          max by (${rank}) (max_over_time(${steps}[${window}])) < ${startup_steps}
+          and on (${rank}) max by (${rank}) (${steps} offset ${window})
+        )
+        or on (${rank})
+        (
+          max by (${rank}) (${time})
+          unless on (${rank}) (max by (${rank}) (${restarts}) > 0)
+        )
+        """,
+        rank=labels(*c.rank_labels),
+        steps=select(c, TRAINING_STEPS.name),
+        time=select(c, TRAINING_TIME.name),
+        restarts=select(c, TRAINING_RESTARTS.name),
+        window=window,
         startup_steps=f"{c.startup_steps:g}",
     )

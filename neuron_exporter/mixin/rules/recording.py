@@ -1,9 +1,11 @@
 """The recording rules: per-rank ratios over a fixed 5m window (so their names stay stable), per
-``aggregation_labels`` + instance, rank and local_rank, and per-run ratios by site. The alerts read them."""
+``aggregation_labels`` + instance, rank and local_rank, per-run ratios by site, and each run's goodput over 5m and
+over its whole life. The alerts read them."""
 
 from __future__ import annotations
 
 from ...catalogue import (
+    TRAINING_LOST,
     TRAINING_TIME,
     WARMUP_STEPS,
     XLA_COMPILE_SECONDS,
@@ -38,11 +40,14 @@ FALLBACK_RATE = f"rank_op:xla_cpu_fallback_ops:rate{WINDOW}"
 # run's steps summed over its ranks), so the sites of a run add up to the run's own ratio.
 SITE_CUTS_PER_STEP = f"run_location:xla_graph_cuts_per_step:ratio{WINDOW}"
 SITE_RECOMPILATIONS_PER_STEP = f"run_location:xla_recompilations_per_step:ratio{WINDOW}"
-# Goodput, every backend: the share of the training thread's time in training steps, per rank and per run (over the
-# run's ranks), and each other phase's share per run (badput).
+# Goodput, every backend: the share of the training thread's time in training steps, less the steps done again after
+# a restart (training_lost_seconds_total, counted inside step), per rank and per run (over the run's ranks); each
+# other phase's share per run (badput, recovery included); and the run's goodput over its whole life, from the
+# counters' values, which a rank carries across its restarts.
 RANK_GOODPUT = f"rank:training_goodput:ratio{WINDOW}"
 RUN_GOODPUT = f"run:training_goodput:ratio{WINDOW}"
 RUN_BADPUT = f"run_phase:training_badput:ratio{WINDOW}"
+RUN_LIFE_GOODPUT = "run:training_goodput:ratio_life"
 
 # -- recording rules -----------------------------------------------------------------------------------------------
 
@@ -139,10 +144,60 @@ def recording_rules(c: Config = DEFAULTS) -> dict[str, str]:
         ),
         SITE_CUTS_PER_STEP: per_run_step(XLA_GRAPH_CUTS.name, "cause", "location"),
         SITE_RECOMPILATIONS_PER_STEP: per_run_step(XLA_RECOMPILATIONS.name, "location"),
-        RANK_GOODPUT: ratio_of_time(c, rank, 'phase="step"'),
-        RUN_GOODPUT: ratio_of_time(c, run, 'phase="step"'),
+        RANK_GOODPUT: goodput(c, rank),
+        RUN_GOODPUT: goodput(c, run),
         RUN_BADPUT: ratio_of_time(c, run, 'phase!="step"', by_phase=True),
+        RUN_LIFE_GOODPUT: life_goodput(c),
     }
+
+
+def goodput(c: Config, by: str, window: str = WINDOW) -> str:
+    """Goodput summed by ``by`` over ``window``: the training steps' time less the lost work (the steps done again
+    after a restart) over all the time counted; no value while no time is counted. Series without the lost counter
+    (an exporter from before restarts) count none. A restarted process counts its lost work when it learns of it,
+    which may be more than the window's steps: the ratio stops at 0 there, and the life ratio has the exact account.
+    """
+    return fill(
+        """
+        clamp_min(
+          sum by (${by}) (rate(${step}[${window}]))
+          - sum by (${by}) (rate(${lost}[${window}]))
+          or sum by (${by}) (rate(${step}[${window}])),
+          0
+        )
+        / on (${by})
+        (sum by (${by}) (rate(${all}[${window}])) > 0)
+        """,
+        by=by,
+        step=select(c, TRAINING_TIME.name, 'phase="step"'),
+        lost=select(c, TRAINING_LOST.name),
+        all=select(c, TRAINING_TIME.name),
+        window=window,
+    )
+
+
+def life_goodput(c: Config) -> str:
+    """Each run's goodput over its whole life: the counters' values (a rank carries its training time and lost work
+    across its restarts, and the recovery phase holds the time between its processes), step less lost over every
+    phase, summed over the run's ranks. A rank counts once: after a restart on another instance, the old one may
+    serve its last values for an hour beside the new one's, which went on from them (the larger, by rank)."""
+    run = labels(*c.run_labels)
+    return fill(
+        """
+        (
+          sum by (${run}) (max by (${rank}) (${step}))
+          - sum by (${run}) (max by (${rank}) (${lost}))
+          or sum by (${run}) (max by (${rank}) (${step}))
+        )
+        / on (${run})
+        (sum by (${run}) (max by (${rank}, phase) (${all})) > 0)
+        """,
+        run=run,
+        rank=labels(*c.run_labels, "run_id", "rank"),
+        step=select(c, TRAINING_TIME.name, 'phase="step"'),
+        lost=select(c, TRAINING_LOST.name),
+        all=select(c, TRAINING_TIME.name),
+    )
 
 
 def ratio_of_time(c: Config, by: str, phases: str, by_phase: bool = False, window: str = WINDOW) -> str:

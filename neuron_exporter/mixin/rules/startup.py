@@ -1,16 +1,19 @@
 """The start-up alert, every backend: ranks of a run still starting, without their first training steps, longer than
 a start-up of the model should take (``startup_max_seconds``). A start-up is imports, model building, loading and
 the first compilations, the time a rank's training-time counters sum to before its first steps; it is judged here,
-on its own, while the rank's process lives, and TrainingGoodputLow leaves it out."""
+on its own, while the rank's process lives, and TrainingGoodputLow leaves it out. A rank that restarted carries its
+training time over from its earlier processes: its new process is judged once it has been starting for all of
+``startup_max_seconds``."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from ...catalogue import PROCESS_CPU, TRAINING_STEPS, TRAINING_TIME
 from ..config import Config
 from .promql import RANK, alert, fill, labels, rank_lookup, run_name, select
-from .rank_filters import live_ranks, starting_ranks
+from .rank_filters import live_ranks, starting_all_along, starting_ranks
 
 # What to do about the phase that takes the most of a slow start-up, for the description (Go template text).
 ADVICE = {
@@ -45,6 +48,7 @@ def duration_text(seconds: float) -> str:
 def startup_alerts(c: Config) -> list[dict]:
     the_run = run_name(c)
     limit = duration_text(c.startup_max_seconds)
+    window = duration_text(math.ceil(c.startup_max_seconds))  # a range selector's duration is whole
     values: dict[str, Any] = {  # Any: mypy would take a str for rank_lookup's with_selector
         "time": TRAINING_TIME.name,
         "steps": TRAINING_STEPS.name,
@@ -79,6 +83,9 @@ def startup_alerts(c: Config) -> list[dict]:
                 count by (${run}) (
                   sum by (${rank}) (${time}) > ${max_seconds}
                   and on (${rank}) (${starting})
+                  and on (${rank}) (
+                    ${all_along}
+                  )
                   and on (${rank}) (${live})
                 )
                 """,
@@ -87,6 +94,7 @@ def startup_alerts(c: Config) -> list[dict]:
                 time=select(c, TRAINING_TIME.name),
                 max_seconds=f"{c.startup_max_seconds:g}",
                 starting=starting_ranks(c),
+                all_along=starting_all_along(c, window).replace("\n", "\n    "),
                 live=live_ranks(c),
             ),
             summary=fill("Ranks of ${run_name} are still starting after ${limit}", run_name=the_run, limit=limit),

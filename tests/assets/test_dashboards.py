@@ -418,6 +418,7 @@ def test_the_run_row_shows_goodput_over_the_life_what_restarts_cost_and_the_stra
     life = panels["Goodput over the run's life"]
     (expr,) = [target["expr"] for target in life["targets"]]
     assert life["type"] == "stat" and "[" not in expr and "rate(" not in expr and "increase(" not in expr
+    assert life["targets"][0]["instant"]  # one value, at the end of the time range: a range of it costs seconds
     assert "training_lost_seconds_total{" in expr and 'phase="step"' in expr
     assert "max by (job, run_id, rank)" in expr and "max by (job, run_id, rank, phase)" in expr  # a rank once
     assert life["targets"][0]["legendFormat"] == "{{job}} {{run_id}}"

@@ -155,8 +155,12 @@ def single_stat(
     width: int = 4,
     height: int = 4,
     mappings: list | None = None,
+    instant: bool = False,
 ) -> stat.Panel:
-    """A stat panel showing the last value of each series, coloured by ``steps`` ((from value, colour) pairs)."""
+    """A stat panel showing the last value of each series, coloured by ``steps`` ((from value, colour) pairs).
+    ``instant``: one query at the end of the time range, for a value whose query is too costly to run at every step
+    of a range and that has no use for them."""
+    target = query(expr, legend)
     panel = (
         stat.Panel()
         .title(title)
@@ -169,7 +173,7 @@ def single_stat(
         .reduce_options(common.ReduceDataOptions().calcs(["lastNotNull"]).values(False))
         .color_mode(common_model.BigValueColorMode.BACKGROUND)
         .graph_mode(common_model.BigValueGraphMode.NONE)
-        .with_target(query(expr, legend))
+        .with_target(target.instant() if instant else target)
     )
     return panel.mappings(mappings) if mappings else panel
 

@@ -1,11 +1,14 @@
-"""Which ranks the training-time alerts count: *live* ranks, whose process's CPU-time counter still rises, and
-*started* ones, past their first training steps. Each is a per-rank vector (``aggregation_labels`` + instance, rank,
-local_rank) for ``and on (...)``.
+"""Which ranks the training-time alerts count: *live* ranks, whose process's CPU-time counter still rises, *started*
+ones, past their first training steps, and *starting* ones, not yet past them (all along a window, for a rank that
+restarted). Each is a per-rank vector (``aggregation_labels`` + instance, rank, local_rank) for ``and on (...)``.
 
 Live is judged from a series moving, not from its presence: the node endpoint serves a finished or dead rank's last
 values for up to an hour. The training-time counters move only when a phase ends (a step, a batch, a save), so they
 stand still through a long step or evaluation of a live process; the process's CPU-time counter moves at every
 spool write, and stops with the process.
+
+A rank carries its training time, lost work and restarts across its restarts (they are the run's); its step and
+CPU-time counters are its process's, and start again with each.
 """
 
 from __future__ import annotations

@@ -71,6 +71,7 @@ def row(board: Dashboard, c: Config, q: Queries) -> Dashboard:
                 legend=RUN_LEGEND,
                 width=6,
                 height=8,
+                instant=True,  # its value now: at 2,048 ranks a range of it takes half a minute (rule_scale.py)
             )
         )
         .with_panel(

@@ -148,6 +148,7 @@ class RankRun:
             self.taken_for = (labels["rank"], labels["run_id"])
             self.carried, self.carried_lost, self.restarts, self._tail = dict.fromkeys(PHASES, 0.0), 0.0, 0.0, 0.0
             self.earlier = earlier
+            self.base, self.marks, self.lost = None, [], 0.0  # settled again, against it (a save may have come first)
             if earlier is None:
                 return
             self.carried.update(earlier.totals)

@@ -231,3 +231,13 @@ def test_a_bad_history_is_a_bad_header(tmp_path, history):
     with pytest.raises(RejectedFile) as rejected:
         read_rank_file(path)
     assert rejected.value.reason == "bad_header" and "history" in str(rejected.value)
+
+
+def test_a_save_before_the_earlier_process_is_taken_up_is_settled_again_against_it():
+    run, ledger, clock = a_run()
+    run.restored(OPTIMIZER, 20)
+    run.saving()  # a save within moments of attach(), before the spool thread looked for the earlier process
+    run.take_up(LABELS, earlier(25, [(0, 0.0, 0), (20, 20.0, 1)], 25.0, counted=35.0, ended=940.0))
+    train(ledger, clock, 1)
+    run.sample()
+    assert run.base == 20 and run.lost_seconds == pytest.approx(5.0 + 5.0)

@@ -36,6 +36,9 @@ class Rank:
     def _meta(self, finished: bool = False) -> dict:
         return {}
 
+    def take_up_earlier(self) -> None:
+        pass
+
     def _write_spool(self, finished: bool = False) -> None:
         with self.lock:
             self.writes += 1

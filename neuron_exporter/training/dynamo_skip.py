@@ -25,6 +25,18 @@ def never_traced(*functions: Callable) -> None:
         after_import("torch._dynamo", lambda: _mark(functions))
 
 
+def standing_in(wrapper: Callable, original: Callable) -> Callable:
+    """``wrapper``, dressed as ``original`` (its name, qualified name and docstring, and ``__wrapped__``), and never
+    traced: what every exporter wrapper of someone else's function is."""
+    name = getattr(original, "__name__", wrapper.__name__)
+    wrapper.__name__ = name
+    wrapper.__qualname__ = getattr(original, "__qualname__", name)
+    wrapper.__doc__ = getattr(original, "__doc__", None)
+    wrapper.__wrapped__ = original  # type: ignore[attr-defined]
+    never_traced(wrapper)
+    return wrapper
+
+
 def _mark(functions: tuple[Callable, ...]) -> None:
     try:
         from torch._C._dynamo.eval_frame import set_code_exec_strategy

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from .. import fork_safe
-from .dynamo_skip import never_traced
+from .dynamo_skip import standing_in
 from .import_watch import after_import, forget
 from .patching import Patch
 
@@ -144,12 +144,7 @@ def _wrapper(kind: _Kind) -> Callable[[Callable], Callable]:
                     listeners[index].left(tokens[index], seen)
             return batch
 
-        entry.__name__ = getattr(original, "__name__", "entry")
-        entry.__qualname__ = getattr(original, "__qualname__", entry.__name__)
-        entry.__doc__ = getattr(original, "__doc__", None)
-        entry.__wrapped__ = original  # type: ignore[attr-defined]
-        never_traced(entry)
-        return entry
+        return standing_in(entry, original)
 
     return wrap
 

@@ -13,7 +13,7 @@ from prometheus_client.core import Metric
 from ...catalogue import TRAINING_LOST, TRAINING_RESTARTS, TRAINING_TIME
 from ...metric_family import labelled_family, single_series
 from .. import dynamo_callbacks
-from ..dynamo_skip import never_traced
+from ..dynamo_skip import standing_in
 from ..import_watch import after_import, forget
 from ..input_pipelines import BATCH, PIPELINES, START
 from ..patching import Patch
@@ -174,11 +174,7 @@ def _restoring(
                 on_error(error)
             return result
 
-        load_state_dict.__name__ = load_state_dict.__qualname__ = getattr(original, "__name__", "load_state_dict")
-        load_state_dict.__doc__ = getattr(original, "__doc__", None)
-        load_state_dict.__wrapped__ = original  # type: ignore[attr-defined]
-        never_traced(load_state_dict)
-        return load_state_dict
+        return standing_in(load_state_dict, original)
 
     return wrap
 
@@ -205,11 +201,6 @@ def _timed(
                 _time_waits(result, sources, phase)
             return result
 
-        timed.__name__ = getattr(original, "__name__", "timed")
-        timed.__qualname__ = getattr(original, "__qualname__", timed.__name__)
-        timed.__doc__ = getattr(original, "__doc__", None)
-        timed.__wrapped__ = original  # type: ignore[attr-defined]
-        never_traced(timed)
-        return timed
+        return standing_in(timed, original)
 
     return wrap

@@ -1,4 +1,4 @@
-"""FLOPs of eager training steps (the CPU, TorchNeuron's device, torch_xla's lazy tensors), counted from the
+"""FLOPs of eager training steps (the CPU, TorchNeuron's device; not torch_xla's lazy tensors, below), counted from the
 operators a batch's work runs: the first time a batch of a new shape reaches the training thread, its work (from
 its fetch to the next fetch or optimizer step: forward, backward, the optimizer's step) runs under a dispatch mode
 that counts each operator by ``torch.utils.flop_counter``'s formulas (``flop_registry``) from its shapes as it is
@@ -15,6 +15,7 @@ never sampled counts nothing. At most ``MAX_SHAPES`` shapes are remembered.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -88,7 +89,9 @@ class SampledFlops:
     def _may_sample(self) -> bool:
         if self._open is not None or not self.stepped or self.broken or len(self._known) >= MAX_SHAPES:
             return False
-        return not self._compiled()
+        # On torch_xla, a dispatch mode changes some of the graphs it traces (the Hugging Face Trainer's step): one
+        # more graph, compiled once more. Its FLOPs come from torch.compile's graphs only.
+        return "torch_xla" not in sys.modules and not self._compiled()
 
     def _sample(self, shape: tuple) -> None:
         try:

@@ -14,7 +14,7 @@ parameters at its first step.
 
 FLOPs (``training_flops_total``) come from the graphs ``torch.compile`` compiles (``graph_flops``: counted once
 each, when dynamo hands them to its backend, and then at each call), else from the batches' work on an eager device
-or torch_xla (``sampled_flops``: the first batch of each shape sampled).
+(``sampled_flops``: the first batch of each shape sampled; not on torch_xla).
 """
 
 from __future__ import annotations

@@ -35,13 +35,18 @@ ADVICE = {
 }
 
 
-def goodput_alerts(c: Config) -> list[dict]:
-    the_run = run_name(c)
-    run = labels(*c.run_labels)
-    advice = "".join(
+def phase_advice() -> str:
+    """A template of what to do about the ``phase`` label's badput phase (ADVICE), for an alert's description."""
+    return "".join(
         fill('{{ if eq (label "phase" .) ${phase} }}${text}{{ end }}', phase=f'"{phase}"', text=text)
         for phase, text in ADVICE.items()
     )
+
+
+def goodput_alerts(c: Config) -> list[dict]:
+    the_run = run_name(c)
+    run = labels(*c.run_labels)
+    advice = phase_advice()
     largest = rank_lookup(
         c,
         'topk(1, sum by (phase) (rate(${time}{${match}, phase!="step"}[${window}])) '

@@ -15,7 +15,7 @@ import math
 
 from ...catalogue import TRAINING_FLOPS, TRAINING_PEAK_FLOPS, TRAINING_SAMPLES, TRAINING_STEPS, TRAINING_TOKENS
 from ..config import Config
-from .goodput import ADVICE
+from .goodput import phase_advice
 from .promql import RANK, alert, duration_seconds, fill, labels, rank_lookup, run_name, select
 from .rank_filters import live_ranks
 from .recording import RUN_BADPUT
@@ -154,10 +154,7 @@ def throughput_dropped(c: Config) -> dict:
         )
         for work, (_, record) in WORK.items()
     )
-    advice = "".join(
-        fill('{{ if eq (label "phase" .) ${phase} }}${text}{{ end }}', phase=f'"{phase}"', text=text)
-        for phase, text in ADVICE.items()
-    )
+    advice = phase_advice()
     grown = rank_lookup(
         c,
         "topk(1, (${badput}{${match}} - avg_over_time(${badput}{${match}}[${recent}] offset ${offset}))"

@@ -56,7 +56,7 @@ def main() -> None:
     ids = torch.randint(0, VOCABULARY, (BATCH, SEQUENCE))
     batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids}
 
-    flops = SampledFlops(lambda error: None, compiled=lambda: False)
+    flops = SampledFlops(lambda error: None, eager=lambda: True)
     flops.optimizer_stepped()
     flops.fetched(batch)
     flops.fetching()  # the shape is known now

@@ -78,8 +78,9 @@ def run_job(tmp_path: Path, crash: bool) -> tuple[Path, Path, dict]:
 
 
 def expected(clocks: Path, rank: int) -> tuple[float, float]:
-    """(recovery, lost) by the job's clocks: from the end of the rank's first process (its death; a rank stopped by
-    torchrun ends when the dead one did) to its second's start; its steps past the step the second resumed from, and
+    """(recovery, lost) by the job's clocks: from the end of the rank's first process (as it recorded it: its death,
+    torchrun's SIGTERM, or the failure of a collective the dead rank left; the dead one's if it had no chance to) to
+    its second's start; its steps past the step the second resumed from, and
     the stretch from its last step to its end."""
     first = json.loads((clocks / f"{rank}.0.json").read_text())
     second = json.loads((clocks / f"{rank}.1.json").read_text())

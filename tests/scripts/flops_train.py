@@ -2,12 +2,13 @@
 shorter batch now and then, for ``training_flops_total`` against the model's FLOPs from its shapes: 6 per token and
 weight of its linears (2 forward, 4 backward; the embedding is a lookup).
 
-Usage: python flops_train.py BACKEND [--vision] [--detached]
+Usage: python flops_train.py BACKEND [--vision] [--detached] [--with-torch-xla]
 
 BACKEND: ``eager`` (the CPU), ``inductor`` (``torch.compile``), ``xla`` (torch_xla's CPU device, through
 ``MpDeviceLoader``), ``neuron`` (the emulated TorchNeuron device of tests/support/torchneuron). With ``--vision``, a
 torchvision ResNet on image batches too, whose FLOPs the script counts by ``FlopCounterMode`` on a copy of it on the
-CPU, forward and backward, batch by batch.
+CPU, forward and backward, batch by batch. With ``--with-torch-xla``, torch_xla is imported but not trained on, as
+the Hugging Face Trainer imports it wherever it is installed.
 
 Prints one JSON line: the FLOPs and samples exported (scraped from the rank's endpoint) and expected, for the token
 model and the vision model, the exporter's failures on the training thread, and on ``xla`` the compilations (with
@@ -43,6 +44,9 @@ VOCABULARY, WIDTH, HIDDEN = 512, 64, 256
 SIZES = [8, 8, 8, 5, 8, 8, 8, 8, 3, 8, 8, 8]  # batch sizes: a shorter one now and then
 SEQUENCE = 32
 torch.manual_seed(0)
+
+if "--with-torch-xla" in sys.argv:
+    import torch_xla  # noqa: F401
 
 if backend == "xla":
     import torch_xla

@@ -89,35 +89,39 @@ def main() -> None:
     delay = args.slow_seconds if rank == args.slow_rank else 0.0
     batches = iter(DataLoader(Samples(16, delay), batch_size=16))
     last = time.perf_counter()
-    while step < args.steps:
-        waited = time.perf_counter()
-        x, y = next(batches)
-        waited = time.perf_counter() - waited
-        optimizer.zero_grad()
-        torch.nn.functional.cross_entropy(model(x), y).backward()
-        time.sleep(args.device_seconds)  # where a real job waits for its device
-        optimizer.step()
-        scheduler.step()
-        step += 1
-        now = time.perf_counter()
-        clocks["steps"].append([step, now - last - waited])
-        last = now
-        write(last_step=time.time())
-        if attempt == 0 and rank == args.die_rank and step == args.die_step:
-            write(ended=time.time())
-            os._exit(3)  # dies without a word, as a device error would
-        if rank == 0 and step % args.checkpoint_every == 0:
-            saved = time.perf_counter()
-            state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}
-            torch.save({**state, "scheduler": scheduler.state_dict()}, args.checkpoint.with_suffix(".tmp"))
-            os.replace(args.checkpoint.with_suffix(".tmp"), args.checkpoint)
-            last += time.perf_counter() - saved  # the save is checkpoint, not step
-        dist.barrier()  # every rank resumes from the same checkpoint
-        if args.until is not None and step % 20 == 0:  # every rank stops at the same step: rank 0 decides
-            done = torch.tensor(float(rank == 0 and time.time() > args.until))
-            dist.broadcast(done, 0)
-            if done.item():
-                break
+    try:
+        while step < args.steps:
+            waited = time.perf_counter()
+            x, y = next(batches)
+            waited = time.perf_counter() - waited
+            optimizer.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            time.sleep(args.device_seconds)  # where a real job waits for its device
+            optimizer.step()
+            scheduler.step()
+            step += 1
+            now = time.perf_counter()
+            clocks["steps"].append([step, now - last - waited])
+            last = now
+            write(last_step=time.time())
+            if attempt == 0 and rank == args.die_rank and step == args.die_step:
+                write(ended=time.time())
+                os._exit(3)  # dies without a word, as a device error would
+            if rank == 0 and step % args.checkpoint_every == 0:
+                saved = time.perf_counter()
+                state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}
+                torch.save({**state, "scheduler": scheduler.state_dict()}, args.checkpoint.with_suffix(".tmp"))
+                os.replace(args.checkpoint.with_suffix(".tmp"), args.checkpoint)
+                last += time.perf_counter() - saved  # the save is checkpoint, not step
+            dist.barrier()  # every rank resumes from the same checkpoint
+            if args.until is not None and step % 20 == 0:  # every rank stops at the same step: rank 0 decides
+                done = torch.tensor(float(rank == 0 and time.time() > args.until))
+                dist.broadcast(done, 0)
+                if done.item():
+                    break
+    except BaseException:  # a collective the dead rank left fails here: record when this process ended
+        write(ended=time.time())
+        raise
     write(finished=time.time())
     dist.destroy_process_group()
 

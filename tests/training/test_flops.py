@@ -47,6 +47,12 @@ def test_eager_cpu_counts_the_token_model_and_a_resnet_from_their_sampled_batche
     assert_counted(run("eager", *vision()))
 
 
+@pytest.mark.skipif(not HAS_XLA, reason="torch_xla is not installed")
+def test_eager_cpu_counts_in_a_process_that_imported_torch_xla():
+    """The Hugging Face Trainer imports torch_xla wherever it is installed: a model on the CPU still counts."""
+    assert_counted(run("eager", "--with-torch-xla"))
+
+
 @pytest.mark.compile
 def test_torch_compile_counts_its_graphs_static_and_dynamic():
     assert_counted(run("inductor", *vision()))

@@ -58,7 +58,7 @@ def test_compiled_graphs_count_every_call_static_and_dynamic_exactly(monkeypatch
 
 def test_sampled_batches_count_the_model_exactly_from_the_first_step_on():
     errors: list[BaseException] = []
-    flops = SampledFlops(errors.append, compiled=lambda: False)
+    flops = SampledFlops(errors.append, eager=lambda: True)
     net = model()
     optimizer = torch.optim.AdamW(net.parameters())
     for batch in SIZES:
@@ -74,7 +74,7 @@ def test_sampled_batches_count_the_model_exactly_from_the_first_step_on():
 
 
 def test_gradient_accumulation_counts_each_micro_batch():
-    flops = SampledFlops(lambda error: None, compiled=lambda: False)
+    flops = SampledFlops(lambda error: None, eager=lambda: True)
     net = model()
     optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
     for _ in range(3):
@@ -89,8 +89,8 @@ def test_gradient_accumulation_counts_each_micro_batch():
     assert flops.total == 12 * expected(2)
 
 
-def test_nothing_is_sampled_once_torch_compile_compiled_and_a_batch_without_tensors_has_no_shape():
-    flops = SampledFlops(lambda error: None, compiled=lambda: True)
+def test_nothing_is_sampled_when_the_steps_are_not_eager_and_a_batch_without_tensors_has_no_shape():
+    flops = SampledFlops(lambda error: None, eager=lambda: False)
     flops.optimizer_stepped()
     flops.fetched(torch.ones(2, 3))
     assert flops._open is None and flops.total == 0
@@ -110,7 +110,7 @@ def test_a_window_is_never_closed_out_of_order_under_a_mode_the_user_entered_in_
             return func(*args, **(kwargs or {}))
 
     errors: list[BaseException] = []
-    flops = SampledFlops(errors.append, compiled=lambda: False)
+    flops = SampledFlops(errors.append, eager=lambda: True)
     flops.optimizer_stepped()
     flops.fetched(torch.ones(2, 3))  # a window opens
     other = Users()

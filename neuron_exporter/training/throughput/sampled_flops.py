@@ -4,18 +4,17 @@ its fetch to the next fetch or optimizer step: forward, backward, the optimizer'
 that counts each operator by ``torch.utils.flop_counter``'s formulas (``flop_registry``) from its shapes as it is
 dispatched; every later batch of the same shapes adds that count. Nothing is read from the device and nothing runs
 that would not run: the operators run as they are called, never decomposed (``FlopCounterMode`` decomposes the
-operators it has no formula for, which on torch_xla traces another graph, compiled once more), so on torch_xla they
-are traced into the same graph as always.
+operators it has no formula for, which on a lazy device would trace other graphs).
 
-Not sampled: the first training step (it compiles and warms up), and anything once ``torch.compile`` has compiled a
+Not sampled: the first training step (it compiles and warms up), anything once ``torch.compile`` has compiled a
 graph (its graphs count themselves, ``graph_flops``: a dispatch mode around compiled code would make it run
-eagerly). A batch of a shape not sampled yet (the first step's) counts once a batch of its shape is; one of a shape
+eagerly), and the steps of a model on torch_xla's lazy device (a dispatch mode changes some of the graphs it traces:
+under the Hugging Face Trainer, one graph more, compiled once more). The caller says which (``eager``). A batch of a shape not sampled yet (the first step's) counts once a batch of its shape is; one of a shape
 never sampled counts nothing. At most ``MAX_SHAPES`` shapes are remembered.
 """
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -50,10 +49,11 @@ def _walk(value: object, found: list[tuple], depth: int) -> None:
 class SampledFlops:
     """Per batch shape, the FLOPs of a batch's work, and the total of the batches counted (``total``)."""
 
-    def __init__(self, on_error: Callable[[BaseException], None], compiled: Callable[[], bool]):
-        """``compiled()``: whether torch.compile has compiled a graph in this process (sampling stops for good)."""
+    def __init__(self, on_error: Callable[[BaseException], None], eager: Callable[[], bool]):
+        """``eager()``: whether the training steps run eagerly now (not compiled by torch.compile, not on torch_xla's
+        lazy device): only then is a batch's work sampled."""
         self._on_error = on_error
-        self._compiled = compiled
+        self._eager = eager
         self._known: dict[tuple, int] = {}
         self._unsampled: dict[tuple, int] = {}  # batches of a shape not known yet: counted once it is
         self._open: tuple[Any, tuple] | None = None  # the FlopCounterMode entered, and the shape it samples
@@ -89,9 +89,7 @@ class SampledFlops:
     def _may_sample(self) -> bool:
         if self._open is not None or not self.stepped or self.broken or len(self._known) >= MAX_SHAPES:
             return False
-        # On torch_xla, a dispatch mode changes some of the graphs it traces (the Hugging Face Trainer's step): one
-        # more graph, compiled once more. Its FLOPs come from torch.compile's graphs only.
-        return "torch_xla" not in sys.modules and not self._compiled()
+        return self._eager()
 
     def _sample(self, shape: tuple) -> None:
         try:

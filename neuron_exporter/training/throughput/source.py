@@ -62,7 +62,7 @@ class ThroughputSource(Source):
         self.samples = 0
         self.tokens = 0
         self.graph_flops = GraphFlops(self.step_error)
-        self.sampled_flops = SampledFlops(self.step_error, compiled=self._compiled)
+        self.sampled_flops = SampledFlops(self.step_error, eager=self._eager)
         self._inside = False  # the training thread is in an entry point whose batch it counts
         self.trained_in: TrainedIn | None = None
         self._looks = 0
@@ -94,8 +94,11 @@ class ThroughputSource(Source):
 
         return call_user_compiler
 
-    def _compiled(self) -> bool:
-        return self.graph_flops.compiled > 0
+    def _eager(self) -> bool:
+        """The training steps run eagerly: no graph compiled by torch.compile, and the parameters the optimizer steps
+        are known and not on torch_xla's lazy device."""
+        trained = self.trained_in
+        return self.graph_flops.compiled == 0 and trained is not None and trained.device != "xla"
 
     def after_fork(self, stats: SelfStats) -> None:
         super().after_fork(stats)

@@ -298,8 +298,6 @@ def test_every_rule_evaluates_and_only_the_expected_alerts_fire(run):
     alerts = {(a["labels"].get("job"), a["labels"]["alertname"]) for a in run.alerts() if a["state"] == "firing"}
     assert alerts == {(job, name) for job, names in FIRING.items() for name in names}
     recorded = {name: count for name, count in seen.items() if name in rules.RECORDING_RULES}
-    # MFU needs FLOPs, which torch_xla's lazy steps do not count (their value is tested in the rules' promtool tests).
-    recorded = {name: count for name, count in recorded.items() if name not in EMPTY_HERE_RULES}
     assert all(count >= 1 for count in recorded.values()), f"recording rules without data: {recorded}"
 
 
@@ -315,8 +313,7 @@ NOT_FROM_XLA = {"torchneuron.json"}
 # rules' promtool tests and benchmarks/straggler_runs.py) and no restart (tests/assets/test_dashboards.py runs the
 # restart tables on the restart of the goodput recording rules' promtool tests).
 EMPTY_HERE_ROWS = ("Devices",)
-EMPTY_HERE_RULES = {"run:training_mfu:ratio5m"}
-EMPTY_HERE_PANELS = {"Ranks that hold the run back", "Ranks that restarted", "MFU by run"}
+EMPTY_HERE_PANELS = {"Ranks that hold the run back", "Ranks that restarted"}
 
 
 @pytest.mark.parametrize("dashboard", sorted(dashboards.DASHBOARDS))

@@ -46,7 +46,7 @@ SEQUENCE = 32
 torch.manual_seed(0)
 
 if "--with-torch-xla" in sys.argv:
-    import torch_xla  # noqa: F401
+    import torch_xla
 
 if backend == "xla":
     import torch_xla

@@ -2,18 +2,21 @@
 initialized from a config (nothing is downloaded), trained for STEPS optimizer steps on fixed-length batches with an
 attention mask, logging every LOGGING_STEPS steps.
 
-Usage: python hf_trainer.py STEPS LOGGING_STEPS [fixed|dynamic]
+Usage: python hf_trainer.py STEPS LOGGING_STEPS [fixed|dynamic] [--detached]
 
 With ``dynamic``, sequences have different lengths and each batch is padded to its longest ("dynamic padding"); the
 batches, taken in order, are LENGTHS long in turn, so the step's graphs compile once for each of LENGTHS and find
 their graphs in the cache from then on.
 
-Prints one JSON line ({"url", "versions", "xla": torch_xla's own counters, "global_step": the Trainer's count})
-when training is done, then waits for stdin to close.
+Prints one JSON line ({"url", "versions", "xla": torch_xla's own counters, "global_step": the Trainer's count,
+"expected_flops": a fixed-length step's FLOPs by ``FlopCounterMode`` on a copy of the model on the CPU, times the
+steps}) when training is done, then waits for stdin to close. With ``--detached``, the same run without the
+exporter (its url is None), to compare.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import sys
 import tempfile
@@ -23,8 +26,9 @@ import torch
 import neuron_exporter
 
 steps, logging_steps = int(sys.argv[1]), int(sys.argv[2])
-dynamic = sys.argv[3:] == ["dynamic"]
-handle = neuron_exporter.attach(port=0, addr="127.0.0.1", spool_dir=tempfile.mkdtemp())
+dynamic = "dynamic" in sys.argv[3:]
+detached = "--detached" in sys.argv[3:]
+handle = None if detached else neuron_exporter.attach(port=0, addr="127.0.0.1", spool_dir=tempfile.mkdtemp())
 
 import transformers  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments  # noqa: E402
@@ -45,6 +49,20 @@ config = LlamaConfig(
     max_position_embeddings=SEQUENCE,
 )
 model = LlamaForCausalLM(config)
+reference = copy.deepcopy(model)  # stays on the CPU
+# FlopCounterMode has no formula for the CPU's fused attention kernel: the reference attends by matmuls, as the
+# XLA device does (torch_xla lowers scaled_dot_product_attention to them)
+reference.set_attn_implementation("eager")
+
+
+def step_flops() -> int:
+    """A fixed-length step's forward and backward, counted by torch's FlopCounterMode on the CPU copy."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    ids = torch.randint(1, config.vocab_size, (BATCH, SEQUENCE))
+    with FlopCounterMode(display=False) as counter:
+        reference(input_ids=ids, attention_mask=torch.ones_like(ids), labels=ids).loss.backward()
+    return counter.get_total_flops()
 
 
 class Tokens(torch.utils.data.Dataset):
@@ -106,11 +124,12 @@ versions = {"transformers": transformers.__version__, "torch": torch.__version__
 print(
     json.dumps(
         {
-            "url": handle.url,
+            "url": None if handle is None else handle.url,
             "versions": versions,
             "xla": own,
             "global_step": trainer.state.global_step,
             "device": str(trainer.args.device),
+            "expected_flops": step_flops() * trainer.state.global_step,
         }
     ),
     flush=True,

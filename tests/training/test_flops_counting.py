@@ -126,3 +126,34 @@ def test_a_window_is_never_closed_out_of_order_under_a_mode_the_user_entered_in_
     with Users():  # a batch fetched inside the user's mode is not sampled
         flops.fetched(torch.ones(5, 3))
         assert flops._open is None
+
+
+def test_on_torch_xla_the_mode_traces_the_same_graph_as_without_it():
+    """The handler runs with functionalization excluded: a tensor a factory makes there comes back bare, and its
+    views would trace as ``as_strided`` (a new graph) unless the mode wraps it, as the Hugging Face Trainer's
+    ``arange(...).unsqueeze(0)`` showed."""
+    torch_xla = pytest.importorskip("torch_xla")
+    import re
+
+    from neuron_exporter.training.throughput.sampled_flops import _counting_mode
+
+    device = torch_xla.device()
+    weight = torch.ones(32, 8, device=device, requires_grad=True)
+
+    def step() -> torch.Tensor:
+        positions = (torch.arange(32, device=device) + 0).unsqueeze(0)[..., None].float()
+        scales = torch.tensor([2.0]).to(device)[None, :]  # a copy from the host, viewed
+        return (positions * scales * weight[None, :, :]).sum(-1) @ weight
+
+    def operators(tensor: torch.Tensor) -> list[str]:
+        return re.findall(r"(?:aten|xla)::\w+", torch_xla._XLAC._get_xla_tensors_text([tensor]))
+
+    plain = operators(step())
+    mode = _counting_mode("xla")
+    with mode:
+        counted = step()
+    assert "aten::as_strided" not in plain and operators(counted) == plain
+    assert mode.failure is None and mode.flops == 2 * 32 * 8  # (1, 32) @ (32, 8)
+    bare = _counting_mode(None)
+    with bare:  # what the wrapping avoids
+        assert operators(step()) != plain

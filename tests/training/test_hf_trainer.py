@@ -91,6 +91,19 @@ def test_torch_xla_counts_the_same_graphs_as_the_exporter(trainer_run):
     assert total(exposition, "xla_graph_cuts_total") <= graphs
 
 
+def test_the_trainers_flops_count_exactly_and_compile_no_graph_more(trainer_run):
+    """The step's work is sampled on the XLA device (a dispatch mode over a lazy step) and traces the same graphs as
+    the run without the exporter."""
+    exposition, result = trainer_run
+    assert total(exposition, "training_flops_total") == result["expected_flops"] > 0
+    with TrainingRun("hf_trainer.py", str(STEPS), str(LOGGING_STEPS), "fixed", "--detached", fresh=True) as process:
+        detached = process.result(timeout=900)
+        code, stderr = process.finish()
+    assert code == 0, stderr[-3000:]
+    assert result["xla"]["UncachedCompile"] == detached["xla"]["UncachedCompile"]
+    assert result["xla"]["CachedCompile"] == detached["xla"]["CachedCompile"]
+
+
 @pytest.mark.parametrize("logging_steps", [LOGGING_STEPS, 1])
 def test_fixed_shapes_never_recompile_whenever_the_trainer_logs(trainer_run, logging_steps):
     # The logging steps compile graphs of their own (a mesh_reduce of the loss, the step after it) at their first

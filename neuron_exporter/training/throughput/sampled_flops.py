@@ -1,22 +1,28 @@
-"""FLOPs of eager training steps (the CPU, TorchNeuron's device; not torch_xla's lazy tensors, below), counted from the
+"""FLOPs of eager and lazy training steps (the CPU, TorchNeuron's device, torch_xla's lazy tensors), counted from the
 operators a batch's work runs: the first time a batch of a new shape reaches the training thread, its work (from
 its fetch to the next fetch or optimizer step: forward, backward, the optimizer's step) runs under a dispatch mode
 that counts each operator by ``torch.utils.flop_counter``'s formulas (``flop_registry``) from its shapes as it is
-dispatched; every later batch of the same shapes adds that count. Nothing is read from the device and nothing runs
+dispatched; every later batch of the same shape adds that count. Nothing is read from the device and nothing runs
 that would not run: the operators run as they are called, never decomposed (``FlopCounterMode`` decomposes the
-operators it has no formula for, which on a lazy device would trace other graphs).
+operators it has no formula for).
 
-Not sampled: the first training step (it compiles and warms up), anything once ``torch.compile`` has compiled a
+On torch_xla the lazy step traces the same graph as without the mode, so nothing compiles once more: the mode's
+handler runs with functionalization excluded, so a tensor a factory (``arange``, ``zeros``) or a copy from the host
+makes there would come back bare, and views of it would trace as ``as_strided`` instead of ``view`` (a new graph,
+seen under the Hugging Face Trainer). The mode wraps such a tensor as torch_xla would have (``functional``).
+
+Not sampled: the first training step (it compiles and warms up), and anything once ``torch.compile`` has compiled a
 graph (its graphs count themselves, ``graph_flops``: a dispatch mode around compiled code would make it run
-eagerly), and the steps of a model on torch_xla's lazy device (a dispatch mode changes some of the graphs it traces:
-under the Hugging Face Trainer, one graph more, compiled once more). The caller says which (``eager``). A batch of a shape not sampled yet (the first step's) counts once a batch of its shape is; one of a shape
-never sampled counts nothing. At most ``MAX_SHAPES`` shapes are remembered.
+eagerly). The caller says which (``eager``). A batch of a shape not sampled yet (the first step's) counts once a
+batch of its shape is; one of a shape never sampled counts nothing. At most ``MAX_SHAPES`` shapes are remembered.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from typing import Any
+
+import torch
 
 MAX_SHAPES = 256
 MAX_TENSORS = 32  # of a batch's signature
@@ -49,11 +55,18 @@ def _walk(value: object, found: list[tuple], depth: int) -> None:
 class SampledFlops:
     """Per batch shape, the FLOPs of a batch's work, and the total of the batches counted (``total``)."""
 
-    def __init__(self, on_error: Callable[[BaseException], None], eager: Callable[[], bool]):
-        """``eager()``: whether the training steps run eagerly now (not compiled by torch.compile, not on torch_xla's
-        lazy device): only then is a batch's work sampled."""
+    def __init__(
+        self,
+        on_error: Callable[[BaseException], None],
+        eager: Callable[[], bool],
+        functional: Callable[[], str | None] = lambda: None,
+    ):
+        """``eager()``: whether the training steps run op by op now (not compiled by torch.compile): only then is a
+        batch's work sampled. ``functional()``: the device type whose tensors are functionalized (torch_xla's
+        ``xla``), or None."""
         self._on_error = on_error
         self._eager = eager
+        self._functional = functional
         self._known: dict[tuple, int] = {}
         self._unsampled: dict[tuple, int] = {}  # batches of a shape not known yet: counted once it is
         self._open: tuple[Any, tuple] | None = None  # the FlopCounterMode entered, and the shape it samples
@@ -97,7 +110,7 @@ class SampledFlops:
 
             if _get_current_dispatch_mode() is not None:
                 return  # the user's own mode: a window could end inside it, out of order
-            mode = _counting_mode()
+            mode = _counting_mode(self._functional())
             mode.__enter__()
         except Exception as error:  # noqa: BLE001
             self.broken = True
@@ -126,10 +139,24 @@ class SampledFlops:
         self.total += flops * (1 + self._unsampled.pop(shape, 0))
 
 
-def _counting_mode():
-    """A dispatch mode that counts the FLOPs of the operators dispatched under it, and changes nothing."""
+def _counting_mode(functional: str | None = None):
+    """A dispatch mode that counts the FLOPs of the operators dispatched under it, and changes nothing. On a
+    ``functional`` device type, a tensor made from no tensor of that device (a factory's, a copy from the host) is
+    wrapped for functionalization, as it would have been without the mode."""
     from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves, tree_map
     from torch.utils.flop_counter import flop_registry
+
+    functionalize = torch._C.DispatchKey.Functionalize
+
+    def on_device(value: object) -> bool:
+        return isinstance(value, torch.Tensor) and value.device.type == functional
+
+    def wrapped(value: object) -> object:
+        if isinstance(value, torch.Tensor) and on_device(value):
+            if not torch._C._dispatch_keys(value).has(functionalize):
+                return torch._to_functional_tensor(value)
+        return value
 
     class Counting(TorchDispatchMode):
         def __init__(self) -> None:
@@ -146,6 +173,11 @@ def _counting_mode():
                     self.flops += formula(*args, **kwargs, out_val=out)
             except Exception as error:  # noqa: BLE001 (never into the user's operator)
                 self.failure = error
+            if functional is not None and not any(on_device(leaf) for leaf in tree_leaves((args, kwargs))):
+                try:  # it came through no functionalization kernel: none will wrap what it made
+                    out = tree_map(wrapped, out)
+                except Exception as error:  # noqa: BLE001
+                    self.failure = error
             return out
 
     return Counting()

@@ -14,7 +14,7 @@ parameters at its first step.
 
 FLOPs (``training_flops_total``) come from the graphs ``torch.compile`` compiles (``graph_flops``: counted once
 each, when dynamo hands them to its backend, and then at each call), else from the batches' work on an eager device
-(``sampled_flops``: the first batch of each shape sampled; not on torch_xla).
+(``sampled_flops``: the first batch of each shape sampled, on torch_xla too).
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ UNREAD = object()
 class TrainedIn(NamedTuple):
     dtype: str  # torch's name: torch.bfloat16
     device: str  # the device's type: xla, neuron, cpu
+    functional: bool  # the parameters are functionalized (torch_xla's, unless XLA_DISABLE_FUNCTIONALIZATION)
 
 
 class ThroughputSource(Source):
@@ -62,7 +63,7 @@ class ThroughputSource(Source):
         self.samples = 0
         self.tokens = 0
         self.graph_flops = GraphFlops(self.step_error)
-        self.sampled_flops = SampledFlops(self.step_error, eager=self._eager)
+        self.sampled_flops = SampledFlops(self.step_error, eager=self._eager, functional=self._functional)
         self._inside = False  # the training thread is in an entry point whose batch it counts
         self.trained_in: TrainedIn | None = None
         self._looks = 0
@@ -95,10 +96,13 @@ class ThroughputSource(Source):
         return call_user_compiler
 
     def _eager(self) -> bool:
-        """The training steps run eagerly: no graph compiled by torch.compile, and the parameters the optimizer steps
-        are known and not on torch_xla's lazy device."""
+        """The training steps run op by op (eagerly, or traced lazily by torch_xla): no graph compiled by
+        torch.compile, and what the optimizer steps is known."""
+        return self.graph_flops.compiled == 0 and self.trained_in is not None
+
+    def _functional(self) -> str | None:
         trained = self.trained_in
-        return self.graph_flops.compiled == 0 and trained is not None and trained.device != "xla"
+        return trained.device if trained is not None and trained.functional else None
 
     def after_fork(self, stats: SelfStats) -> None:
         super().after_fork(stats)
@@ -185,7 +189,8 @@ def _trained_in(optimizer) -> TrainedIn | None:
     for group in optimizer.param_groups:
         for parameter in group["params"]:
             if parameter.is_floating_point():
-                return TrainedIn(str(parameter.dtype), parameter.device.type)
+                functional = torch._C._dispatch_keys(parameter).has(torch._C.DispatchKey.Functionalize)
+                return TrainedIn(str(parameter.dtype), parameter.device.type, functional)
             looked += 1
             if looked >= MAX_PARAMETERS:
                 return None

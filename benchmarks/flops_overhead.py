@@ -5,11 +5,14 @@
 - a call of a compiled graph: the counting wrapper, per call (the steady state of torch.compile), for a static and a
   dynamic graph;
 - counting a new compiled graph: the fake-tensor run, forward and backward, per graph, inside its compilation;
-- the sampled batch: its forward and backward under the counting dispatch mode, against the same work without it.
+- the sampled batch: its forward and backward under the counting dispatch mode, against the same work without it;
+- with --xla, instead, the sampled step on torch_xla's CPU device (forward, backward, the optimizer's step and the step
+  marker, which runs the step's graph from the cache), against the same step without the mode; it checks that the
+  sampled step compiles nothing.
 
 Each figure is the median of --rounds rounds, with the interquartile range.
 
-    python benchmarks/flops_overhead.py [--rounds 30]
+    python benchmarks/flops_overhead.py [--rounds 30] [--xla]
 """
 
 from __future__ import annotations
@@ -50,10 +53,14 @@ def per_call(function, calls: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--xla", action="store_true", help="the sampled step on torch_xla's CPU device too")
     args = parser.parse_args()
     torch.manual_seed(0)
-    net = model()
     ids = torch.randint(0, VOCABULARY, (BATCH, SEQUENCE))
+    if args.xla:
+        xla_step(args.rounds, ids)
+        return
+    net = model()
     batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids}
 
     flops = SampledFlops(lambda error: None, eager=lambda: True)
@@ -105,6 +112,40 @@ def main() -> None:
             calls[name].append(per_call(lambda g=graph, a=arguments: g.call(*a), 10_000))
         graph._compiled = inner
         print(f"a call of a {name} graph:" + " " * (15 - len(name)) + spread(calls[name], 1e-6, "µs"))
+
+
+def xla_step(rounds: int, ids: torch.Tensor) -> None:
+    import torch_xla
+    import torch_xla.debug.metrics as met
+
+    device = torch_xla.device()
+    torch.manual_seed(0)
+    net = model().to(device)
+    optimizer = torch.optim.AdamW(net.parameters())
+    on_device = ids.to(device)
+
+    def step() -> None:
+        optimizer.zero_grad()
+        net(on_device).sum().backward()
+        optimizer.step()
+        torch_xla.sync()
+
+    for _ in range(3):  # compiles the step's graphs, then finds them in the cache
+        step()
+    torch_xla._XLAC._xla_wait_device_ops(devices=[])
+    compiled = met.counter_value("UncachedCompile")
+    (parameter, *_) = net.parameters()
+    functional = torch._C._dispatch_keys(parameter).has(torch._C.DispatchKey.Functionalize)
+    bare, sampled = [], []
+    for _ in range(rounds):
+        bare.append(per_call(step, 1))
+        with _counting_mode("xla" if functional else None):
+            sampled.append(per_call(step, 1))
+    torch_xla._XLAC._xla_wait_device_ops(devices=[])
+    assert met.counter_value("UncachedCompile") == compiled, "the sampled step compiled a graph"
+    ratios = [s / b for s, b in zip(sampled, bare, strict=True)]
+    print("torch_xla's step, bare:        " + spread(bare, 1e-3, "ms"))
+    print("the same step, sampled:        " + spread(ratios, 1, "x the bare step (no compilation)"))
 
 
 if __name__ == "__main__":

@@ -28,6 +28,8 @@ RANKS, STEPS, DIE_RANK, DIE_STEP, CHECKPOINT_EVERY = 4, 60, 2, 27, 10
 SPOOL_INTERVAL = 0.2
 # A dead process's last report is about one spool interval old at most (two, allowing for a loaded machine): what it
 # did after it is recovery to the exporter, whether it was work lost (past the step resumed from) or kept (before it).
+# A process that ends by an exception reports once more as it exits, after its clocks recorded its end: that moves
+# the parts the other way, by its exit's time, well inside the same bound.
 UNTOLD = 2 * SPOOL_INTERVAL + 0.1
 COUNTERS = ("training_time_seconds_total", "training_lost_seconds_total", "training_restarts_total")
 
@@ -103,8 +105,8 @@ def test_a_run_restarted_by_torchrun_goes_on_with_its_recovery_and_lost_work(tmp
         # their sum moves only by what it did before the step resumed from after its last report.
         shown_recovery, shown_lost = figures["recovery"][str(rank)], figures["lost"][str(rank)]
         assert abs(shown_recovery + shown_lost - recovery - lost) < UNTOLD, (rank, shown_recovery, shown_lost, figures)
-        assert recovery - 0.1 < shown_recovery < recovery + UNTOLD, (rank, recovery, figures)
-        assert lost - UNTOLD < shown_lost < lost + 0.1, (rank, lost, figures)
+        assert abs(shown_recovery - recovery) < UNTOLD, (rank, recovery, figures)
+        assert abs(shown_lost - lost) < UNTOLD, (rank, lost, figures)
         (path,) = spool.glob(f"rank-{rank}.*.prom")
         assert read_rank_file(path).meta.finished
 

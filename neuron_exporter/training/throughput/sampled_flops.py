@@ -153,10 +153,9 @@ def _counting_mode(functional: str | None = None):
         return isinstance(value, torch.Tensor) and value.device.type == functional
 
     def wrapped(value: object) -> object:
-        if isinstance(value, torch.Tensor) and on_device(value):
-            if not torch._C._dispatch_keys(value).has(functionalize):
-                return torch._to_functional_tensor(value)
-        return value
+        if not isinstance(value, torch.Tensor) or value.device.type != functional:
+            return value
+        return value if torch._C._dispatch_keys(value).has(functionalize) else torch._to_functional_tensor(value)
 
     class Counting(TorchDispatchMode):
         def __init__(self) -> None:

@@ -172,9 +172,10 @@ def _counting_mode(functional: str | None = None):
                     self.flops += formula(*args, **kwargs, out_val=out)
             except Exception as error:  # noqa: BLE001 (never into the user's operator)
                 self.failure = error
-            if functional is not None and not any(on_device(leaf) for leaf in tree_leaves((args, kwargs))):
-                try:  # it came through no functionalization kernel: none will wrap what it made
-                    out = tree_map(wrapped, out)
+            if functional is not None:
+                try:
+                    if not any(on_device(leaf) for leaf in tree_leaves((args, kwargs))):
+                        out = tree_map(wrapped, out)  # it came through no functionalization kernel to wrap it
                 except Exception as error:  # noqa: BLE001
                     self.failure = error
             return out

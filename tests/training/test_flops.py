@@ -21,8 +21,8 @@ HAS_TORCHVISION = importlib.util.find_spec("torchvision") is not None
 TOLERANCE = 0.05
 
 
-def run(*args: str) -> dict:
-    done = run_python(SCRIPTS / "flops_train.py", *args, env=xla_env(), timeout=900)
+def run(*args: str, **env: str) -> dict:
+    done = run_python(SCRIPTS / "flops_train.py", *args, env=xla_env(**env), timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -63,6 +63,15 @@ def test_torch_xla_counts_its_lazy_steps_and_compiles_nothing_more():
     result = run("xla", *vision())
     assert_counted(result)
     assert result["compilations"] == run("xla", *vision(), "--detached")["compilations"]
+
+
+@pytest.mark.skipif(not HAS_XLA, reason="torch_xla is not installed")
+def test_torch_xla_without_functionalization_is_not_sampled_and_compiles_nothing_more():
+    """There a dispatch mode folds the step's views differently (a graph more for each batch shape): no FLOPs."""
+    result = run("xla", XLA_DISABLE_FUNCTIONALIZATION="1")
+    assert result["errors"] == 0 and result["token"]["flops"] == 0
+    assert result["token"]["tokens"] == result["token"]["expected_tokens"]
+    assert result["compilations"] == run("xla", "--detached", XLA_DISABLE_FUNCTIONALIZATION="1")["compilations"]
 
 
 @pytest.mark.neuron

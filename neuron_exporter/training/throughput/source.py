@@ -97,8 +97,13 @@ class ThroughputSource(Source):
 
     def _eager(self) -> bool:
         """The training steps run op by op (eagerly, or traced lazily by torch_xla): no graph compiled by
-        torch.compile, and what the optimizer steps is known."""
-        return self.graph_flops.compiled == 0 and self.trained_in is not None
+        torch.compile, and what the optimizer steps is known. torch_xla without functionalization
+        (XLA_DISABLE_FUNCTIONALIZATION) traces other graphs under a dispatch mode (views fold differently): not
+        sampled."""
+        trained = self.trained_in
+        return (
+            self.graph_flops.compiled == 0 and trained is not None and (trained.device != "xla" or trained.functional)
+        )
 
     def _functional(self) -> str | None:
         trained = self.trained_in
